@@ -1,0 +1,89 @@
+/*
+ * Shared vocabulary of the core: pipeline results, growable byte buffers, clocks and
+ * logging. Every other header includes this one.
+ *
+ * Two kinds of result are never mixed: the request pipeline returns TG_OK, TG_DECLINED,
+ * TG_AGAIN, TG_DONE or TG_ERROR; I/O functions return libuv's negative error codes.
+ */
+#ifndef TOLLGATE_TG_COMMON_H
+#define TOLLGATE_TG_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TG_OK 0
+#define TG_ERROR (-1)
+#define TG_AGAIN (-2)
+#define TG_DECLINED (-3)
+#define TG_DONE (-4)
+
+#define TG_UNUSED(x) ((void)(x))
+#define TG_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TG_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TG_CONTAINER_OF(ptr, type, field) ((type *)((char *)(ptr)-offsetof(type, field)))
+
+/** A pointer+length view of bytes owned by someone else. */
+typedef struct {
+    const char *p;
+    size_t len;
+} tg_str_t;
+
+#define TG_STR(lit) ((tg_str_t){(lit), sizeof(lit) - 1})
+
+/** True when the view equals the C string, ignoring ASCII case. */
+int tg_str_ieq(tg_str_t s, const char *cstr);
+
+/**
+ * A growable byte buffer. The buffer owns `data` (malloc'd); tg_buf_free releases it.
+ * Appends abort() on allocation failure: the gateway cannot run out of memory safely.
+ */
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+} tg_buf_t;
+
+void tg_buf_init(tg_buf_t *b);
+void tg_buf_free(tg_buf_t *b);
+void tg_buf_reserve(tg_buf_t *b, size_t extra);
+void tg_buf_append(tg_buf_t *b, const void *p, size_t n);
+void tg_buf_appends(tg_buf_t *b, const char *s);
+void tg_buf_printf(tg_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Appends `s` as the inside of a JSON string (no quotes), escaping as needed. */
+void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n);
+/** Removes the first n bytes. */
+void tg_buf_consume(tg_buf_t *b, size_t n);
+void tg_buf_reset(tg_buf_t *b);
+
+/** Monotonic clock in nanoseconds / milliseconds. */
+uint64_t tg_now_ns(void);
+uint64_t tg_now_ms(void);
+/** Wall clock in milliseconds since the epoch. */
+uint64_t tg_wall_ms(void);
+
+/** Fills `out` with n random bytes from the OS; returns 0 or a negative errno. */
+int tg_random_bytes(void *out, size_t n);
+/** Writes a 32-hex-digit random id plus NUL into out[33]. */
+void tg_random_id(char out[33]);
+
+/* Logging: one line per event on stderr; the level check happens before formatting. */
+enum { TG_LOG_ERROR = 0, TG_LOG_WARN = 1, TG_LOG_INFO = 2, TG_LOG_DEBUG = 3 };
+extern int tg_log_level;
+void tg_log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Writes one already-formatted line (an access-log JSON object) followed by '\n'. */
+void tg_log_raw(const char *line, size_t len);
+int tg_log_level_parse(const char *name);
+
+#define tg_log(level, ...)                                                                  \
+    do {                                                                                    \
+        if ((level) <= tg_log_level)                                                        \
+            tg_log_write((level), __VA_ARGS__);                                             \
+    } while (0)
+#define tg_log_error(...) tg_log(TG_LOG_ERROR, __VA_ARGS__)
+#define tg_log_warn(...) tg_log(TG_LOG_WARN, __VA_ARGS__)
+#define tg_log_info(...) tg_log(TG_LOG_INFO, __VA_ARGS__)
+#define tg_log_debug(...) tg_log(TG_LOG_DEBUG, __VA_ARGS__)
+
+#endif

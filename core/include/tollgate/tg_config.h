@@ -1,0 +1,70 @@
+/*
+ * The gateway's configuration: a Lua file that returns a table, read once at start-up
+ * into an immutable tg_config_t shared read-only by every worker.
+ *
+ * Environment variables override the file: TOLLGATE_PG, TOLLGATE_REDIS,
+ * TOLLGATE_ADMIN_TOKEN, TOLLGATE_SECRET_KEY. A bad value produces one line naming the
+ * key and what is wrong (`tollgate check` prints it and exits 2).
+ */
+#ifndef TOLLGATE_TG_CONFIG_H
+#define TOLLGATE_TG_CONFIG_H
+
+#include "tollgate/tg_common.h"
+
+typedef struct {
+    char *url;          /* e.g. "https://api.openai.com/v1" */
+    char *api_key;      /* credential sent upstream (Bearer or x-api-key) */
+    char *provider;     /* "openai" or "anthropic" */
+    char *ca_file;      /* CA bundle for HTTPS; NULL = system default */
+    int tls_verify;     /* 1 = verify certificate and host name (default) */
+    int connect_timeout_ms;
+    int first_byte_timeout_ms;
+    int idle_timeout_ms;   /* between two reads of the response */
+    int pool_idle_ms;      /* how long an idle pooled connection is kept */
+    int max_idle_conns;    /* idle pooled connections kept per worker */
+} tg_upstream_config_t;
+
+typedef struct {
+    size_t max_header_bytes;
+    size_t max_body_bytes;
+    int header_timeout_ms;
+    int body_timeout_ms;
+    int idle_timeout_ms;     /* keep-alive idle time between requests */
+    int shutdown_timeout_ms;
+    int write_timeout_ms;    /* a client that reads nothing for this long is dropped */
+    size_t max_write_buffer; /* per-connection bytes queued to a slow client before the
+                                upstream read pauses */
+} tg_limits_config_t;
+
+typedef struct {
+    char *listen_host;
+    int listen_port;
+    int workers;
+    char *tls_listen_host; /* NULL when no TLS listener */
+    int tls_listen_port;
+    char *tls_cert;
+    char *tls_key;
+    char *admin_token;
+    char *secret_key;
+    char *pg_conninfo;
+    char *redis_url;
+    char *log_level;
+    int access_log;
+    char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
+    size_t nkeys;
+    tg_limits_config_t limits;
+    tg_upstream_config_t upstream;
+} tg_config_t;
+
+/**
+ * Loads and validates the config file at `path`. On success returns 0 and fills *out
+ * (free with tg_config_free). On failure returns TG_ERROR and writes one line into
+ * err[errlen] naming the key and the problem.
+ */
+int tg_config_load(const char *path, tg_config_t *out, char *err, size_t errlen);
+void tg_config_free(tg_config_t *cfg);
+
+/** Splits "host:port" (IPv6 as "[::1]:port"). Returns 0 or TG_ERROR. Caller frees *host. */
+int tg_config_parse_hostport(const char *s, char **host, int *port);
+
+#endif

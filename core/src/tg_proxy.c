@@ -1,0 +1,526 @@
+/*
+ * The request pipeline: routing, authentication, request validation and the proxied
+ * call to the upstream, with the response streamed back as it arrives.
+ *
+ * A request walks numbered phases (nginx-style). Each phase returns TG_OK to go on,
+ * TG_DONE when it answered the request, or TG_AGAIN when it started asynchronous work
+ * (admission in Redis, a database lookup) and will call proxy_resume() when it ends.
+ * Later issues add phases here (plugins' on_request/map_model, admission, account
+ * selection, retries) without touching the server or the upstream client.
+ *
+ *   route -> auth -> parse -> upstream (stream back) -> finish (access log, metrics)
+ */
+#include <jansson.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tollgate/tg_server.h"
+#include "tollgate/tg_sse.h"
+#include "tollgate/tg_upstream.h"
+#include "tollgate/tg_usage.h"
+
+#define BODY_COPY_MAX (16u * 1024 * 1024)
+#define SSE_EVENT_MAX (4u * 1024 * 1024)
+
+typedef struct {
+    tg_upstream_t *upstream;
+} proxy_worker_t;
+
+typedef struct proxy_req_s proxy_req_t;
+typedef int (*phase_fn)(proxy_req_t *p);
+
+struct proxy_req_s {
+    tg_request_t *req;
+    proxy_worker_t *pw;
+    int phase;
+    const char *path;      /* path without query */
+    tg_upcall_t *call;
+    json_t *json;          /* parsed request body */
+    tg_buf_t upstream_req; /* bytes sent upstream */
+    char model[128];
+    int stream;
+    int strip_usage_chunk; /* the client did not ask for the usage chunk we requested */
+    int upstream_status;
+    tg_proto_t proto;
+    tg_sse_parser_t sse;
+    int sse_on;
+    tg_usage_t usage;
+    tg_buf_t body_copy;
+    int body_copy_over;
+    int paused;
+    uint64_t upstream_start_ns, first_byte_ns, upstream_end_ns;
+    const char *error;     /* short reason for the access log */
+    char traceparent[56];
+};
+
+static void proxy_run(proxy_req_t *p);
+
+/* ---- per-worker state --------------------------------------------------------------- */
+
+void tg_proxy_worker_init(tg_worker_t *w) {
+    proxy_worker_t *pw = calloc(1, sizeof(*pw));
+    char err[256];
+    pw->upstream = tg_upstream_create(&w->loop, &w->gw->cfg->upstream, w->gw->client_tls, err, sizeof(err));
+    if (!pw->upstream)
+        tg_log_error("worker %d: %s", w->index, err);
+    w->proxy = pw;
+}
+
+void tg_proxy_worker_close(tg_worker_t *w) {
+    proxy_worker_t *pw = w->proxy;
+    if (!pw)
+        return;
+    tg_upstream_destroy(pw->upstream);
+    free(pw);
+    w->proxy = NULL;
+}
+
+/* ---- request lifecycle -------------------------------------------------------------- */
+
+static void preq_free(proxy_req_t *p) {
+    if (p->json)
+        json_decref(p->json);
+    tg_buf_free(&p->upstream_req);
+    tg_buf_free(&p->body_copy);
+    if (p->sse_on)
+        tg_sse_free(&p->sse);
+    free(p);
+}
+
+static void on_abort(tg_request_t *req) {
+    proxy_req_t *p = req->handler_data;
+    if (p->call) {
+        tg_upcall_abort(p->call);
+        p->call = NULL;
+        p->upstream_end_ns = tg_now_ns();
+    }
+    p->error = "client_disconnected";
+}
+
+static void on_drain(tg_request_t *req) {
+    proxy_req_t *p = req->handler_data;
+    if (p->paused && p->call) {
+        p->paused = 0;
+        tg_upcall_resume(p->call);
+    }
+}
+
+static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t now) {
+    tg_buf_t b;
+    tg_buf_init(&b);
+    double total_ms = (double)(now - req->start_ns) / 1e6;
+    tg_buf_printf(&b, "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"%s\",\"method\":\"%s\",\"path\":\"",
+                  (unsigned long long)tg_wall_ms(), req->id, tg_route_name(req->route),
+                  llhttp_method_name((llhttp_method_t)req->method));
+    tg_buf_append_json_escaped(&b, p->path ? p->path : "", p->path ? strlen(p->path) : 0);
+    tg_buf_printf(&b, "\",\"status\":%d,\"client_ip\":\"%s\"", aborted && req->status < 400 ? 499 : req->status,
+                  req->client_ip);
+    if (p->upstream_start_ns && p->pw->upstream)
+        tg_buf_printf(&b, ",\"upstream\":\"%s\",\"upstream_status\":%d", tg_upstream_name(p->pw->upstream),
+                      p->upstream_status);
+    else
+        tg_buf_appends(&b, ",\"upstream\":null,\"upstream_status\":null");
+    if (p->model[0]) {
+        tg_buf_appends(&b, ",\"model\":\"");
+        tg_buf_append_json_escaped(&b, p->model, strlen(p->model));
+        tg_buf_printf(&b, "\",\"stream\":%s", p->stream ? "true" : "false");
+    }
+    tg_buf_printf(&b, ",\"bytes_in\":%llu,\"bytes_out\":%llu", (unsigned long long)req->bytes_in,
+                  (unsigned long long)req->bytes_out);
+    if (p->first_byte_ns)
+        tg_buf_printf(&b, ",\"ttft_ms\":%.3f", (double)(p->first_byte_ns - req->start_ns) / 1e6);
+    else
+        tg_buf_appends(&b, ",\"ttft_ms\":null");
+    uint64_t up_ns = p->upstream_start_ns ? (p->upstream_end_ns ? p->upstream_end_ns : now) - p->upstream_start_ns : 0;
+    tg_buf_printf(&b, ",\"upstream_ms\":%.3f,\"total_ms\":%.3f,\"overhead_ms\":%.3f,\"usage\":",
+                  (double)up_ns / 1e6, total_ms, total_ms - (double)up_ns / 1e6);
+    tg_usage_append_json(&p->usage, &b);
+    if (p->traceparent[0])
+        tg_buf_printf(&b, ",\"traceparent\":\"%s\"", p->traceparent);
+    if (p->error)
+        tg_buf_printf(&b, ",\"error\":\"%s\"", p->error);
+    tg_buf_appends(&b, "}");
+    tg_log_raw(b.data, b.len);
+    tg_buf_free(&b);
+}
+
+static void on_finish(tg_request_t *req, int aborted) {
+    proxy_req_t *p = req->handler_data;
+    if (p->call) {
+        tg_upcall_abort(p->call);
+        p->call = NULL;
+    }
+    uint64_t now = tg_now_ns();
+    tg_metrics_t *m = &req->worker->metrics;
+    if (p->first_byte_ns)
+        tg_histogram_observe(&m->ttft, (p->first_byte_ns - req->start_ns) / 1000);
+    if (p->upstream_start_ns) {
+        uint64_t up = (p->upstream_end_ns ? p->upstream_end_ns : now) - p->upstream_start_ns;
+        uint64_t total = now - req->start_ns;
+        tg_histogram_observe(&m->overhead, total > up ? (total - up) / 1000 : 0);
+    }
+    if (p->usage.known & TG_USAGE_INPUT)
+        atomic_fetch_add_explicit(&m->tokens_input, (uint64_t)p->usage.input, memory_order_relaxed);
+    if (p->usage.known & TG_USAGE_OUTPUT)
+        atomic_fetch_add_explicit(&m->tokens_output, (uint64_t)p->usage.output, memory_order_relaxed);
+    if (req->worker->gw->cfg->access_log && req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS)
+        access_log(p, req, aborted, now);
+    req->handler_data = NULL;
+    preq_free(p);
+}
+
+static int fail(proxy_req_t *p, int status, const char *type, const char *code, const char *msg) {
+    p->error = code;
+    tg_response_error(p->req, status, type, code, msg);
+    return TG_DONE;
+}
+
+/* ---- phase: route ------------------------------------------------------------------- */
+
+static int path_is(const char *path, const char *want) { return strcmp(path, want) == 0; }
+
+static int phase_route(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    /* Strip the query string; keep the path NUL-terminated inside the url buffer. */
+    char *q = req->url.data ? strchr(req->url.data, '?') : NULL;
+    if (q)
+        *q = '\0';
+    p->path = req->url.data ? req->url.data : "/";
+    int get = req->method == HTTP_GET || req->method == HTTP_HEAD;
+    int post = req->method == HTTP_POST;
+    if (path_is(p->path, "/healthz")) {
+        req->route = TG_ROUTE_HEALTHZ;
+        if (!get)
+            goto not_allowed_get;
+        tg_response_send(req, 200, "application/json", NULL, "{\"status\":\"ok\"}", 15);
+        return TG_DONE;
+    }
+    if (path_is(p->path, "/metrics")) {
+        req->route = TG_ROUTE_METRICS;
+        if (!get)
+            goto not_allowed_get;
+        tg_buf_t b;
+        tg_buf_init(&b);
+        tg_gateway_t *gw = req->worker->gw;
+        tg_metrics_render(gw->metrics, gw->nworkers, &b);
+        tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
+        tg_buf_free(&b);
+        return TG_DONE;
+    }
+    if (path_is(p->path, "/v1/chat/completions")) {
+        req->route = TG_ROUTE_CHAT;
+        p->proto = TG_PROTO_OPENAI_CHAT;
+        if (!post)
+            goto not_allowed_post;
+        return TG_OK;
+    }
+    if (path_is(p->path, "/v1/models")) {
+        req->route = TG_ROUTE_MODELS;
+        if (!get)
+            goto not_allowed_get;
+        return TG_OK;
+    }
+    if (strncmp(p->path, "/admin/", 7) == 0)
+        req->route = TG_ROUTE_ADMIN;
+    return fail(p, 404, "invalid_request_error", "not_found", "unknown route");
+not_allowed_get:
+    p->error = "method_not_allowed";
+    tg_response_start(req, 405, "application/json", "Allow: GET, HEAD\r\n", 90);
+    goto not_allowed_body;
+not_allowed_post:
+    p->error = "method_not_allowed";
+    tg_response_start(req, 405, "application/json", "Allow: POST\r\n", 90);
+not_allowed_body:
+    tg_response_body(req, "{\"error\":{\"message\":\"method not allowed\",\"type\":\"invalid_request_error\","
+                          "\"code\":\"method_not_allowed\"}}", 90);
+    tg_response_end(req);
+    return TG_DONE;
+}
+
+/* ---- phase: auth -------------------------------------------------------------------- */
+
+static int phase_auth(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    tg_str_t key = {NULL, 0};
+    const tg_str_t *h = tg_request_header(req, "authorization");
+    if (h && h->len > 7 && strncasecmp(h->p, "Bearer ", 7) == 0) {
+        key.p = h->p + 7;
+        key.len = h->len - 7;
+        while (key.len && key.p[0] == ' ') {
+            key.p++;
+            key.len--;
+        }
+    } else if ((h = tg_request_header(req, "x-api-key")) != NULL) {
+        key = *h;
+    }
+    if (!key.len)
+        return fail(p, 401, "invalid_request_error", "invalid_api_key",
+                    "missing API key: send Authorization: Bearer <key>");
+    unsigned char digest[32];
+    SHA256((const unsigned char *)key.p, key.len, digest);
+    tg_gateway_t *gw = req->worker->gw;
+    int ok = 0;
+    for (size_t i = 0; i < gw->nkeys; i++)
+        ok |= CRYPTO_memcmp(digest, gw->key_hashes[i], 32) == 0;
+    if (!ok)
+        return fail(p, 401, "invalid_request_error", "invalid_api_key", "invalid API key");
+    return TG_OK;
+}
+
+/* ---- phase: parse ------------------------------------------------------------------- */
+
+static int phase_parse(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    if (req->route != TG_ROUTE_CHAT)
+        return TG_OK;
+    json_error_t jerr;
+    p->json = json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!p->json) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
+        return fail(p, 400, "invalid_request_error", "invalid_json", msg);
+    }
+    if (!json_is_object(p->json))
+        return fail(p, 400, "invalid_request_error", "invalid_request", "request body must be a JSON object");
+    json_t *model = json_object_get(p->json, "model");
+    if (!model)
+        return fail(p, 400, "invalid_request_error", "missing_model", "you must provide a model parameter");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) >= sizeof(p->model))
+        return fail(p, 400, "invalid_request_error", "invalid_model", "model must be a non-empty string");
+    snprintf(p->model, sizeof(p->model), "%s", json_string_value(model));
+    json_t *messages = json_object_get(p->json, "messages");
+    if (!json_is_array(messages))
+        return fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
+    json_t *stream = json_object_get(p->json, "stream");
+    if (stream && !json_is_boolean(stream) && !json_is_null(stream))
+        return fail(p, 400, "invalid_request_error", "invalid_stream", "stream must be a boolean");
+    p->stream = json_is_true(stream);
+    if (p->stream) {
+        /* Ask for the usage chunk; remember whether the client wanted it. */
+        json_t *so = json_object_get(p->json, "stream_options");
+        if (so && !json_is_object(so) && !json_is_null(so))
+            return fail(p, 400, "invalid_request_error", "invalid_stream_options",
+                        "stream_options must be an object");
+        if (!json_is_object(so)) {
+            so = json_object();
+            json_object_set_new(p->json, "stream_options", so);
+        }
+        if (!json_is_true(json_object_get(so, "include_usage"))) {
+            p->strip_usage_chunk = 1;
+            json_object_set_new(so, "include_usage", json_true());
+        }
+    }
+    return TG_OK;
+}
+
+/* ---- phase: upstream ---------------------------------------------------------------- */
+
+static void sse_event(void *ud, const char *event, size_t event_len, const char *data, size_t data_len) {
+    proxy_req_t *p = ud;
+    int usage_found = 0;
+    if (data_len && memmem(data, data_len, "usage", 5))
+        usage_found = tg_usage_merge_json(&p->usage, p->proto, data, data_len) == 1;
+    if (!p->strip_usage_chunk)
+        return;
+    /* Re-emit the event unless it is the usage-only chunk the client did not ask for. */
+    if (usage_found && data_len && memmem(data, data_len, "\"choices\":[]", 12))
+        return;
+    tg_buf_t b;
+    tg_buf_init(&b);
+    if (event_len) {
+        tg_buf_appends(&b, "event: ");
+        tg_buf_append(&b, event, event_len);
+        tg_buf_appends(&b, "\n");
+    }
+    /* Multi-line data goes back out as several data: lines. */
+    const char *s = data, *end = data + data_len;
+    while (s <= end) {
+        const char *nl = memchr(s, '\n', (size_t)(end - s));
+        const char *e = nl ? nl : end;
+        tg_buf_appends(&b, "data: ");
+        tg_buf_append(&b, s, (size_t)(e - s));
+        tg_buf_appends(&b, "\n");
+        if (!nl)
+            break;
+        s = nl + 1;
+    }
+    tg_buf_appends(&b, "\n");
+    tg_response_body(p->req, b.data, b.len);
+    tg_buf_free(&b);
+}
+
+static void up_head(void *ud, const tg_uphead_t *head) {
+    proxy_req_t *p = ud;
+    p->upstream_status = head->status;
+    int is_sse = head->content_type && strncasecmp(head->content_type, "text/event-stream", 17) == 0;
+    if (is_sse && head->status == 200) {
+        tg_sse_init(&p->sse, SSE_EVENT_MAX, sse_event, p);
+        p->sse_on = 1;
+    } else {
+        p->strip_usage_chunk = 0;
+    }
+    char extra[2048];
+    int n = snprintf(extra, sizeof(extra), "%s", head->extra_headers ? head->extra_headers : "");
+    if (head->retry_after && n >= 0 && (size_t)n < sizeof(extra))
+        snprintf(extra + n, sizeof(extra) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
+    if (is_sse)
+        strncat(extra, "Cache-Control: no-cache\r\n", sizeof(extra) - strlen(extra) - 1);
+    tg_response_start(p->req, head->status, head->content_type ? head->content_type : "application/json",
+                      extra, -1);
+}
+
+static void up_body(void *ud, const char *data, size_t n) {
+    proxy_req_t *p = ud;
+    if (!p->first_byte_ns)
+        p->first_byte_ns = tg_now_ns();
+    if (p->sse_on) {
+        tg_sse_feed(&p->sse, data, n);
+        if (!p->strip_usage_chunk)
+            tg_response_body(p->req, data, n);
+    } else {
+        tg_response_body(p->req, data, n);
+        if (!p->body_copy_over) {
+            if (p->body_copy.len + n > BODY_COPY_MAX) {
+                p->body_copy_over = 1;
+                tg_buf_free(&p->body_copy);
+            } else {
+                tg_buf_append(&p->body_copy, data, n);
+            }
+        }
+    }
+    /* Back-pressure: a slow client pauses the upstream instead of growing our buffers. */
+    if (p->call && !p->paused &&
+        tg_request_write_queue(p->req) > p->req->worker->gw->cfg->limits.max_write_buffer) {
+        p->paused = 1;
+        tg_upcall_pause(p->call);
+    }
+}
+
+static void up_done(void *ud) {
+    proxy_req_t *p = ud;
+    p->call = NULL;
+    p->upstream_end_ns = tg_now_ns();
+    if (!p->first_byte_ns)
+        p->first_byte_ns = p->upstream_end_ns;
+    if (!p->sse_on && p->body_copy.len && p->upstream_status < 300)
+        tg_usage_merge_json(&p->usage, p->proto, p->body_copy.data, p->body_copy.len);
+    tg_response_end(p->req);
+}
+
+static void up_error(void *ud, tg_uperr_t err, const char *msg) {
+    proxy_req_t *p = ud;
+    tg_request_t *req = p->req;
+    p->call = NULL;
+    p->upstream_end_ns = tg_now_ns();
+    atomic_fetch_add_explicit(&req->worker->metrics.upstream_errors, 1, memory_order_relaxed);
+    tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->pw->upstream), msg);
+    if (req->resp_started) {
+        p->error = "upstream_reset";
+        tg_response_abort(req);
+        return;
+    }
+    switch (err) {
+    case TG_UPERR_TIMEOUT_CONNECT:
+    case TG_UPERR_TIMEOUT_FIRST_BYTE:
+    case TG_UPERR_TIMEOUT_IDLE:
+        fail(p, 504, "upstream_error", "upstream_timeout", "the upstream did not answer in time");
+        break;
+    case TG_UPERR_CONNECT:
+        fail(p, 502, "upstream_error", "upstream_unreachable", "the upstream could not be reached");
+        break;
+    default:
+        fail(p, 502, "upstream_error", "upstream_error", "the upstream closed the connection or sent an invalid response");
+        break;
+    }
+}
+
+static const tg_upcall_cbs_t up_cbs = {up_head, up_body, up_done, up_error};
+
+static int valid_traceparent(const tg_str_t *v) {
+    if (!v || v->len != 55)
+        return 0;
+    for (size_t i = 0; i < 55; i++) {
+        char c = v->p[i];
+        int dash = i == 2 || i == 35 || i == 52;
+        if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+    }
+    return 1;
+}
+
+static int phase_upstream(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    tg_upstream_t *u = p->pw->upstream;
+    if (!u)
+        return fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
+    const tg_upstream_config_t *ucfg = &req->worker->gw->cfg->upstream;
+    const tg_str_t *tp = tg_request_header(req, "traceparent");
+    if (valid_traceparent(tp)) {
+        memcpy(p->traceparent, tp->p, 55);
+        p->traceparent[55] = '\0';
+    }
+    char *body = NULL;
+    size_t body_len = 0;
+    const char *method = "GET";
+    const char *suffix = "/models";
+    if (req->route == TG_ROUTE_CHAT) {
+        method = "POST";
+        suffix = "/chat/completions";
+        if (p->strip_usage_chunk) {
+            body = json_dumps(p->json, JSON_COMPACT);
+            body_len = body ? strlen(body) : 0;
+        }
+    }
+    tg_buf_t *b = &p->upstream_req;
+    tg_buf_printf(b, "%s %s%s HTTP/1.1\r\nHost: %s\r\n", method, tg_upstream_path_prefix(u), suffix,
+                  tg_upstream_host_header(u));
+    if (ucfg->api_key)
+        tg_buf_printf(b, "Authorization: Bearer %s\r\n", ucfg->api_key);
+    tg_buf_printf(b, "x-request-id: %s\r\n", req->id);
+    if (p->traceparent[0])
+        tg_buf_printf(b, "traceparent: %s\r\n", p->traceparent);
+    if (!strcmp(method, "POST")) {
+        const char *src = body ? body : req->body.data;
+        size_t len = body ? body_len : req->body.len;
+        tg_buf_printf(b, "Content-Type: application/json\r\nAccept: %s\r\nContent-Length: %zu\r\n\r\n",
+                      p->stream ? "text/event-stream" : "application/json", len);
+        tg_buf_append(b, src, len);
+    } else {
+        tg_buf_appends(b, "Accept: application/json\r\n\r\n");
+    }
+    free(body);
+    p->upstream_start_ns = tg_now_ns();
+    p->call = tg_upcall_start(u, b, &up_cbs, p);
+    return TG_AGAIN;
+}
+
+/* ---- the pipeline ------------------------------------------------------------------- */
+
+static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_upstream};
+
+static void proxy_run(proxy_req_t *p) {
+    while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {
+        int rc = phases[p->phase++](p);
+        if (rc == TG_OK)
+            continue;
+        if (rc == TG_ERROR)
+            fail(p, 500, "server_error", "internal_error", "internal error");
+        return; /* TG_DONE or TG_AGAIN */
+    }
+}
+
+void tg_proxy_handle(tg_request_t *req) {
+    proxy_req_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        abort();
+    p->req = req;
+    p->pw = req->worker->proxy;
+    req->handler_data = p;
+    req->abort_cb = on_abort;
+    req->drain_cb = on_drain;
+    req->finish_cb = on_finish;
+    proxy_run(p);
+}

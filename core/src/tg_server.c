@@ -1,0 +1,952 @@
+/*
+ * The client-facing HTTP/1.1 server (see tg_server.h): listeners with SO_REUSEPORT,
+ * one uv_loop per worker thread, connections parsed by llhttp, the response writer,
+ * the timeouts that protect against slow clients, and graceful shutdown.
+ *
+ * Connection states: IDLE (between requests; idle timeout), HEADERS (header timeout),
+ * BODY (body timeout), PROCESSING (the handler owns the request; input is still read
+ * so that a disconnect is seen at once and pipelined requests wait in `in`).
+ */
+#include "tollgate/tg_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/sha.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tollgate/tg_tls.h"
+
+enum { CONN_IDLE, CONN_HEADERS, CONN_BODY, CONN_PROCESSING };
+enum { PARSE_NONE, PARSE_FIELD, PARSE_VALUE };
+
+struct tg_conn_s {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    tg_worker_t *w;
+    tg_conn_t *prev, *next;
+    tg_tls_t *tls;
+    llhttp_t parser;
+    tg_buf_t in;         /* plaintext not yet parsed */
+    tg_buf_t tls_plain;  /* scratch for TLS reads */
+    tg_request_t *req;   /* being parsed or processed */
+    int state;
+    int closing;
+    int handles;         /* open uv handles; freed when 0 */
+    int reading;
+    int in_process;      /* inside process_input: do not recurse */
+    int close_after_write;
+    int fuzz;            /* no socket: parse only */
+    int fuzz_result;
+    size_t header_bytes;
+    size_t write_queued;
+    int hstate;
+    size_t name_off, name_len, val_off, val_len;
+    size_t hoffs[TG_MAX_HEADERS][4];
+    int nh;
+    int err_status;      /* a response decided while parsing (413, 431) */
+};
+
+static llhttp_settings_t parser_settings;
+static void conn_close(tg_conn_t *c);
+static void process_input(tg_conn_t *c);
+static void conn_set_timer(tg_conn_t *c, int ms);
+
+/* ---- requests ---------------------------------------------------------------------- */
+
+static tg_request_t *request_new(tg_conn_t *c) {
+    tg_request_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        abort();
+    r->conn = c;
+    r->worker = c->w;
+    r->start_ns = tg_now_ns();
+    r->tls = c->tls != NULL;
+    r->route = TG_ROUTE_OTHER;
+    tg_random_id(r->id);
+    if (!c->fuzz) {
+        struct sockaddr_storage ss;
+        int len = sizeof(ss);
+        if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+            if (ss.ss_family == AF_INET)
+                uv_ip4_name((struct sockaddr_in *)&ss, r->client_ip, sizeof(r->client_ip));
+            else if (ss.ss_family == AF_INET6)
+                uv_ip6_name((struct sockaddr_in6 *)&ss, r->client_ip, sizeof(r->client_ip));
+        }
+    }
+    return r;
+}
+
+static void request_free(tg_request_t *r) {
+    tg_buf_free(&r->url);
+    tg_buf_free(&r->raw_headers);
+    tg_buf_free(&r->body);
+    free(r);
+}
+
+const tg_str_t *tg_request_header(const tg_request_t *req, const char *name) {
+    for (int i = 0; i < req->nheaders; i++)
+        if (tg_str_ieq(req->headers[i].name, name))
+            return &req->headers[i].value;
+    return NULL;
+}
+
+/* ---- writing ----------------------------------------------------------------------- */
+
+typedef struct {
+    uv_write_t w;
+    tg_conn_t *c;
+    size_t len;
+    char data[];
+} wreq_t;
+
+static void write_cb(uv_write_t *w, int status) {
+    wreq_t *wr = (wreq_t *)w;
+    tg_conn_t *c = wr->c;
+    c->write_queued -= wr->len;
+    free(wr);
+    if (c->closing)
+        return;
+    if (status < 0) {
+        conn_close(c);
+        return;
+    }
+    if (c->write_queued == 0 && c->close_after_write) {
+        conn_close(c);
+        return;
+    }
+    if (c->req && c->req->drain_cb && c->write_queued <= c->w->gw->cfg->limits.max_write_buffer / 2)
+        c->req->drain_cb(c->req);
+    if (c->state == CONN_PROCESSING) {
+        if (c->write_queued)
+            conn_set_timer(c, c->w->gw->cfg->limits.write_timeout_ms);
+        else
+            uv_timer_stop(&c->timer);
+    }
+}
+
+/* Writes ciphertext/plaintext bytes to the socket: try now, queue the rest (copied). */
+static void conn_writev_raw(tg_conn_t *c, uv_buf_t *bufs, int nbufs) {
+    if (c->closing || c->fuzz)
+        return;
+    size_t total = 0;
+    for (int i = 0; i < nbufs; i++)
+        total += bufs[i].len;
+    if (total == 0)
+        return;
+    size_t done = 0;
+    if (c->write_queued == 0) {
+        int r = uv_try_write((uv_stream_t *)&c->tcp, bufs, (unsigned)nbufs);
+        if (r >= 0)
+            done = (size_t)r;
+        else if (r != UV_EAGAIN && r != UV_ENOSYS) {
+            conn_close(c);
+            return;
+        }
+    }
+    if (done == total) {
+        if (c->close_after_write)
+            conn_close(c);
+        return;
+    }
+    wreq_t *wr = malloc(sizeof(*wr) + total - done);
+    if (!wr)
+        abort();
+    wr->c = c;
+    wr->len = total - done;
+    size_t skip = done, off = 0;
+    for (int i = 0; i < nbufs; i++) {
+        if (skip >= bufs[i].len) {
+            skip -= bufs[i].len;
+            continue;
+        }
+        memcpy(wr->data + off, bufs[i].base + skip, bufs[i].len - skip);
+        off += bufs[i].len - skip;
+        skip = 0;
+    }
+    uv_buf_t b = uv_buf_init(wr->data, (unsigned)wr->len);
+    c->write_queued += wr->len;
+    int r = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
+    if (r < 0) {
+        c->write_queued -= wr->len;
+        free(wr);
+        conn_close(c);
+        return;
+    }
+    if (c->state == CONN_PROCESSING)
+        conn_set_timer(c, c->w->gw->cfg->limits.write_timeout_ms);
+}
+
+static void conn_writev(tg_conn_t *c, uv_buf_t *bufs, int nbufs) {
+    if (!c->tls) {
+        conn_writev_raw(c, bufs, nbufs);
+        return;
+    }
+    tg_buf_t net;
+    tg_buf_init(&net);
+    for (int i = 0; i < nbufs; i++)
+        if (tg_tls_write(c->tls, bufs[i].base, bufs[i].len, &net) != TG_OK) {
+            tg_buf_free(&net);
+            conn_close(c);
+            return;
+        }
+    uv_buf_t b = uv_buf_init(net.data, (unsigned)net.len);
+    conn_writev_raw(c, &b, 1);
+    tg_buf_free(&net);
+}
+
+static const char *reason(int status) {
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 402: return "Payment Required";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Entity";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 529: return "Overloaded";
+    default: return "Unknown";
+    }
+}
+
+void tg_response_start(tg_request_t *req, int status, const char *content_type,
+                       const char *extra_headers, int64_t content_length) {
+    tg_conn_t *c = req->conn;
+    if (req->resp_started)
+        return;
+    req->resp_started = 1;
+    req->status = status;
+    if (c->w->draining)
+        req->keep_alive = 0;
+    char head[1024];
+    int n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\nx-request-id: %s\r\n", status,
+                     reason(status), req->id);
+    if (content_type)
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Type: %s\r\n", content_type);
+    if (content_length >= 0)
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %lld\r\n",
+                      (long long)content_length);
+    else {
+        req->resp_chunked = 1;
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Transfer-Encoding: chunked\r\n");
+    }
+    if (!req->keep_alive)
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Connection: close\r\n");
+    uv_buf_t bufs[3];
+    int nb = 0;
+    bufs[nb++] = uv_buf_init(head, (unsigned)n);
+    if (extra_headers && *extra_headers)
+        bufs[nb++] = uv_buf_init((char *)extra_headers, (unsigned)strlen(extra_headers));
+    bufs[nb++] = uv_buf_init("\r\n", 2);
+    for (int i = 0; i < nb; i++)
+        req->bytes_out += bufs[i].len;
+    conn_writev(c, bufs, nb);
+}
+
+void tg_response_body(tg_request_t *req, const char *p, size_t n) {
+    if (!n || req->resp_ended)
+        return;
+    req->bytes_out += n;
+    if (!req->resp_chunked) {
+        uv_buf_t b = uv_buf_init((char *)p, (unsigned)n);
+        conn_writev(req->conn, &b, 1);
+        return;
+    }
+    char size[24];
+    int sn = snprintf(size, sizeof(size), "%zx\r\n", n);
+    uv_buf_t bufs[3] = {uv_buf_init(size, (unsigned)sn), uv_buf_init((char *)p, (unsigned)n),
+                        uv_buf_init("\r\n", 2)};
+    conn_writev(req->conn, bufs, 3);
+}
+
+static void request_finish(tg_request_t *req, int aborted) {
+    tg_conn_t *c = req->conn;
+    tg_worker_t *w = c->w;
+    if (!req->status)
+        req->status = aborted ? 499 : 500;
+    if (req->finish_cb)
+        req->finish_cb(req, aborted);
+    if (!c->fuzz) {
+        tg_metrics_count_request(&w->metrics, req->route, aborted && req->status < 400 ? 499 : req->status);
+        tg_histogram_observe(&w->metrics.duration, (tg_now_ns() - req->start_ns) / 1000);
+        atomic_fetch_sub_explicit(&w->metrics.inflight, 1, memory_order_relaxed);
+        if (aborted)
+            atomic_fetch_add_explicit(&w->metrics.client_aborts, 1, memory_order_relaxed);
+    }
+    c->req = NULL;
+    request_free(req);
+}
+
+void tg_response_end(tg_request_t *req) {
+    tg_conn_t *c = req->conn;
+    if (req->resp_ended)
+        return;
+    req->resp_ended = 1;
+    if (!req->resp_started)
+        tg_response_start(req, req->status ? req->status : 200, NULL, NULL, 0);
+    if (req->resp_chunked) {
+        uv_buf_t b = uv_buf_init("0\r\n\r\n", 5);
+        req->bytes_out += 5;
+        conn_writev(c, &b, 1);
+    }
+    int keep = req->keep_alive && !c->w->draining && !c->closing;
+    request_finish(req, 0);
+    if (c->closing)
+        return;
+    if (!keep) {
+        if (c->write_queued == 0)
+            conn_close(c);
+        else
+            c->close_after_write = 1;
+        return;
+    }
+    c->state = CONN_IDLE;
+    if (!c->fuzz) {
+        conn_set_timer(c, c->w->gw->cfg->limits.idle_timeout_ms);
+        if (!c->reading) {
+            /* Reading was stopped because too much pipelined input was buffered. */
+            c->reading = 1;
+        }
+    }
+    llhttp_resume(&c->parser);
+    if (!c->in_process)
+        process_input(c);
+}
+
+void tg_response_send(tg_request_t *req, int status, const char *content_type,
+                      const char *extra_headers, const char *body, size_t n) {
+    tg_response_start(req, status, content_type, extra_headers, (int64_t)n);
+    tg_response_body(req, body, n);
+    tg_response_end(req);
+}
+
+void tg_response_error(tg_request_t *req, int status, const char *type, const char *code,
+                       const char *message) {
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_appends(&b, "{\"error\":{\"message\":\"");
+    tg_buf_append_json_escaped(&b, message, strlen(message));
+    tg_buf_appends(&b, "\",\"type\":\"");
+    tg_buf_appends(&b, type);
+    tg_buf_appends(&b, "\",\"code\":\"");
+    tg_buf_appends(&b, code);
+    tg_buf_appends(&b, "\"}}");
+    tg_response_send(req, status, "application/json", NULL, b.data, b.len);
+    tg_buf_free(&b);
+}
+
+void tg_response_abort(tg_request_t *req) {
+    tg_conn_t *c = req->conn;
+    req->resp_ended = 1;
+    if (!req->status)
+        req->status = 502;
+    request_finish(req, 0);
+    conn_close(c);
+}
+
+size_t tg_request_write_queue(const tg_request_t *req) { return req->conn->write_queued; }
+
+/* ---- parsing ----------------------------------------------------------------------- */
+
+static tg_conn_t *conn_of(llhttp_t *p) { return (tg_conn_t *)p->data; }
+
+static int header_budget(tg_conn_t *c, size_t n) {
+    c->header_bytes += n;
+    if (c->header_bytes > c->w->gw->cfg->limits.max_header_bytes) {
+        c->err_status = 431;
+        return -1;
+    }
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p) {
+    tg_conn_t *c = conn_of(p);
+    c->req = request_new(c);
+    c->header_bytes = 0;
+    c->hstate = PARSE_NONE;
+    c->nh = 0;
+    c->err_status = 0;
+    c->state = CONN_HEADERS;
+    if (!c->fuzz) {
+        atomic_fetch_add_explicit(&c->w->metrics.inflight, 1, memory_order_relaxed);
+        conn_set_timer(c, c->w->gw->cfg->limits.header_timeout_ms);
+    }
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t n) {
+    tg_conn_t *c = conn_of(p);
+    if (header_budget(c, n))
+        return -1;
+    tg_buf_append(&c->req->url, at, n);
+    return 0;
+}
+
+static void header_commit(tg_conn_t *c) {
+    if (c->hstate == PARSE_VALUE && c->nh < TG_MAX_HEADERS) {
+        c->hoffs[c->nh][0] = c->name_off;
+        c->hoffs[c->nh][1] = c->name_len;
+        c->hoffs[c->nh][2] = c->val_off;
+        c->hoffs[c->nh][3] = c->val_len;
+        c->nh++;
+    }
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t n) {
+    tg_conn_t *c = conn_of(p);
+    if (header_budget(c, n))
+        return -1;
+    tg_buf_t *raw = &c->req->raw_headers;
+    if (c->hstate != PARSE_FIELD) {
+        header_commit(c);
+        if (c->nh >= TG_MAX_HEADERS) {
+            c->err_status = 431;
+            return -1;
+        }
+        c->hstate = PARSE_FIELD;
+        c->name_off = raw->len;
+        c->name_len = 0;
+    }
+    tg_buf_append(raw, at, n);
+    c->name_len += n;
+    return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t n) {
+    tg_conn_t *c = conn_of(p);
+    if (header_budget(c, n))
+        return -1;
+    tg_buf_t *raw = &c->req->raw_headers;
+    if (c->hstate != PARSE_VALUE) {
+        c->hstate = PARSE_VALUE;
+        c->val_off = raw->len;
+        c->val_len = 0;
+    }
+    tg_buf_append(raw, at, n);
+    c->val_len += n;
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p) {
+    tg_conn_t *c = conn_of(p);
+    tg_request_t *r = c->req;
+    header_commit(c);
+    c->hstate = PARSE_NONE;
+    for (int i = 0; i < c->nh; i++) {
+        r->headers[i].name = (tg_str_t){r->raw_headers.data + c->hoffs[i][0], c->hoffs[i][1]};
+        r->headers[i].value = (tg_str_t){r->raw_headers.data + c->hoffs[i][2], c->hoffs[i][3]};
+    }
+    r->nheaders = c->nh;
+    r->method = llhttp_get_method(p);
+    r->bytes_in = c->header_bytes;
+    size_t max_body = c->w->gw->cfg->limits.max_body_bytes;
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > max_body) {
+        c->err_status = 413;
+        return -1;
+    }
+    c->state = CONN_BODY;
+    if (!c->fuzz) {
+        conn_set_timer(c, c->w->gw->cfg->limits.body_timeout_ms);
+        const tg_str_t *expect = tg_request_header(r, "expect");
+        if (expect && tg_str_ieq(*expect, "100-continue")) {
+            uv_buf_t b = uv_buf_init("HTTP/1.1 100 Continue\r\n\r\n", 25);
+            conn_writev(c, &b, 1);
+        }
+    }
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t n) {
+    tg_conn_t *c = conn_of(p);
+    if (c->req->body.len + n > c->w->gw->cfg->limits.max_body_bytes) {
+        c->err_status = 413;
+        return -1;
+    }
+    tg_buf_append(&c->req->body, at, n);
+    c->req->bytes_in += n;
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+    tg_conn_t *c = conn_of(p);
+    c->req->keep_alive = llhttp_should_keep_alive(p);
+    c->req->ready_ns = tg_now_ns();
+    c->state = CONN_PROCESSING;
+    return HPE_PAUSED;
+}
+
+static void dispatch(tg_conn_t *c) {
+    tg_request_t *r = c->req;
+    if (c->fuzz) {
+        c->fuzz_result++;
+        r->status = 200;
+        r->resp_started = 1;
+        tg_response_end(r);
+        return;
+    }
+    uv_timer_stop(&c->timer);
+    tg_proxy_handle(r);
+}
+
+/* Answers a request that failed to parse, then closes the connection. */
+static void parse_error(tg_conn_t *c, int status, const char *code, const char *msg) {
+    if (c->fuzz) {
+        c->fuzz_result = status == 431 ? -2 : status == 413 ? -3 : -1;
+        c->closing = 1;
+        if (c->req)
+            request_finish(c->req, 1);
+        return;
+    }
+    if (!c->req)
+        on_message_begin(&c->parser);
+    tg_request_t *r = c->req;
+    r->keep_alive = 0;
+    tg_response_error(r, status, "invalid_request_error", code, msg);
+}
+
+static void process_input(tg_conn_t *c) {
+    c->in_process = 1;
+    size_t off = 0;
+    while (!c->closing && c->state != CONN_PROCESSING && off < c->in.len) {
+        const char *start = c->in.data + off;
+        llhttp_errno_t e = llhttp_execute(&c->parser, start, c->in.len - off);
+        if (e == HPE_OK) {
+            off = c->in.len;
+            break;
+        }
+        if (e == HPE_PAUSED) {
+            off = (size_t)(llhttp_get_error_pos(&c->parser) - c->in.data);
+            dispatch(c);
+            /* dispatch may have ended the request synchronously (state back to IDLE). */
+            continue;
+        }
+        if (c->err_status == 431)
+            parse_error(c, 431, "headers_too_large", "request headers are too large");
+        else if (c->err_status == 413)
+            parse_error(c, 413, "body_too_large", "request body is too large");
+        else
+            parse_error(c, 400, "bad_request", llhttp_get_error_reason(&c->parser)
+                                                   ? llhttp_get_error_reason(&c->parser)
+                                                   : "malformed HTTP request");
+        off = c->in.len;
+        break;
+    }
+    if (!c->closing)
+        tg_buf_consume(&c->in, off);
+    c->in_process = 0;
+}
+
+int tg_http_parse_for_fuzz(const char *data, size_t len, size_t max_header, size_t max_body) {
+    tg_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.limits.max_header_bytes = max_header;
+    cfg.limits.max_body_bytes = max_body;
+    cfg.limits.max_write_buffer = 65536;
+    tg_gateway_t gw;
+    memset(&gw, 0, sizeof(gw));
+    gw.cfg = &cfg;
+    tg_worker_t *w = calloc(1, sizeof(*w));
+    w->gw = &gw;
+    tg_conn_t *c = calloc(1, sizeof(*c));
+    c->w = w;
+    c->fuzz = 1;
+    llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
+    c->parser.data = c;
+    /* Feed in two pieces to exercise resumption across reads. */
+    size_t cut = len ? (unsigned char)data[0] % (len + 1) : 0;
+    tg_buf_append(&c->in, data, cut);
+    process_input(c);
+    if (!c->closing) {
+        tg_buf_append(&c->in, data + cut, len - cut);
+        process_input(c);
+    }
+    int result = c->fuzz_result;
+    if (c->req)
+        request_free(c->req);
+    tg_buf_free(&c->in);
+    free(c);
+    free(w);
+    return result;
+}
+
+/* ---- connections ------------------------------------------------------------------- */
+
+static void conn_free_cb(uv_handle_t *h) {
+    tg_conn_t *c = h->data;
+    if (--c->handles > 0)
+        return;
+    tg_buf_free(&c->in);
+    tg_buf_free(&c->tls_plain);
+    tg_tls_destroy(c->tls);
+    free(c);
+}
+
+static void conn_close(tg_conn_t *c) {
+    if (c->closing)
+        return;
+    c->closing = 1;
+    tg_worker_t *w = c->w;
+    if (c->req) {
+        tg_request_t *r = c->req;
+        if (r->abort_cb && !r->resp_ended)
+            r->abort_cb(r);
+        request_finish(r, !r->resp_ended);
+    }
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->conns_head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    w->nconns--;
+    atomic_fetch_sub_explicit(&w->metrics.connections, 1, memory_order_relaxed);
+    uv_close((uv_handle_t *)&c->timer, conn_free_cb);
+    uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+    if (w->draining && w->nconns == 0)
+        uv_stop(&w->loop);
+}
+
+static void timer_cb(uv_timer_t *t) {
+    tg_conn_t *c = t->data;
+    switch (c->state) {
+    case CONN_IDLE:
+        conn_close(c);
+        break;
+    case CONN_HEADERS:
+    case CONN_BODY:
+        if (c->req && !c->req->resp_started) {
+            c->req->keep_alive = 0;
+            tg_response_error(c->req, 408, "invalid_request_error", "request_timeout",
+                              "the request was not received in time");
+        } else {
+            conn_close(c);
+        }
+        break;
+    case CONN_PROCESSING:
+        /* The client stopped reading its response. */
+        if (c->write_queued)
+            conn_close(c);
+        break;
+    }
+}
+
+static void conn_set_timer(tg_conn_t *c, int ms) {
+    if (!c->fuzz && !c->closing)
+        uv_timer_start(&c->timer, timer_cb, (uint64_t)ms, 0);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    static __thread char slab[65536];
+    TG_UNUSED(h);
+    TG_UNUSED(suggested);
+    *buf = uv_buf_init(slab, sizeof(slab));
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    tg_conn_t *c = s->data;
+    if (nread < 0) {
+        conn_close(c);
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (c->tls) {
+        tg_buf_t net;
+        tg_buf_init(&net);
+        tg_buf_reset(&c->tls_plain);
+        int rc = tg_tls_feed(c->tls, buf->base, (size_t)nread, &c->tls_plain, &net);
+        if (net.len) {
+            uv_buf_t b = uv_buf_init(net.data, (unsigned)net.len);
+            conn_writev_raw(c, &b, 1);
+        }
+        tg_buf_free(&net);
+        if (rc != TG_OK) {
+            tg_log_debug("tls: handshake or record error: %s", tg_tls_last_error());
+            conn_close(c);
+            return;
+        }
+        if (c->closing || !c->tls_plain.len)
+            return;
+        tg_buf_append(&c->in, c->tls_plain.data, c->tls_plain.len);
+    } else {
+        tg_buf_append(&c->in, buf->base, (size_t)nread);
+    }
+    if (c->state == CONN_IDLE && !c->fuzz)
+        conn_set_timer(c, c->w->gw->cfg->limits.header_timeout_ms);
+    if (c->state != CONN_PROCESSING) {
+        process_input(c);
+    } else {
+        /* Pipelined input while a request is processed: bound what we buffer. */
+        const tg_limits_config_t *l = &c->w->gw->cfg->limits;
+        if (c->in.len > l->max_header_bytes + l->max_body_bytes) {
+            c->req->keep_alive = 0;
+        }
+    }
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+    tg_worker_t *w = server->data;
+    if (status < 0 || w->draining)
+        return;
+    tg_conn_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort();
+    c->w = w;
+    uv_tcp_init(&w->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        c->handles = 1;
+        uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+        return;
+    }
+    uv_timer_init(&w->loop, &c->timer);
+    c->timer.data = c;
+    c->handles = 2;
+    uv_tcp_nodelay(&c->tcp, 1);
+    int is_tls = 0;
+    for (int i = 0; i < w->nlisteners; i++)
+        if ((uv_stream_t *)&w->listeners[i] == server)
+            is_tls = w->listener_tls[i];
+    if (is_tls)
+        c->tls = tg_tls_create(w->gw->server_tls, 1, NULL);
+    llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
+    c->parser.data = c;
+    c->state = CONN_IDLE;
+    c->next = w->conns_head;
+    if (c->next)
+        c->next->prev = c;
+    w->conns_head = c;
+    w->nconns++;
+    atomic_fetch_add_explicit(&w->metrics.connections, 1, memory_order_relaxed);
+    conn_set_timer(c, w->gw->cfg->limits.header_timeout_ms);
+    c->reading = 1;
+    uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+}
+
+/* ---- workers and the gateway ------------------------------------------------------- */
+
+typedef struct {
+    int fds[2][64];
+    int tls[2];
+    int n;
+} listen_fds_t;
+
+static int open_listener(const char *host, int port, char *err, size_t errlen) {
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    int family = strchr(host, ':') ? AF_INET6 : AF_INET;
+    if (family == AF_INET6) {
+        if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0)
+            goto bad;
+    } else if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0) {
+        goto bad;
+    }
+    int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        goto sys;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&ss,
+             family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in)) != 0) {
+        close(fd);
+        goto sys;
+    }
+    return fd;
+bad:
+    snprintf(err, errlen, "listen: \"%s\" is not an IP address", host);
+    return -1;
+sys:
+    snprintf(err, errlen, "listen: %s:%d: %s", host, port, strerror(errno));
+    return -1;
+}
+
+static void shutdown_timer_cb(uv_timer_t *t) {
+    tg_worker_t *w = t->data;
+    tg_log_warn("worker %d: shutdown timeout, closing %lld connection(s)", w->index,
+                (long long)w->nconns);
+    tg_conn_t *c = w->conns_head;
+    while (c) {
+        tg_conn_t *next = c->next;
+        conn_close(c);
+        c = next;
+    }
+    uv_stop(&w->loop);
+}
+
+static void stop_async_cb(uv_async_t *a) {
+    tg_worker_t *w = a->data;
+    if (w->draining)
+        return;
+    w->draining = 1;
+    for (int i = 0; i < w->nlisteners; i++)
+        uv_close((uv_handle_t *)&w->listeners[i], NULL);
+    /* Idle connections close now; busy ones close when their response ends. */
+    tg_conn_t *c = w->conns_head;
+    while (c) {
+        tg_conn_t *next = c->next;
+        if (c->state == CONN_IDLE && c->in.len == 0)
+            conn_close(c);
+        else if (c->req)
+            c->req->keep_alive = 0;
+        c = next;
+    }
+    if (w->nconns == 0)
+        uv_stop(&w->loop);
+    else
+        uv_timer_start(&w->shutdown_timer, shutdown_timer_cb,
+                       (uint64_t)w->gw->cfg->limits.shutdown_timeout_ms, 0);
+}
+
+static void close_walk_cb(uv_handle_t *h, void *arg) {
+    TG_UNUSED(arg);
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void worker_main(void *arg) {
+    tg_worker_t *w = arg;
+    /* Runs until draining ends: every connection closed, or the shutdown timeout. */
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    tg_proxy_worker_close(w);
+    uv_walk(&w->loop, close_walk_cb, NULL);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&w->loop);
+}
+
+tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
+    parser_settings = (llhttp_settings_t){0};
+    llhttp_settings_init(&parser_settings);
+    parser_settings.on_message_begin = on_message_begin;
+    parser_settings.on_url = on_url;
+    parser_settings.on_header_field = on_header_field;
+    parser_settings.on_header_value = on_header_value;
+    parser_settings.on_headers_complete = on_headers_complete;
+    parser_settings.on_body = on_body;
+    parser_settings.on_message_complete = on_message_complete;
+
+    tg_gateway_t *gw = calloc(1, sizeof(*gw));
+    gw->cfg = cfg;
+    gw->nworkers = cfg->workers > 0 ? cfg->workers : (int)TG_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    gw->nkeys = cfg->nkeys;
+    gw->key_hashes = calloc(cfg->nkeys + 1, 32);
+    for (size_t i = 0; i < cfg->nkeys; i++)
+        SHA256((const unsigned char *)cfg->keys[i], strlen(cfg->keys[i]), gw->key_hashes[i]);
+    if (cfg->tls_listen_host) {
+        gw->server_tls = tg_tls_server_ctx(cfg->tls_cert, cfg->tls_key, err, errlen);
+        if (!gw->server_tls)
+            goto fail;
+    }
+    if (strncmp(cfg->upstream.url, "https://", 8) == 0) {
+        gw->client_tls = tg_tls_client_ctx(cfg->upstream.ca_file, cfg->upstream.tls_verify, err, errlen);
+        if (!gw->client_tls)
+            goto fail;
+    }
+    gw->workers = calloc((size_t)gw->nworkers, sizeof(*gw->workers));
+    gw->metrics = calloc((size_t)gw->nworkers, sizeof(*gw->metrics));
+    for (int i = 0; i < gw->nworkers; i++) {
+        tg_worker_t *w = calloc(1, sizeof(*w));
+        w->gw = gw;
+        w->index = i;
+        gw->workers[i] = w;
+        gw->metrics[i] = &w->metrics;
+        uv_loop_init(&w->loop);
+        uv_async_init(&w->loop, &w->stop_async, stop_async_cb);
+        w->stop_async.data = w;
+        uv_timer_init(&w->loop, &w->shutdown_timer);
+        w->shutdown_timer.data = w;
+        const char *hosts[2] = {cfg->listen_host, cfg->tls_listen_host};
+        int ports[2] = {cfg->listen_port, cfg->tls_listen_port};
+        for (int k = 0; k < 2; k++) {
+            if (!hosts[k])
+                continue;
+            int fd = open_listener(hosts[k], ports[k], err, errlen);
+            if (fd < 0)
+                goto fail;
+            uv_tcp_t *l = &w->listeners[w->nlisteners];
+            uv_tcp_init(&w->loop, l);
+            uv_tcp_open(l, fd);
+            l->data = w;
+            w->listener_tls[w->nlisteners] = k == 1;
+            int r = uv_listen((uv_stream_t *)l, 4096, on_connection);
+            if (r < 0) {
+                snprintf(err, errlen, "listen: %s:%d: %s", hosts[k], ports[k], uv_strerror(r));
+                goto fail;
+            }
+            w->nlisteners++;
+        }
+        tg_proxy_worker_init(w);
+    }
+    return gw;
+fail:
+    tg_gateway_destroy(gw);
+    return NULL;
+}
+
+static uv_signal_t sig_term, sig_int;
+
+static void on_signal(uv_signal_t *s, int signum) {
+    tg_gateway_t *gw = s->data;
+    tg_log_info("received %s: draining (up to %d ms)", signum == SIGTERM ? "SIGTERM" : "SIGINT",
+                gw->cfg->limits.shutdown_timeout_ms);
+    atomic_store(&gw->draining, 1);
+    for (int i = 0; i < gw->nworkers; i++)
+        uv_async_send(&gw->workers[i]->stop_async);
+    uv_close((uv_handle_t *)&sig_term, NULL);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+}
+
+int tg_gateway_run(tg_gateway_t *gw) {
+    signal(SIGPIPE, SIG_IGN);
+    uv_loop_t *main_loop = uv_default_loop();
+    uv_signal_init(main_loop, &sig_term);
+    uv_signal_init(main_loop, &sig_int);
+    sig_term.data = sig_int.data = gw;
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    for (int i = 0; i < gw->nworkers; i++)
+        uv_thread_create(&gw->workers[i]->thread, worker_main, gw->workers[i]);
+    tg_log_info("tollgate listening on %s:%d%s (%d workers)", gw->cfg->listen_host,
+                gw->cfg->listen_port, gw->cfg->tls_listen_host ? " and TLS" : "", gw->nworkers);
+    uv_run(main_loop, UV_RUN_DEFAULT);
+    for (int i = 0; i < gw->nworkers; i++)
+        uv_thread_join(&gw->workers[i]->thread);
+    uv_loop_close(main_loop);
+    tg_log_info("tollgate stopped");
+    return 0;
+}
+
+void tg_gateway_destroy(tg_gateway_t *gw) {
+    if (!gw)
+        return;
+    if (gw->workers) {
+        for (int i = 0; i < gw->nworkers; i++)
+            free(gw->workers[i]);
+    }
+    free(gw->workers);
+    free(gw->metrics);
+    free(gw->key_hashes);
+    SSL_CTX_free(gw->server_tls);
+    SSL_CTX_free(gw->client_tls);
+    free(gw);
+}
