@@ -142,7 +142,7 @@ static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t 
     if (p->error)
         tg_buf_printf(&b, ",\"error\":\"%s\"", p->error);
     tg_buf_appends(&b, "}");
-    tg_log_raw(b.data, b.len);
+    tg_worker_log(req->worker, b.data, b.len);
     tg_buf_free(&b);
 }
 
@@ -178,6 +178,10 @@ static int fail(proxy_req_t *p, int status, const char *type, const char *code, 
 }
 
 /* ---- phase: route ------------------------------------------------------------------- */
+
+static const char method_not_allowed[] =
+    "{\"error\":{\"message\":\"method not allowed\",\"type\":\"invalid_request_error\","
+    "\"code\":\"method_not_allowed\"}}";
 
 static int path_is(const char *path, const char *want) { return strcmp(path, want) == 0; }
 
@@ -227,14 +231,13 @@ static int phase_route(proxy_req_t *p) {
     return fail(p, 404, "invalid_request_error", "not_found", "unknown route");
 not_allowed_get:
     p->error = "method_not_allowed";
-    tg_response_start(req, 405, "application/json", "Allow: GET, HEAD\r\n", 90);
+    tg_response_start(req, 405, "application/json", "Allow: GET, HEAD\r\n", (int64_t)strlen(method_not_allowed));
     goto not_allowed_body;
 not_allowed_post:
     p->error = "method_not_allowed";
-    tg_response_start(req, 405, "application/json", "Allow: POST\r\n", 90);
+    tg_response_start(req, 405, "application/json", "Allow: POST\r\n", (int64_t)strlen(method_not_allowed));
 not_allowed_body:
-    tg_response_body(req, "{\"error\":{\"message\":\"method not allowed\",\"type\":\"invalid_request_error\","
-                          "\"code\":\"method_not_allowed\"}}", 90);
+    tg_response_body(req, method_not_allowed, strlen(method_not_allowed));
     tg_response_end(req);
     return TG_DONE;
 }

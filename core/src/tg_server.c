@@ -50,6 +50,9 @@ struct tg_conn_s {
     size_t hoffs[TG_MAX_HEADERS][4];
     int nh;
     int err_status;      /* a response decided while parsing (413, 431) */
+    tg_buf_t out;        /* corked output, flushed before the loop polls */
+    int dirty;           /* on the worker's dirty list */
+    tg_conn_t *dirty_next;
 };
 
 static llhttp_settings_t parser_settings;
@@ -116,7 +119,7 @@ static void write_cb(uv_write_t *w, int status) {
         conn_close(c);
         return;
     }
-    if (c->write_queued == 0 && c->close_after_write) {
+    if (c->write_queued == 0 && c->close_after_write && !c->dirty) {
         conn_close(c);
         return;
     }
@@ -130,18 +133,14 @@ static void write_cb(uv_write_t *w, int status) {
     }
 }
 
-/* Writes ciphertext/plaintext bytes to the socket: try now, queue the rest (copied). */
-static void conn_writev_raw(tg_conn_t *c, uv_buf_t *bufs, int nbufs) {
-    if (c->closing || c->fuzz)
-        return;
-    size_t total = 0;
-    for (int i = 0; i < nbufs; i++)
-        total += bufs[i].len;
-    if (total == 0)
+/* Writes bytes to the socket now: try, then queue the rest (copied). */
+static void conn_write_raw(tg_conn_t *c, const char *p, size_t total) {
+    if (c->closing || c->fuzz || total == 0)
         return;
     size_t done = 0;
     if (c->write_queued == 0) {
-        int r = uv_try_write((uv_stream_t *)&c->tcp, bufs, (unsigned)nbufs);
+        uv_buf_t b = uv_buf_init((char *)p, (unsigned)total);
+        int r = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         if (r >= 0)
             done = (size_t)r;
         else if (r != UV_EAGAIN && r != UV_ENOSYS) {
@@ -149,26 +148,14 @@ static void conn_writev_raw(tg_conn_t *c, uv_buf_t *bufs, int nbufs) {
             return;
         }
     }
-    if (done == total) {
-        if (c->close_after_write)
-            conn_close(c);
+    if (done == total)
         return;
-    }
     wreq_t *wr = malloc(sizeof(*wr) + total - done);
     if (!wr)
         abort();
     wr->c = c;
     wr->len = total - done;
-    size_t skip = done, off = 0;
-    for (int i = 0; i < nbufs; i++) {
-        if (skip >= bufs[i].len) {
-            skip -= bufs[i].len;
-            continue;
-        }
-        memcpy(wr->data + off, bufs[i].base + skip, bufs[i].len - skip);
-        off += bufs[i].len - skip;
-        skip = 0;
-    }
+    memcpy(wr->data, p + done, wr->len);
     uv_buf_t b = uv_buf_init(wr->data, (unsigned)wr->len);
     c->write_queued += wr->len;
     int r = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
@@ -182,22 +169,85 @@ static void conn_writev_raw(tg_conn_t *c, uv_buf_t *bufs, int nbufs) {
         conn_set_timer(c, c->w->gw->cfg->limits.write_timeout_ms);
 }
 
+/*
+ * Output is corked: everything written to a connection during one loop iteration is
+ * appended to c->out and sent with one write before the loop polls again (the worker's
+ * uv_prepare). A response head, its body and the final chunk usually leave in one
+ * syscall, and no write waits longer than the current iteration.
+ */
 static void conn_writev(tg_conn_t *c, uv_buf_t *bufs, int nbufs) {
-    if (!c->tls) {
-        conn_writev_raw(c, bufs, nbufs);
+    if (c->closing || c->fuzz)
         return;
-    }
-    tg_buf_t net;
-    tg_buf_init(&net);
     for (int i = 0; i < nbufs; i++)
-        if (tg_tls_write(c->tls, bufs[i].base, bufs[i].len, &net) != TG_OK) {
+        tg_buf_append(&c->out, bufs[i].base, bufs[i].len);
+    if (!c->dirty) {
+        c->dirty = 1;
+        c->dirty_next = c->w->dirty;
+        c->w->dirty = c;
+    }
+}
+
+static void conn_flush(tg_conn_t *c) {
+    c->dirty = 0;
+    if (c->closing)
+        return;
+    if (c->out.len) {
+        if (c->tls) {
+            tg_buf_t net;
+            tg_buf_init(&net);
+            int rc = tg_tls_write(c->tls, c->out.data, c->out.len, &net);
+            tg_buf_reset(&c->out);
+            if (rc != TG_OK) {
+                tg_buf_free(&net);
+                conn_close(c);
+                return;
+            }
+            conn_write_raw(c, net.data, net.len);
             tg_buf_free(&net);
-            conn_close(c);
-            return;
+        } else {
+            conn_write_raw(c, c->out.data, c->out.len);
+            tg_buf_reset(&c->out);
         }
-    uv_buf_t b = uv_buf_init(net.data, (unsigned)net.len);
-    conn_writev_raw(c, &b, 1);
-    tg_buf_free(&net);
+        if (c->out.cap > 65536)
+            tg_buf_free(&c->out);
+    }
+    if (!c->closing && c->close_after_write && c->write_queued == 0)
+        conn_close(c);
+}
+
+/* Access-log lines go to stdout in one write per loop iteration; each line is whole. */
+static void log_flush(tg_worker_t *w) {
+    size_t off = 0;
+    while (off < w->logbuf.len) {
+        ssize_t n = write(STDOUT_FILENO, w->logbuf.data + off, w->logbuf.len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    tg_buf_reset(&w->logbuf);
+}
+
+static void prepare_cb(uv_prepare_t *h) {
+    tg_worker_t *w = h->data;
+    while (w->dirty) {
+        tg_conn_t *c = w->dirty;
+        w->dirty = c->dirty_next;
+        conn_flush(c);
+    }
+    if (w->logbuf.len) {
+        log_flush(w);
+        if (w->logbuf.cap > 1 << 20)
+            tg_buf_free(&w->logbuf);
+    }
+}
+
+void tg_worker_log(tg_worker_t *w, const char *line, size_t len) {
+    tg_buf_append(&w->logbuf, line, len);
+    tg_buf_append(&w->logbuf, "\n", 1);
+    if (w->logbuf.len > 256 * 1024)
+        log_flush(w);
 }
 
 static const char *reason(int status) {
@@ -314,10 +364,9 @@ void tg_response_end(tg_request_t *req) {
     if (c->closing)
         return;
     if (!keep) {
-        if (c->write_queued == 0)
+        c->close_after_write = 1;
+        if (!c->dirty && c->write_queued == 0)
             conn_close(c);
-        else
-            c->close_after_write = 1;
         return;
     }
     c->state = CONN_IDLE;
@@ -361,10 +410,16 @@ void tg_response_abort(tg_request_t *req) {
     if (!req->status)
         req->status = 502;
     request_finish(req, 0);
-    conn_close(c);
+    /* What was already written still goes out; then the connection closes without
+     * the final chunk. */
+    c->close_after_write = 1;
+    if (!c->dirty && c->write_queued == 0)
+        conn_close(c);
 }
 
-size_t tg_request_write_queue(const tg_request_t *req) { return req->conn->write_queued; }
+size_t tg_request_write_queue(const tg_request_t *req) {
+    return req->conn->write_queued + req->conn->out.len;
+}
 
 /* ---- parsing ----------------------------------------------------------------------- */
 
@@ -596,6 +651,7 @@ static void conn_free_cb(uv_handle_t *h) {
     if (--c->handles > 0)
         return;
     tg_buf_free(&c->in);
+    tg_buf_free(&c->out);
     tg_buf_free(&c->tls_plain);
     tg_tls_destroy(c->tls);
     free(c);
@@ -606,6 +662,14 @@ static void conn_close(tg_conn_t *c) {
         return;
     c->closing = 1;
     tg_worker_t *w = c->w;
+    if (c->dirty) {
+        for (tg_conn_t **pp = (tg_conn_t **)&w->dirty; *pp; pp = &(*pp)->dirty_next)
+            if (*pp == c) {
+                *pp = c->dirty_next;
+                break;
+            }
+        c->dirty = 0;
+    }
     if (c->req) {
         tg_request_t *r = c->req;
         if (r->abort_cb && !r->resp_ended)
@@ -676,8 +740,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         tg_buf_reset(&c->tls_plain);
         int rc = tg_tls_feed(c->tls, buf->base, (size_t)nread, &c->tls_plain, &net);
         if (net.len) {
-            uv_buf_t b = uv_buf_init(net.data, (unsigned)net.len);
-            conn_writev_raw(c, &b, 1);
+            conn_write_raw(c, net.data, net.len);
         }
         tg_buf_free(&net);
         if (rc != TG_OK) {
@@ -829,6 +892,8 @@ static void worker_main(void *arg) {
     /* Runs until draining ends: every connection closed, or the shutdown timeout. */
     uv_run(&w->loop, UV_RUN_DEFAULT);
     tg_proxy_worker_close(w);
+    prepare_cb(&w->prepare);
+    tg_buf_free(&w->logbuf);
     uv_walk(&w->loop, close_walk_cb, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);
@@ -875,6 +940,10 @@ tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
         w->stop_async.data = w;
         uv_timer_init(&w->loop, &w->shutdown_timer);
         w->shutdown_timer.data = w;
+        uv_prepare_init(&w->loop, &w->prepare);
+        w->prepare.data = w;
+        uv_prepare_start(&w->prepare, prepare_cb);
+        uv_unref((uv_handle_t *)&w->prepare);
         const char *hosts[2] = {cfg->listen_host, cfg->tls_listen_host};
         int ports[2] = {cfg->listen_port, cfg->tls_listen_port};
         for (int k = 0; k < 2; k++) {

@@ -98,7 +98,13 @@ struct tg_worker_s {
     int draining;
     int64_t nconns;
     void *conns_head;     /* intrusive list of connections */
+    uv_prepare_t prepare; /* flushes corked output and the access log */
+    tg_conn_t *dirty;     /* connections with corked output */
+    tg_buf_t logbuf;      /* access-log lines not yet written */
 };
+
+/** Queues one access-log line (no newline) for the worker's next flush. */
+void tg_worker_log(tg_worker_t *w, const char *line, size_t len);
 
 /** Looks up a request header by name (ASCII case-insensitive). Returns NULL if absent. */
 const tg_str_t *tg_request_header(const tg_request_t *req, const char *name);
