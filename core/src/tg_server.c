@@ -611,6 +611,18 @@ static void process_input(tg_conn_t *c) {
     c->in_process = 0;
 }
 
+static void settings_init(void) {
+    parser_settings = (llhttp_settings_t){0};
+    llhttp_settings_init(&parser_settings);
+    parser_settings.on_message_begin = on_message_begin;
+    parser_settings.on_url = on_url;
+    parser_settings.on_header_field = on_header_field;
+    parser_settings.on_header_value = on_header_value;
+    parser_settings.on_headers_complete = on_headers_complete;
+    parser_settings.on_body = on_body;
+    parser_settings.on_message_complete = on_message_complete;
+}
+
 int tg_http_parse_for_fuzz(const char *data, size_t len, size_t max_header, size_t max_body) {
     tg_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -625,6 +637,7 @@ int tg_http_parse_for_fuzz(const char *data, size_t len, size_t max_header, size
     tg_conn_t *c = calloc(1, sizeof(*c));
     c->w = w;
     c->fuzz = 1;
+    settings_init();
     llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
     c->parser.data = c;
     /* Feed in two pieces to exercise resumption across reads. */
@@ -900,15 +913,7 @@ static void worker_main(void *arg) {
 }
 
 tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
-    parser_settings = (llhttp_settings_t){0};
-    llhttp_settings_init(&parser_settings);
-    parser_settings.on_message_begin = on_message_begin;
-    parser_settings.on_url = on_url;
-    parser_settings.on_header_field = on_header_field;
-    parser_settings.on_header_value = on_header_value;
-    parser_settings.on_headers_complete = on_headers_complete;
-    parser_settings.on_body = on_body;
-    parser_settings.on_message_complete = on_message_complete;
+    settings_init();
 
     tg_gateway_t *gw = calloc(1, sizeof(*gw));
     gw->cfg = cfg;

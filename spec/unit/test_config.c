@@ -1,0 +1,101 @@
+/*
+ * The Lua config loader: defaults, validation messages naming the key, env overrides.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "tg_test.h"
+#include "tollgate/tg_config.h"
+
+static char path[64];
+
+static void write_cfg(const char *text) {
+    snprintf(path, sizeof(path), "/tmp/tg-unit-cfg-%d.lua", (int)getpid());
+    FILE *f = fopen(path, "w");
+    ASSERT(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int load(const char *text, tg_config_t *cfg, char *err) {
+    write_cfg(text);
+    int rc = tg_config_load(path, cfg, err, 256);
+    unlink(path);
+    return rc;
+}
+
+TG_TEST(config, minimal_with_defaults) {
+    tg_config_t cfg;
+    char err[256];
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://127.0.0.1:9/v1' } }", &cfg, err), 0);
+    ASSERT_EQ_STR(cfg.listen_host, "127.0.0.1");
+    ASSERT_EQ_INT(cfg.listen_port, 8080);
+    ASSERT_EQ_INT(cfg.limits.max_body_bytes, 4 * 1024 * 1024);
+    ASSERT_EQ_STR(cfg.upstream.provider, "openai");
+    tg_config_free(&cfg);
+}
+
+TG_TEST(config, full) {
+    tg_config_t cfg;
+    char err[256];
+    ASSERT_EQ_INT(load("return { listen = '[::1]:9000', workers = 3, keys = {'tg-abcdefgh'},"
+                       " limits = { max_body_bytes = 2048, header_timeout_ms = 5 },"
+                       " upstream = { url = 'https://api.example.com/v1', api_key = 'sk' } }",
+                       &cfg, err),
+                  0);
+    ASSERT_EQ_STR(cfg.listen_host, "::1");
+    ASSERT_EQ_INT(cfg.listen_port, 9000);
+    ASSERT_EQ_INT(cfg.workers, 3);
+    ASSERT_EQ_INT(cfg.nkeys, 1);
+    ASSERT_EQ_STR(cfg.keys[0], "tg-abcdefgh");
+    ASSERT_EQ_INT(cfg.limits.max_body_bytes, 2048);
+    ASSERT_EQ_INT(cfg.limits.header_timeout_ms, 5);
+    tg_config_free(&cfg);
+}
+
+TG_TEST(config, errors_name_the_key) {
+    tg_config_t cfg;
+    char err[256];
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, workers = 'two' }", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "workers") && strstr(err, "number"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'ftp://x' } }", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "upstream.url"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x' }, lisen = 'x' }", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "lisen") && strstr(err, "unknown key"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x' }, limits = { max_body_bytes = -5 } }", &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "limits.max_body_bytes"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x' }, listen = 'nope' }", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "listen"));
+    ASSERT_EQ_INT(load("return 42", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "must return a table"));
+    ASSERT_EQ_INT(load("return {", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "config:"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x' }, tls = { listen = '127.0.0.1:1' } }", &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "tls.cert"));
+}
+
+TG_TEST(config, env_overrides) {
+    tg_config_t cfg;
+    char err[256];
+    setenv("TOLLGATE_REDIS", "unix:///tmp/r.sock", 1);
+    setenv("TOLLGATE_ADMIN_TOKEN", "adm-from-env", 1);
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x' }, redis = 'redis://a:1', admin_token = 'f' }", &cfg, err), 0);
+    ASSERT_EQ_STR(cfg.redis_url, "unix:///tmp/r.sock");
+    ASSERT_EQ_STR(cfg.admin_token, "adm-from-env");
+    tg_config_free(&cfg);
+}
+
+TG_TEST(config, hostport) {
+    char *h = NULL;
+    int port = 0;
+    ASSERT_EQ_INT(tg_config_parse_hostport("127.0.0.1:80", &h, &port), 0);
+    ASSERT_EQ_STR(h, "127.0.0.1");
+    ASSERT_EQ_INT(port, 80);
+    free(h);
+    ASSERT_EQ_INT(tg_config_parse_hostport("127.0.0.1:99999", &h, &port), TG_ERROR);
+    ASSERT_EQ_INT(tg_config_parse_hostport("127.0.0.1", &h, &port), TG_ERROR);
+    ASSERT_EQ_INT(tg_config_parse_hostport(":80", &h, &port), TG_ERROR);
+}
