@@ -40,4 +40,5 @@ if(TG_FUZZ)
 
   tg_fuzz_target(fuzz_sse)
   tg_fuzz_target(fuzz_usage)
+  tg_fuzz_target(fuzz_http)
 endif()
