@@ -689,6 +689,8 @@ static void conn_close(tg_conn_t *c) {
             r->abort_cb(r);
         request_finish(r, !r->resp_ended);
     }
+    if (c->fuzz)
+        return;
     if (c->prev)
         c->prev->next = c->next;
     else
