@@ -1,6 +1,7 @@
 /*
  * Files embedded in the binary at build time (core/embed.cmake): the Lua half of the
- * plugin runtime. The table ends with an entry whose name is NULL.
+ * plugin runtime and the SQL migrations. Each table ends with an entry whose name is NULL
+ * and is sorted by name.
  */
 #ifndef TOLLGATE_TG_EMBED_H
 #define TOLLGATE_TG_EMBED_H
@@ -12,6 +13,7 @@ typedef struct {
     size_t len;
 } tg_embed_file_t;
 
-extern const tg_embed_file_t tg_embedded_lua[];
+extern const tg_embed_file_t tg_embedded_lua[]; /* core/lua/NAME.lua, name without .lua */
+extern const tg_embed_file_t tg_embedded_sql[]; /* sql/NNNN_name.sql, name with .sql */
 
 #endif
