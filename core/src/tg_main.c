@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "tollgate/tg_config.h"
+#include "tollgate/tg_db.h"
 #include "tollgate/tg_mock.h"
 #include "tollgate/tg_server.h"
 
@@ -16,6 +17,9 @@ static void usage(FILE *f) {
                "commands:\n"
                "  serve -c FILE                  run the gateway\n"
                "  check -c FILE                  validate the configuration and exit\n"
+               "  migrate -c FILE                apply the sql/ migrations (embedded in the binary)\n"
+               "  apply -c FILE STATE.lua [--dry-run]\n"
+               "                                 upsert tenants, groups, accounts, keys, prices\n"
                "  mock-upstream --listen H:P     run the fake OpenAI/Anthropic provider\n"
                "  version                        print the version\n");
 }
@@ -58,6 +62,20 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "mock-upstream"))
         return tg_mock_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "migrate") || !strcmp(cmd, "apply")) {
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+                usage(stdout);
+                return 0;
+            }
+        tg_config_t cfg;
+        int rc = load(argc, argv, &cfg);
+        if (rc)
+            return rc;
+        rc = tg_db_main(cmd, &cfg, argc, argv);
+        tg_config_free(&cfg);
+        return rc;
+    }
     if (!strcmp(cmd, "check") || !strcmp(cmd, "serve")) {
         tg_config_t cfg;
         int rc = load(argc, argv, &cfg);
