@@ -1,0 +1,1611 @@
+/*
+ * `tollgate mock-upstream --listen HOST:PORT [--threads N] [--models a,b]`: a fast,
+ * deterministic fake OpenAI / Anthropic provider. Integration tests, benchmarks and
+ * the quickstart put it behind the gateway in place of a real provider; its fault
+ * knobs let a test make the "provider" fail in every way a real one does.
+ *
+ * It is a small HTTP/1.1 server on libuv + llhttp (keep-alive, pipelining, chunked
+ * and Content-Length bodies). Each of N threads runs its own uv_loop accepting on the
+ * same port (SO_REUSEPORT). A request's JSON body is parsed once; every response is
+ * written with one try-write (plus one uv_write for any remainder) per response or
+ * stream chunk. Shared state (stats, fault rules, the last request) sits behind one
+ * mutex taken twice per request. A connection owns its timer, buffers and the one
+ * request it is answering; a pipelined request waits (parser paused) until the one
+ * before it is answered.
+ *
+ * Endpoints: POST /v1/chat/completions, /v1/messages (Anthropic), /v1/responses,
+ * /v1/embeddings, GET /v1/models (the /v1 prefix is optional); 404 elsewhere. Errors
+ * are {"error":{"message","type","code"}}, or {"type":"error","error":{"type",
+ * "message"}} on /v1/messages.
+ *
+ * Usage formula (tests compute the expected numbers from it):
+ *   text_bytes(v) = len(v) in UTF-8 bytes           if v is a string
+ *                 = sum(text_bytes(x) for x in v)    if v is an array
+ *                 = text_bytes(v.text) + text_bytes(v.content)   if v is an object
+ *                 = 0 otherwise
+ *   input tokens  = max(1, ceil(sum(text_bytes(body[k]) for k in
+ *                   system, instructions, messages, input) / 4))
+ *   output tokens = chunks (default 8), capped by each of max_tokens,
+ *                   max_completion_tokens, max_output_tokens that is given
+ *   The answer is "tok1 tok2 ... tokN " (one "tokI " per stream chunk).
+ *   embeddings: prompt_tokens = total_tokens = input tokens; one 8-float vector per
+ *   input (a string or token array is one input, an array of those is several).
+ *
+ * Knobs, per request. Later sources override earlier ones: a per-credential rule,
+ * then `x-mock-<key>: value` headers, then `[mock key=value ...]` directives anywhere
+ * in the message text (so they survive any gateway and protocol translation). In
+ * header names '-' and '_' are interchangeable (x-mock-delay-ms = x-mock-delay_ms).
+ *
+ *   status=N       answer N with a provider-shaped error body (429/529 add Retry-After)
+ *   retry_after=S  Retry-After seconds for 429/529 (default 1); sent on any status if set
+ *   delay_ms=N     wait before the response headers (first-byte timeouts)
+ *   ttft_ms=N      stream: wait after the headers before the first content chunk
+ *   chunks=N       number of content chunks = output tokens (default 8)
+ *   interval_ms=N  stream: wait between content chunks
+ *   close_after=K  stream: after K content chunks, close the connection without
+ *                  finishing the chunked body (0 = right after the headers)
+ *   hang=1         read the request, never answer (in flight until the client leaves)
+ *   usage=0        send no usage at all, stream or not
+ *
+ * The credential of a request is the `Authorization: Bearer X` token, else the
+ * `x-api-key` header, else "-". Control endpoints (never counted, work from any thread):
+ *   POST   /_mock/faults  {"credential":"sk-x"|"*","count":3, <any knob>...} installs
+ *                         (replaces) the rule of that credential; count = how many next
+ *                         requests get it, omitted = until cleared; "*" = any credential
+ *                         without its own rule
+ *   GET    /_mock/faults  the installed rules;   DELETE /_mock/faults  clears them
+ *   GET    /_mock/stats   {"total","inflight","max_inflight","aborted","credentials":
+ *                         {"<cred>":{"requests","inflight","max_inflight","aborted"}}}
+ *   POST   /_mock/reset   zeroes the stats, clears the rules and the last request
+ *   GET    /_mock/last    {"method","path","headers":{lowercased: value},"body":"raw"}
+ *                         of the most recent non-/_mock request ("path" is the raw target)
+ * A request is in flight from its last byte read until its last byte is handed to the
+ * socket, or until the client disconnects (then it also counts as aborted). A
+ * close_after drop ends the request without counting it aborted.
+ */
+#include "tollgate/tg_mock.h"
+#include "tollgate/tg_common.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <llhttp.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define MOCK_MAX_BODY ((size_t)8 << 20)
+#define MOCK_MAX_HEAD ((size_t)64 << 10)
+#define MOCK_MAX_PENDING ((size_t)16 << 20)
+#define MOCK_MAX_THREADS 64
+#define MOCK_READ_BUF (64 * 1024)
+#define MOCK_CRED_BUCKETS 256
+#define MOCK_EMBED_DIM 8
+#define MOCK_DRAIN_MS 2000
+
+/* Appends a string literal (the "" makes anything else a compile error). */
+#define BUF_LIT(b, lit) tg_buf_append((b), "" lit, sizeof(lit) - 1)
+
+/* ---- knobs ---------------------------------------------------------------------- */
+
+enum { K_STATUS, K_RETRY_AFTER, K_DELAY_MS, K_TTFT_MS, K_CHUNKS, K_INTERVAL_MS,
+       K_CLOSE_AFTER, K_HANG, K_USAGE, K__COUNT };
+static const char *const knob_names[K__COUNT] = {
+    "status", "retry_after", "delay_ms", "ttft_ms", "chunks",
+    "interval_ms", "close_after", "hang", "usage"};
+
+/** Knob values; -1 means "not set here". */
+typedef struct {
+    int v[K__COUNT];
+} knobs_t;
+
+static void knobs_clear(knobs_t *k) {
+    for (int i = 0; i < K__COUNT; i++)
+        k->v[i] = -1;
+}
+
+static void knobs_merge(knobs_t *dst, const knobs_t *src) {
+    for (int i = 0; i < K__COUNT; i++)
+        if (src->v[i] >= 0)
+            dst->v[i] = src->v[i];
+}
+
+/* Parses a knob value: decimal digits (at most 9), or true/false. Returns -1 if bad. */
+static int knob_value(const char *s, size_t n) {
+    if (n == 4 && strncasecmp(s, "true", 4) == 0)
+        return 1;
+    if (n == 5 && strncasecmp(s, "false", 5) == 0)
+        return 0;
+    if (n == 0 || n > 9)
+        return -1;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+static int knob_index(const char *name, size_t n) {
+    for (int i = 0; i < K__COUNT; i++) {
+        const char *k = knob_names[i];
+        if (strlen(k) != n)
+            continue;
+        size_t j = 0;
+        for (; j < n; j++) {
+            char ch = name[j] == '-' ? '_' : name[j];
+            if (ch >= 'A' && ch <= 'Z')
+                ch = (char)(ch | 0x20);
+            if (ch != k[j])
+                break;
+        }
+        if (j == n)
+            return i;
+    }
+    return -1;
+}
+
+static void knob_set(knobs_t *k, const char *name, size_t nlen, const char *val, size_t vlen) {
+    int i = knob_index(name, nlen), v = knob_value(val, vlen);
+    if (i >= 0 && v >= 0)
+        k->v[i] = v;
+}
+
+static int is_sep(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+
+/* Applies every `[mock key=value ...]` directive found in s[0..n). */
+static void directive_scan(const char *s, size_t n, knobs_t *k) {
+    const char *end = s + n;
+    while (s < end) {
+        const char *m = memmem(s, (size_t)(end - s), "[mock", 5);
+        if (!m)
+            return;
+        const char *p = m + 5;
+        if (p < end && !is_sep(*p) && *p != ']') {
+            s = p;
+            continue;
+        }
+        while (p < end && *p != ']') {
+            while (p < end && is_sep(*p))
+                p++;
+            const char *key = p;
+            while (p < end && *p != '=' && *p != ']' && !is_sep(*p))
+                p++;
+            if (p < end && *p == '=') {
+                size_t klen = (size_t)(p - key);
+                const char *val = ++p;
+                while (p < end && *p != ']' && !is_sep(*p))
+                    p++;
+                knob_set(k, key, klen, val, (size_t)(p - val));
+            }
+        }
+        s = p;
+    }
+}
+
+/* text_bytes() of the usage formula, applying directives found on the way. */
+static size_t text_walk(json_t *v, knobs_t *k, int depth) {
+    if (!v || depth > 64)
+        return 0;
+    size_t n = 0, i;
+    json_t *x;
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        n = json_string_length(v);
+        directive_scan(json_string_value(v), n, k);
+        return n;
+    case JSON_ARRAY:
+        json_array_foreach(v, i, x) n += text_walk(x, k, depth + 1);
+        return n;
+    case JSON_OBJECT:
+        return text_walk(json_object_get(v, "text"), k, depth + 1) +
+               text_walk(json_object_get(v, "content"), k, depth + 1);
+    default:
+        return 0;
+    }
+}
+
+/* ---- shared state: stats, fault rules, last request ------------------------------ */
+
+typedef struct cred_s {
+    struct cred_s *next;
+    int64_t requests, inflight, max_inflight, aborted;
+    size_t len;
+    char name[];
+} cred_t;
+
+typedef struct fault_s {
+    struct fault_s *next;
+    knobs_t k;
+    int64_t count; /* -1 = until cleared */
+    char cred[];
+} fault_t;
+
+static struct {
+    pthread_mutex_t mu;
+    uint64_t gen; /* bumped by reset; requests of an older generation are not counted */
+    int64_t total, inflight, max_inflight, aborted;
+    cred_t *creds[MOCK_CRED_BUCKETS];
+    fault_t *faults;
+    int have_last, last_method;
+    tg_buf_t last_url, last_hdrs, last_body; /* swapped with a connection's buffers */
+} g_st = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static const char *g_models; /* --models, comma separated, or NULL */
+static atomic_uint_fast64_t g_next_id;
+
+static cred_t *cred_get(const char *name, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)name[i]) * 16777619u;
+    cred_t **slot = &g_st.creds[h % MOCK_CRED_BUCKETS];
+    for (cred_t *c = *slot; c; c = c->next)
+        if (c->len == len && memcmp(c->name, name, len) == 0)
+            return c;
+    cred_t *c = calloc(1, sizeof(*c) + len + 1);
+    if (!c)
+        abort();
+    memcpy(c->name, name, len);
+    c->len = len;
+    c->next = *slot;
+    *slot = c;
+    return c;
+}
+
+static fault_t **fault_find(const char *cred, size_t len) {
+    for (fault_t **f = &g_st.faults; *f; f = &(*f)->next)
+        if (strlen((*f)->cred) == len && memcmp((*f)->cred, cred, len) == 0)
+            return f;
+    return NULL;
+}
+
+/* Drops every credential entry, fault rule and the last request. Caller holds mu. */
+static void state_clear_locked(int faults_too) {
+    for (int i = 0; i < MOCK_CRED_BUCKETS; i++) {
+        for (cred_t *c = g_st.creds[i], *next; c; c = next) {
+            next = c->next;
+            free(c);
+        }
+        g_st.creds[i] = NULL;
+    }
+    if (faults_too) {
+        for (fault_t *f = g_st.faults, *next; f; f = next) {
+            next = f->next;
+            free(f);
+        }
+        g_st.faults = NULL;
+    }
+    g_st.total = g_st.inflight = g_st.max_inflight = g_st.aborted = 0;
+    g_st.have_last = 0;
+    g_st.gen++;
+}
+
+/* ---- connections ---------------------------------------------------------------- */
+
+enum { API_CHAT, API_MESSAGES, API_RESPONSES, API_EMBEDDINGS, API_MODELS, API_NONE };
+
+typedef struct worker_s worker_t;
+
+/* The one request a connection is answering. */
+typedef struct {
+    int active; /* counted in flight, not yet answered */
+    int api, stream, include_usage, keepalive;
+    int whole; /* a whole response (non-stream or error) is in c->out or c->held */
+    knobs_t k;
+    int64_t in_tok;
+    int out_n, sent, seq, n_inputs;
+    uint64_t id;
+    long long created;
+    cred_t *cred;
+    uint64_t gen;
+} resp_t;
+
+typedef struct conn_s {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_shutdown_t shut;
+    worker_t *w;
+    struct conn_s *prev, *next;
+    llhttp_t parser;
+    int handles_open;
+    unsigned closing : 1, busy : 1, want_close : 1, draining : 1, shutting : 1, read_stopped : 1;
+    /* the request being read */
+    tg_buf_t url, hdrs, body; /* hdrs holds "name\0value\0" pairs, names lowercased */
+    size_t hname_off, hval_off, auth_off, auth_len, key_off, key_len;
+    int method, err_status, expect_continue;
+    knobs_t hk; /* from x-mock-* headers */
+    /* the response */
+    resp_t r;
+    tg_buf_t model;   /* JSON-escaped model name */
+    tg_buf_t held;    /* a whole response waiting for delay_ms */
+    tg_buf_t out;     /* bytes to write at the next flush */
+    tg_buf_t scratch; /* a body or event being rendered */
+    tg_buf_t pending, spare; /* input that arrived while busy */
+} conn_t;
+
+struct worker_s {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t stop;
+    uv_signal_t sigterm, sigint;
+    pthread_t thread;
+    int index, stopping, has_signals;
+    conn_t *conns;
+    char rbuf[MOCK_READ_BUF];
+};
+
+typedef struct {
+    uv_write_t req;
+    conn_t *conn;
+    char data[];
+} wreq_t;
+
+static llhttp_settings_t g_settings;
+
+static void conn_close(conn_t *c);
+
+static void conn_free_cb(uv_handle_t *h) {
+    conn_t *c = h->data;
+    if (--c->handles_open > 0)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->w->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    tg_buf_t *bufs[] = {&c->url, &c->hdrs, &c->body, &c->model, &c->held,
+                        &c->out, &c->scratch, &c->pending, &c->spare};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        tg_buf_free(bufs[i]);
+    free(c);
+}
+
+/* Ends the current request's accounting: it left flight, aborted or not. */
+static void req_done(conn_t *c, int aborted) {
+    if (!c->r.active)
+        return;
+    c->r.active = 0;
+    pthread_mutex_lock(&g_st.mu);
+    if (c->r.gen == g_st.gen) {
+        g_st.inflight--;
+        c->r.cred->inflight--;
+        if (aborted) {
+            g_st.aborted++;
+            c->r.cred->aborted++;
+        }
+    }
+    pthread_mutex_unlock(&g_st.mu);
+}
+
+static void conn_close(conn_t *c) {
+    if (c->closing)
+        return;
+    c->closing = 1;
+    req_done(c, 1);
+    c->handles_open = 2;
+    uv_close((uv_handle_t *)&c->timer, conn_free_cb);
+    uv_close((uv_handle_t *)&c->tcp, conn_free_cb);
+}
+
+static void write_cb(uv_write_t *req, int status) {
+    wreq_t *wr = TG_CONTAINER_OF(req, wreq_t, req);
+    conn_t *c = wr->conn;
+    free(wr);
+    if (status < 0 && status != UV_ECANCELED)
+        conn_close(c);
+}
+
+/* Writes c->out: one try-write, and one uv_write for whatever the kernel did not take. */
+static void conn_flush(conn_t *c) {
+    size_t len = c->out.len, off = 0;
+    c->out.len = 0;
+    if (!len || c->closing)
+        return;
+    uv_buf_t b = uv_buf_init(c->out.data, (unsigned)len);
+    if (c->tcp.write_queue_size == 0) {
+        int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+        if (n == (int)len)
+            return;
+        if (n > 0)
+            off = (size_t)n;
+        else if (n != UV_EAGAIN && n != UV_ENOSYS) {
+            conn_close(c);
+            return;
+        }
+    }
+    wreq_t *wr = malloc(sizeof(*wr) + len - off);
+    if (!wr)
+        abort();
+    wr->conn = c;
+    memcpy(wr->data, c->out.data + off, len - off);
+    b = uv_buf_init(wr->data, (unsigned)(len - off));
+    if (uv_write(&wr->req, (uv_stream_t *)&c->tcp, &b, 1, write_cb) < 0) {
+        free(wr);
+        conn_close(c);
+    }
+}
+
+static void drain_timeout_cb(uv_timer_t *t) { conn_close(t->data); }
+
+static void shutdown_cb(uv_shutdown_t *req, int status) {
+    conn_t *c = req->data;
+    if (c->draining && status == 0 && !c->closing)
+        uv_timer_start(&c->timer, drain_timeout_cb, MOCK_DRAIN_MS, 0);
+    else
+        conn_close(c);
+}
+
+/* Sends FIN after every queued write; the connection closes once that is done. */
+static void conn_shutdown(conn_t *c) {
+    if (c->shutting || c->closing)
+        return;
+    c->shutting = 1;
+    c->want_close = 1;
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, shutdown_cb) < 0)
+        conn_close(c);
+}
+
+static void conn_after_io(conn_t *c) {
+    conn_flush(c);
+    if (c->want_close)
+        conn_shutdown(c);
+}
+
+/* ---- rendering ------------------------------------------------------------------ */
+
+static const char *reason_phrase(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 529: return "Overloaded";
+    default: return "Status";
+    }
+}
+
+/* Appends status line, headers and c->scratch as the body to dst; resets scratch. */
+static void put_response(conn_t *c, tg_buf_t *dst, int status, int retry_after, int keepalive) {
+    tg_buf_printf(dst, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n",
+                  status, reason_phrase(status), c->scratch.len);
+    if (retry_after >= 0)
+        tg_buf_printf(dst, "Retry-After: %d\r\n", retry_after);
+    if (!keepalive)
+        BUF_LIT(dst, "Connection: close\r\n");
+    BUF_LIT(dst, "\r\n");
+    tg_buf_append(dst, c->scratch.data, c->scratch.len);
+    c->scratch.len = 0;
+}
+
+/* Appends c->scratch to c->out as one HTTP chunk; resets scratch. */
+static void put_chunk(conn_t *c) {
+    tg_buf_printf(&c->out, "%zx\r\n", c->scratch.len);
+    tg_buf_append(&c->out, c->scratch.data, c->scratch.len);
+    BUF_LIT(&c->out, "\r\n");
+    c->scratch.len = 0;
+}
+
+/* Renders a provider-shaped error body into c->scratch. */
+static void render_error(conn_t *c, int api, int status, const char *msg) {
+    const char *otype, *code, *atype;
+    switch (status) {
+    case 400: otype = "invalid_request_error"; code = "invalid_request"; atype = "invalid_request_error"; break;
+    case 401: otype = "authentication_error"; code = "invalid_api_key"; atype = "authentication_error"; break;
+    case 403: otype = "permission_error"; code = "permission_denied"; atype = "permission_error"; break;
+    case 404: otype = "not_found_error"; code = "not_found"; atype = "not_found_error"; break;
+    case 405: otype = "invalid_request_error"; code = "method_not_allowed"; atype = "invalid_request_error"; break;
+    case 413: otype = "invalid_request_error"; code = "request_too_large"; atype = "request_too_large"; break;
+    case 429: otype = "rate_limit_error"; code = "rate_limit_exceeded"; atype = "rate_limit_error"; break;
+    case 503: otype = "server_error"; code = "service_unavailable"; atype = "api_error"; break;
+    case 529: otype = "server_error"; code = "overloaded"; atype = "overloaded_error"; break;
+    default:
+        otype = status >= 500 ? "server_error" : "invalid_request_error";
+        code = status >= 500 ? "server_error" : "invalid_request";
+        atype = status >= 500 ? "api_error" : "invalid_request_error";
+    }
+    tg_buf_t *b = &c->scratch;
+    b->len = 0;
+    if (api == API_MESSAGES) {
+        tg_buf_printf(b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"", atype);
+        tg_buf_append_json_escaped(b, msg, strlen(msg));
+        BUF_LIT(b, "\"}}");
+    } else {
+        BUF_LIT(b, "{\"error\":{\"message\":\"");
+        tg_buf_append_json_escaped(b, msg, strlen(msg));
+        tg_buf_printf(b, "\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}", otype, code);
+    }
+}
+
+static void put_text(tg_buf_t *b, int n) {
+    for (int i = 1; i <= n; i++)
+        tg_buf_printf(b, "tok%d ", i);
+}
+
+static void render_chat(conn_t *c) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    tg_buf_printf(b, "{\"id\":\"chatcmpl-mock%llu\",\"object\":\"chat.completion\",\"created\":%lld,"
+                     "\"model\":\"%s\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                     "\"content\":\"",
+                  (unsigned long long)r->id, r->created, c->model.data);
+    put_text(b, r->out_n);
+    BUF_LIT(b, "\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]");
+    if (r->k.v[K_USAGE])
+        tg_buf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%d,\"total_tokens\":%lld}",
+                      (long long)r->in_tok, r->out_n, (long long)r->in_tok + r->out_n);
+    BUF_LIT(b, "}");
+}
+
+static void render_message(conn_t *c) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    tg_buf_printf(b, "{\"id\":\"msg_mock%llu\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"%s\","
+                     "\"content\":[{\"type\":\"text\",\"text\":\"",
+                  (unsigned long long)r->id, c->model.data);
+    put_text(b, r->out_n);
+    BUF_LIT(b, "\"}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null");
+    if (r->k.v[K_USAGE])
+        tg_buf_printf(b, ",\"usage\":{\"input_tokens\":%lld,\"output_tokens\":%d}", (long long)r->in_tok,
+                      r->out_n);
+    BUF_LIT(b, "}");
+}
+
+/* The Responses API object; in_progress (no output yet) or completed. */
+static void render_response_obj(conn_t *c, tg_buf_t *b, int done) {
+    resp_t *r = &c->r;
+    tg_buf_printf(b, "{\"id\":\"resp_mock%llu\",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\","
+                     "\"model\":\"%s\",\"output\":[",
+                  (unsigned long long)r->id, r->created, done ? "completed" : "in_progress", c->model.data);
+    if (done) {
+        tg_buf_printf(b, "{\"type\":\"message\",\"id\":\"msg_mock%llu\",\"status\":\"completed\",\"role\":"
+                         "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"",
+                      (unsigned long long)r->id);
+        put_text(b, r->out_n);
+        BUF_LIT(b, "\",\"annotations\":[]}]}");
+    }
+    BUF_LIT(b, "]");
+    if (done && r->k.v[K_USAGE])
+        tg_buf_printf(b, ",\"usage\":{\"input_tokens\":%lld,\"input_tokens_details\":{\"cached_tokens\":0},"
+                         "\"output_tokens\":%d,\"output_tokens_details\":{\"reasoning_tokens\":0},"
+                         "\"total_tokens\":%lld}",
+                      (long long)r->in_tok, r->out_n, (long long)r->in_tok + r->out_n);
+    else
+        BUF_LIT(b, ",\"usage\":null");
+    BUF_LIT(b, "}");
+}
+
+static void render_embeddings(conn_t *c) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    BUF_LIT(b, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < r->n_inputs; i++) {
+        tg_buf_printf(b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":[", i ? "," : "", i);
+        for (int j = 0; j < MOCK_EMBED_DIM; j++)
+            tg_buf_printf(b, "%s0.%03d", j ? "," : "", ((i + 1) * 7919 + (j + 1) * 104729) % 1000);
+        BUF_LIT(b, "]}");
+    }
+    tg_buf_printf(b, "],\"model\":\"%s\"", c->model.data);
+    if (r->k.v[K_USAGE])
+        tg_buf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}", (long long)r->in_tok,
+                      (long long)r->in_tok);
+    BUF_LIT(b, "}");
+}
+
+static void put_model(tg_buf_t *b, const char *id, size_t n, int first) {
+    tg_buf_appends(b, first ? "{\"id\":\"" : ",{\"id\":\"");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"object\":\"model\",\"type\":\"model\",\"created\":1700000000,"
+               "\"created_at\":\"2023-11-14T22:13:20Z\",\"owned_by\":\"tollgate-mock\",\"display_name\":\"");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\"}");
+}
+
+static void render_models(conn_t *c) {
+    tg_buf_t *b = &c->scratch;
+    BUF_LIT(b, "{\"object\":\"list\",\"data\":[");
+    put_model(b, "mock-gpt", 8, 1);
+    put_model(b, "mock-claude", 11, 0);
+    put_model(b, "mock-embed", 10, 0);
+    for (const char *p = g_models; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n)
+            put_model(b, p, n, 0);
+        p = e ? e + 1 : p + n;
+    }
+    BUF_LIT(b, "],\"has_more\":false}");
+}
+
+/* ---- streaming ------------------------------------------------------------------ */
+
+static void resp_finished(conn_t *c);
+static void stream_step(conn_t *c);
+static void conn_feed(conn_t *c, const char *data, size_t len);
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static void stream_step_cb(uv_timer_t *t) { stream_step(t->data); }
+
+/* Renders one SSE event `event: <name>` (if name) + `data: ` + the JSON in scratch. */
+static void sse_begin(tg_buf_t *b, const char *event) {
+    if (event)
+        tg_buf_printf(b, "event: %s\n", event);
+    BUF_LIT(b, "data: ");
+}
+
+static void put_chat_chunk_head(conn_t *c, tg_buf_t *b) {
+    tg_buf_printf(b, "data: {\"id\":\"chatcmpl-mock%llu\",\"object\":\"chat.completion.chunk\",\"created\":%lld,"
+                     "\"model\":\"%s\",",
+                  (unsigned long long)c->r.id, c->r.created, c->model.data);
+}
+
+/* Headers and the events that precede any content. */
+static void stream_start(conn_t *c) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     "Transfer-Encoding: chunked\r\n");
+    if (!r->keepalive)
+        BUF_LIT(&c->out, "Connection: close\r\n");
+    BUF_LIT(&c->out, "\r\n");
+    if (r->api == API_MESSAGES) {
+        sse_begin(b, "message_start");
+        tg_buf_printf(b, "{\"type\":\"message_start\",\"message\":{\"id\":\"msg_mock%llu\",\"type\":\"message\","
+                         "\"role\":\"assistant\",\"model\":\"%s\",\"content\":[],\"stop_reason\":null,"
+                         "\"stop_sequence\":null",
+                      (unsigned long long)r->id, c->model.data);
+        if (r->k.v[K_USAGE])
+            tg_buf_printf(b, ",\"usage\":{\"input_tokens\":%lld,\"output_tokens\":1}", (long long)r->in_tok);
+        BUF_LIT(b, "}}\n\nevent: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,"
+                   "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+                   "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+        put_chunk(c);
+    } else if (r->api == API_RESPONSES) {
+        sse_begin(b, "response.created");
+        tg_buf_printf(b, "{\"type\":\"response.created\",\"sequence_number\":%d,\"response\":", r->seq++);
+        render_response_obj(c, b, 0);
+        BUF_LIT(b, "}\n\n");
+        sse_begin(b, "response.in_progress");
+        tg_buf_printf(b, "{\"type\":\"response.in_progress\",\"sequence_number\":%d,\"response\":", r->seq++);
+        render_response_obj(c, b, 0);
+        BUF_LIT(b, "}\n\n");
+        sse_begin(b, "response.output_item.added");
+        tg_buf_printf(b, "{\"type\":\"response.output_item.added\",\"sequence_number\":%d,\"output_index\":0,"
+                         "\"item\":{\"type\":\"message\",\"id\":\"msg_mock%llu\",\"status\":\"in_progress\","
+                         "\"role\":\"assistant\",\"content\":[]}}\n\n",
+                      r->seq++, (unsigned long long)r->id);
+        sse_begin(b, "response.content_part.added");
+        tg_buf_printf(b, "{\"type\":\"response.content_part.added\",\"sequence_number\":%d,\"item_id\":"
+                         "\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":"
+                         "\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n",
+                      r->seq++, (unsigned long long)r->id);
+        put_chunk(c);
+    }
+    conn_flush(c);
+}
+
+static void stream_content(conn_t *c, int i) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    if (r->api == API_CHAT) {
+        put_chat_chunk_head(c, b);
+        tg_buf_printf(b, "\"choices\":[{\"index\":0,\"delta\":{%s\"content\":\"tok%d \"},\"logprobs\":null,"
+                         "\"finish_reason\":null}]%s}\n\n",
+                      i == 1 ? "\"role\":\"assistant\"," : "", i, r->include_usage ? ",\"usage\":null" : "");
+    } else if (r->api == API_MESSAGES) {
+        tg_buf_printf(b, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
+                         "\"delta\":{\"type\":\"text_delta\",\"text\":\"tok%d \"}}\n\n",
+                      i);
+    } else {
+        tg_buf_printf(b, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
+                         "\"sequence_number\":%d,\"item_id\":\"msg_mock%llu\",\"output_index\":0,"
+                         "\"content_index\":0,\"delta\":\"tok%d \"}\n\n",
+                      r->seq++, (unsigned long long)r->id, i);
+    }
+    put_chunk(c);
+}
+
+/* Everything after the last content chunk, and the chunked-body terminator. */
+static void stream_final(conn_t *c) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    if (r->api == API_CHAT) {
+        put_chat_chunk_head(c, b);
+        tg_buf_printf(b, "\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]"
+                         "%s}\n\n",
+                      r->include_usage ? ",\"usage\":null" : "");
+        if (r->include_usage && r->k.v[K_USAGE]) {
+            put_chat_chunk_head(c, b);
+            tg_buf_printf(b, "\"choices\":[],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%d,"
+                             "\"total_tokens\":%lld}}\n\n",
+                          (long long)r->in_tok, r->out_n, (long long)r->in_tok + r->out_n);
+        }
+        BUF_LIT(b, "data: [DONE]\n\n");
+    } else if (r->api == API_MESSAGES) {
+        BUF_LIT(b, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+                   "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":"
+                   "\"end_turn\",\"stop_sequence\":null}");
+        if (r->k.v[K_USAGE])
+            tg_buf_printf(b, ",\"usage\":{\"output_tokens\":%d}", r->out_n);
+        BUF_LIT(b, "}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    } else {
+        unsigned long long id = (unsigned long long)r->id;
+        sse_begin(b, "response.output_text.done");
+        tg_buf_printf(b, "{\"type\":\"response.output_text.done\",\"sequence_number\":%d,\"item_id\":"
+                         "\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"text\":\"",
+                      r->seq++, id);
+        put_text(b, r->out_n);
+        BUF_LIT(b, "\"}\n\n");
+        sse_begin(b, "response.content_part.done");
+        tg_buf_printf(b, "{\"type\":\"response.content_part.done\",\"sequence_number\":%d,\"item_id\":"
+                         "\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":"
+                         "\"output_text\",\"text\":\"",
+                      r->seq++, id);
+        put_text(b, r->out_n);
+        BUF_LIT(b, "\",\"annotations\":[]}}\n\n");
+        sse_begin(b, "response.output_item.done");
+        tg_buf_printf(b, "{\"type\":\"response.output_item.done\",\"sequence_number\":%d,\"output_index\":0,"
+                         "\"item\":{\"type\":\"message\",\"id\":\"msg_mock%llu\",\"status\":\"completed\","
+                         "\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"",
+                      r->seq++, id);
+        put_text(b, r->out_n);
+        BUF_LIT(b, "\",\"annotations\":[]}]}}\n\n");
+        sse_begin(b, "response.completed");
+        tg_buf_printf(b, "{\"type\":\"response.completed\",\"sequence_number\":%d,\"response\":", r->seq++);
+        render_response_obj(c, b, 1);
+        BUF_LIT(b, "}\n\n");
+    }
+    put_chunk(c);
+    BUF_LIT(&c->out, "0\r\n\r\n");
+}
+
+/* Sends content chunks until a wait is due, a close_after drop, or the end. */
+static void stream_step(conn_t *c) {
+    resp_t *r = &c->r;
+    while (!c->closing) {
+        if (r->sent < r->out_n) {
+            stream_content(c, ++r->sent);
+            if (r->k.v[K_CLOSE_AFTER] >= 0 && r->sent >= r->k.v[K_CLOSE_AFTER]) {
+                conn_flush(c);
+                req_done(c, 0);
+                conn_shutdown(c);
+                return;
+            }
+            if (r->sent < r->out_n) {
+                if (r->k.v[K_INTERVAL_MS] > 0) {
+                    conn_flush(c);
+                    uv_timer_start(&c->timer, stream_step_cb, (uint64_t)r->k.v[K_INTERVAL_MS], 0);
+                    return;
+                }
+                continue;
+            }
+        }
+        stream_final(c);
+        conn_flush(c);
+        resp_finished(c);
+        return;
+    }
+}
+
+/* Runs after delay_ms (or at once): the whole held response, or the stream. */
+static void resp_begin(conn_t *c) {
+    resp_t *r = &c->r;
+    if (r->whole) { /* flushed by resp_finished, or by the read path */
+        tg_buf_append(&c->out, c->held.data, c->held.len);
+        c->held.len = 0;
+        resp_finished(c);
+        return;
+    }
+    stream_start(c);
+    if (c->closing)
+        return;
+    if (r->k.v[K_CLOSE_AFTER] == 0) {
+        req_done(c, 0);
+        conn_shutdown(c);
+        return;
+    }
+    if (r->k.v[K_TTFT_MS] > 0)
+        uv_timer_start(&c->timer, stream_step_cb, (uint64_t)r->k.v[K_TTFT_MS], 0);
+    else
+        stream_step(c);
+}
+
+static void delay_cb(uv_timer_t *t) { resp_begin(t->data); }
+
+/* ---- control endpoints ---------------------------------------------------------- */
+
+static void put_counts(tg_buf_t *b, int64_t in, int64_t max, int64_t ab) {
+    tg_buf_printf(b, "\"inflight\":%lld,\"max_inflight\":%lld,\"aborted\":%lld", (long long)in, (long long)max,
+                  (long long)ab);
+}
+
+static void render_stats_locked(tg_buf_t *b) {
+    tg_buf_printf(b, "{\"total\":%lld,", (long long)g_st.total);
+    put_counts(b, g_st.inflight, g_st.max_inflight, g_st.aborted);
+    BUF_LIT(b, ",\"credentials\":{");
+    int first = 1;
+    for (int i = 0; i < MOCK_CRED_BUCKETS; i++)
+        for (cred_t *c = g_st.creds[i]; c; c = c->next) {
+            tg_buf_appends(b, first ? "\"" : ",\"");
+            first = 0;
+            tg_buf_append_json_escaped(b, c->name, c->len);
+            tg_buf_printf(b, "\":{\"requests\":%lld,", (long long)c->requests);
+            put_counts(b, c->inflight, c->max_inflight, c->aborted);
+            BUF_LIT(b, "}");
+        }
+    BUF_LIT(b, "}}");
+}
+
+static void render_last_locked(tg_buf_t *b) {
+    if (!g_st.have_last) {
+        BUF_LIT(b, "{\"method\":null,\"path\":null,\"headers\":{},\"body\":null}");
+        return;
+    }
+    const char *m = llhttp_method_name((llhttp_method_t)g_st.last_method);
+    tg_buf_printf(b, "{\"method\":\"%s\",\"path\":\"", m);
+    tg_buf_append_json_escaped(b, g_st.last_url.data, g_st.last_url.len);
+    BUF_LIT(b, "\",\"headers\":{");
+    const char *h = g_st.last_hdrs.data, *end = h + g_st.last_hdrs.len;
+    int first = 1;
+    for (const char *p = h; p < end;) {
+        const char *name = p, *val = name + strlen(name) + 1, *next = val + strlen(val) + 1;
+        int dup = 0;
+        for (const char *q = h; q < name && !dup;) {
+            const char *qv = q + strlen(q) + 1;
+            dup = strcmp(q, name) == 0;
+            q = qv + strlen(qv) + 1;
+        }
+        if (!dup) { /* repeated headers are joined with ", " */
+            tg_buf_appends(b, first ? "\"" : ",\"");
+            first = 0;
+            tg_buf_append_json_escaped(b, name, strlen(name));
+            BUF_LIT(b, "\":\"");
+            int n = 0;
+            for (const char *q = name; q < end;) {
+                const char *qv = q + strlen(q) + 1;
+                if (strcmp(q, name) == 0) {
+                    if (n++)
+                        BUF_LIT(b, ", ");
+                    tg_buf_append_json_escaped(b, qv, strlen(qv));
+                }
+                q = qv + strlen(qv) + 1;
+            }
+            BUF_LIT(b, "\"");
+        }
+        p = next;
+    }
+    BUF_LIT(b, "},\"body\":\"");
+    tg_buf_append_json_escaped(b, g_st.last_body.data, g_st.last_body.len);
+    BUF_LIT(b, "\"}");
+}
+
+static void render_faults_locked(tg_buf_t *b) {
+    BUF_LIT(b, "[");
+    for (fault_t *f = g_st.faults; f; f = f->next) {
+        tg_buf_appends(b, f == g_st.faults ? "{\"credential\":\"" : ",{\"credential\":\"");
+        tg_buf_append_json_escaped(b, f->cred, strlen(f->cred));
+        tg_buf_printf(b, "\",\"count\":%lld", (long long)f->count);
+        for (int i = 0; i < K__COUNT; i++)
+            if (f->k.v[i] >= 0)
+                tg_buf_printf(b, ",\"%s\":%d", knob_names[i], f->k.v[i]);
+        BUF_LIT(b, "}");
+    }
+    BUF_LIT(b, "]");
+}
+
+/* POST /_mock/faults. Returns NULL or an error message. */
+static const char *fault_install(const char *body, size_t len) {
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return "body must be a JSON object";
+    }
+    json_t *jc = json_object_get(root, "credential");
+    const char *cred = json_is_string(jc) ? json_string_value(jc) : "*";
+    json_t *jn = json_object_get(root, "count");
+    int64_t count = json_is_integer(jn) && json_integer_value(jn) > 0 ? json_integer_value(jn) : -1;
+    knobs_t k;
+    knobs_clear(&k);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        int i = knob_index(key, strlen(key));
+        if (i < 0)
+            continue;
+        if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 999999999)
+            k.v[i] = (int)json_integer_value(v);
+        else if (json_is_boolean(v))
+            k.v[i] = json_is_true(v);
+        else if (json_is_string(v))
+            knob_set(&k, key, strlen(key), json_string_value(v), json_string_length(v));
+    }
+    size_t clen = strlen(cred);
+    fault_t *f = calloc(1, sizeof(*f) + clen + 1);
+    if (!f)
+        abort();
+    memcpy(f->cred, cred, clen);
+    f->k = k;
+    f->count = count;
+    json_decref(root);
+    pthread_mutex_lock(&g_st.mu);
+    fault_t **old = fault_find(f->cred, clen);
+    if (old) {
+        fault_t *o = *old;
+        *old = o->next;
+        free(o);
+    }
+    f->next = g_st.faults;
+    g_st.faults = f;
+    pthread_mutex_unlock(&g_st.mu);
+    return NULL;
+}
+
+static void handle_control(conn_t *c, const char *path, size_t plen) {
+    tg_buf_t *b = &c->scratch;
+    int status = 200, get = c->method == HTTP_GET, post = c->method == HTTP_POST;
+#define PATH_IS(lit) (plen == sizeof(lit) - 1 && memcmp(path, lit, plen) == 0)
+    if (PATH_IS("/_mock/stats") && get) {
+        pthread_mutex_lock(&g_st.mu);
+        render_stats_locked(b);
+        pthread_mutex_unlock(&g_st.mu);
+    } else if (PATH_IS("/_mock/last") && get) {
+        pthread_mutex_lock(&g_st.mu);
+        render_last_locked(b);
+        pthread_mutex_unlock(&g_st.mu);
+    } else if (PATH_IS("/_mock/reset") && post) {
+        pthread_mutex_lock(&g_st.mu);
+        state_clear_locked(1);
+        pthread_mutex_unlock(&g_st.mu);
+        BUF_LIT(b, "{\"ok\":true}");
+    } else if (PATH_IS("/_mock/faults") && get) {
+        pthread_mutex_lock(&g_st.mu);
+        render_faults_locked(b);
+        pthread_mutex_unlock(&g_st.mu);
+    } else if (PATH_IS("/_mock/faults") && c->method == HTTP_DELETE) {
+        pthread_mutex_lock(&g_st.mu);
+        for (fault_t *f = g_st.faults, *next; f; f = next) {
+            next = f->next;
+            free(f);
+        }
+        g_st.faults = NULL;
+        pthread_mutex_unlock(&g_st.mu);
+        BUF_LIT(b, "{\"ok\":true}");
+    } else if (PATH_IS("/_mock/faults") && post) {
+        const char *err = fault_install(c->body.data ? c->body.data : "", c->body.len);
+        if (err) {
+            status = 400;
+            render_error(c, API_NONE, 400, err);
+        } else
+            BUF_LIT(b, "{\"ok\":true}");
+    } else {
+        status = 404;
+        render_error(c, API_NONE, 404, "unknown mock control endpoint");
+    }
+#undef PATH_IS
+    put_response(c, &c->out, status, -1, c->r.keepalive);
+    if (!c->r.keepalive)
+        c->want_close = 1;
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+static int route(const char *path, size_t n, int method, int *bad_method) {
+    if (n >= 4 && memcmp(path, "/v1/", 4) == 0) {
+        path += 3;
+        n -= 3;
+    }
+    static const struct {
+        const char *path;
+        int api, method;
+    } routes[] = {{"/chat/completions", API_CHAT, HTTP_POST},
+                  {"/messages", API_MESSAGES, HTTP_POST},
+                  {"/responses", API_RESPONSES, HTTP_POST},
+                  {"/embeddings", API_EMBEDDINGS, HTTP_POST},
+                  {"/models", API_MODELS, HTTP_GET}};
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strlen(routes[i].path) == n && memcmp(routes[i].path, path, n) == 0) {
+            *bad_method = method != routes[i].method;
+            return routes[i].api;
+        }
+    *bad_method = 0;
+    return API_NONE;
+}
+
+/* Handles the request just read: counts it, then answers it now or arms a timer. */
+static void handle_request(conn_t *c) {
+    resp_t *r = &c->r;
+    if (c->closing)
+        return;
+    const char *url = c->url.data ? c->url.data : "/";
+    const char *q = memchr(url, '?', c->url.len);
+    size_t plen = q ? (size_t)(q - url) : c->url.len;
+    if (plen >= 7 && memcmp(url, "/_mock/", 7) == 0) {
+        handle_control(c, url, plen);
+        return;
+    }
+
+    int bad_method, err_status = 0;
+    const char *err_msg = NULL;
+    int api = route(url, plen, c->method, &bad_method);
+    int api_for_errors = api;
+    if (api == API_NONE) {
+        err_status = 404;
+        err_msg = "mock: unknown path";
+    } else if (bad_method) {
+        err_status = 405;
+        err_msg = "mock: method not allowed";
+    }
+
+    knobs_t dk, rk, k;
+    knobs_clear(&dk);
+    int64_t cap = -1;
+    size_t in_bytes = 0;
+    int stream = 0, include_usage = 0, n_inputs = 1;
+    const char *model = NULL;
+    size_t model_len = 0;
+    json_t *root = NULL;
+    if (!err_status && api != API_MODELS) {
+        json_error_t jerr;
+        root = json_loadb(c->body.data ? c->body.data : "", c->body.len, 0, &jerr);
+        if (!json_is_object(root)) {
+            err_status = 400;
+            err_msg = root ? "mock: request body must be a JSON object" : "mock: malformed JSON body";
+        } else {
+            static const char *const text_keys[] = {"system", "instructions", "messages", "input"};
+            for (size_t i = 0; i < 4; i++)
+                in_bytes += text_walk(json_object_get(root, text_keys[i]), &dk, 0);
+            static const char *const cap_keys[] = {"max_tokens", "max_completion_tokens", "max_output_tokens"};
+            for (size_t i = 0; i < 3; i++) {
+                json_t *v = json_object_get(root, cap_keys[i]);
+                if (json_is_integer(v) && json_integer_value(v) >= 0 &&
+                    (cap < 0 || json_integer_value(v) < cap))
+                    cap = json_integer_value(v);
+            }
+            stream = json_is_true(json_object_get(root, "stream"));
+            json_t *so = json_object_get(root, "stream_options");
+            include_usage = json_is_true(json_object_get(so, "include_usage"));
+            json_t *jm = json_object_get(root, "model");
+            if (json_is_string(jm)) {
+                model = json_string_value(jm);
+                model_len = TG_MIN(json_string_length(jm), (size_t)256);
+            }
+            json_t *in = json_object_get(root, "input");
+            if (api == API_EMBEDDINGS && json_is_array(in) && json_array_size(in) > 0 &&
+                !json_is_integer(json_array_get(in, 0)))
+                n_inputs = (int)TG_MIN(json_array_size(in), (size_t)4096);
+        }
+    }
+    c->model.len = 0;
+    if (!model) {
+        model = api == API_MESSAGES ? "mock-claude" : api == API_EMBEDDINGS ? "mock-embed" : "mock-gpt";
+        model_len = strlen(model);
+    }
+    tg_buf_append_json_escaped(&c->model, model, model_len);
+    BUF_LIT(&c->model, ""); /* keeps model.data a NUL-terminated string */
+    json_decref(root);
+
+    /* The credential: Bearer token, else x-api-key, else "-". */
+    const char *cred = "-";
+    size_t cred_len = 1;
+    if (c->auth_len > 7 && strncasecmp(c->hdrs.data + c->auth_off, "bearer ", 7) == 0) {
+        cred = c->hdrs.data + c->auth_off + 7;
+        cred_len = c->auth_len - 7;
+        while (cred_len && *cred == ' ')
+            cred++, cred_len--;
+    } else if (c->key_len) {
+        cred = c->hdrs.data + c->key_off;
+        cred_len = c->key_len;
+    }
+    cred_len = TG_MIN(cred_len, (size_t)256);
+
+    knobs_clear(&rk);
+    pthread_mutex_lock(&g_st.mu);
+    cred_t *ce = cred_get(cred, cred_len);
+    r->cred = ce;
+    r->gen = g_st.gen;
+    g_st.total++;
+    g_st.inflight++;
+    g_st.max_inflight = TG_MAX(g_st.max_inflight, g_st.inflight);
+    ce->requests++;
+    ce->inflight++;
+    ce->max_inflight = TG_MAX(ce->max_inflight, ce->inflight);
+    fault_t **fp = fault_find(cred, cred_len);
+    if (!fp)
+        fp = fault_find("*", 1);
+    if (fp) {
+        fault_t *f = *fp;
+        rk = f->k;
+        if (f->count > 0 && --f->count == 0) {
+            *fp = f->next;
+            free(f);
+        }
+    }
+    tg_buf_t t;
+    t = g_st.last_url, g_st.last_url = c->url, c->url = t;
+    t = g_st.last_hdrs, g_st.last_hdrs = c->hdrs, c->hdrs = t;
+    t = g_st.last_body, g_st.last_body = c->body, c->body = t;
+    g_st.last_method = c->method;
+    g_st.have_last = 1;
+    pthread_mutex_unlock(&g_st.mu);
+
+    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1}};
+    k = defaults;
+    knobs_merge(&k, &rk);
+    knobs_merge(&k, &c->hk);
+    knobs_merge(&k, &dk);
+
+    r->active = 1;
+    r->api = api;
+    r->k = k;
+    r->stream = stream && (api == API_CHAT || api == API_MESSAGES || api == API_RESPONSES);
+    r->include_usage = include_usage;
+    r->in_tok = TG_MAX((int64_t)1, (int64_t)((in_bytes + 3) / 4));
+    r->out_n = TG_MIN(k.v[K_CHUNKS], 100000);
+    if (cap >= 0 && cap < r->out_n)
+        r->out_n = (int)cap;
+    r->sent = r->seq = 0;
+    r->n_inputs = n_inputs;
+    r->id = atomic_fetch_add(&g_next_id, 1) + 1;
+    r->created = (long long)time(NULL);
+
+    if (k.v[K_HANG] > 0)
+        return; /* in flight until the client leaves */
+    int status = k.v[K_STATUS];
+    int retry_after = k.v[K_RETRY_AFTER];
+    tg_buf_t *dst = k.v[K_DELAY_MS] > 0 ? &c->held : &c->out;
+    c->held.len = 0;
+    r->whole = 1;
+    if (err_status || (status >= 100 && status <= 599 && status != 200)) {
+        if (!err_status) {
+            err_status = status;
+            err_msg = "mock: injected error status (knob status)";
+            if ((status == 429 || status == 529) && retry_after < 0)
+                retry_after = 1;
+        } else
+            retry_after = -1;
+        render_error(c, api_for_errors, err_status, err_msg);
+        put_response(c, dst, err_status, retry_after, r->keepalive);
+    } else if (!r->stream) {
+        switch (api) {
+        case API_CHAT: render_chat(c); break;
+        case API_MESSAGES: render_message(c); break;
+        case API_RESPONSES: render_response_obj(c, &c->scratch, 1); break;
+        case API_EMBEDDINGS: render_embeddings(c); break;
+        default: render_models(c); break;
+        }
+        put_response(c, dst, 200, -1, r->keepalive);
+    } else
+        r->whole = 0;
+    if (k.v[K_DELAY_MS] > 0)
+        uv_timer_start(&c->timer, delay_cb, (uint64_t)k.v[K_DELAY_MS], 0);
+    else
+        resp_begin(c);
+}
+
+/* The request is answered: let the next pipelined one through, or close. */
+
+static void resp_finished(conn_t *c) {
+    req_done(c, 0);
+    if (!c->r.keepalive)
+        c->want_close = 1;
+    if (!c->busy || c->closing)
+        return; /* answered inside on_message_complete; the read path continues */
+    c->busy = 0;
+    if (c->want_close) {
+        conn_after_io(c);
+        return;
+    }
+    llhttp_resume(&c->parser);
+    if (c->pending.len) {
+        tg_buf_t t = c->spare;
+        c->spare = c->pending;
+        c->pending = t;
+        conn_feed(c, c->spare.data, c->spare.len);
+        c->spare.len = 0;
+    }
+    conn_after_io(c);
+    if (c->read_stopped && !c->closing && !c->busy) {
+        c->read_stopped = 0;
+        if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) < 0)
+            conn_close(c);
+    }
+}
+
+/* ---- llhttp callbacks ----------------------------------------------------------- */
+
+static int on_message_begin(llhttp_t *p) {
+    conn_t *c = p->data;
+    c->url.len = c->hdrs.len = c->body.len = 0;
+    c->hname_off = c->hval_off = 0;
+    c->auth_len = c->key_len = 0;
+    c->err_status = c->expect_continue = 0;
+    knobs_clear(&c->hk);
+    return 0;
+}
+
+static int head_append(conn_t *c, tg_buf_t *b, const char *at, size_t n, int lower) {
+    if (c->url.len + c->hdrs.len + n > MOCK_MAX_HEAD) {
+        c->err_status = 431;
+        return -1;
+    }
+    size_t off = b->len;
+    tg_buf_append(b, at, n);
+    if (lower)
+        for (size_t i = off; i < b->len; i++)
+            if (b->data[i] >= 'A' && b->data[i] <= 'Z')
+                b->data[i] |= 0x20;
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t n) {
+    conn_t *c = p->data;
+    return head_append(c, &c->url, at, n, 0);
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t n) {
+    conn_t *c = p->data;
+    return head_append(c, &c->hdrs, at, n, 1);
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t n) {
+    conn_t *c = p->data;
+    return head_append(c, &c->hdrs, at, n, 0);
+}
+
+static int on_header_field_complete(llhttp_t *p) {
+    conn_t *c = p->data;
+    tg_buf_append(&c->hdrs, "", 1);
+    c->hval_off = c->hdrs.len;
+    return 0;
+}
+
+static int on_header_value_complete(llhttp_t *p) {
+    conn_t *c = p->data;
+    tg_buf_t *h = &c->hdrs;
+    while (h->len > c->hval_off && (h->data[h->len - 1] == ' ' || h->data[h->len - 1] == '\t'))
+        h->len--;
+    tg_buf_append(h, "", 1);
+    const char *name = h->data + c->hname_off, *val = h->data + c->hval_off;
+    size_t nlen = c->hval_off - c->hname_off - 1, vlen = h->len - 1 - c->hval_off;
+    if (nlen == 13 && memcmp(name, "authorization", 13) == 0)
+        c->auth_off = c->hval_off, c->auth_len = vlen;
+    else if (nlen == 9 && memcmp(name, "x-api-key", 9) == 0)
+        c->key_off = c->hval_off, c->key_len = vlen;
+    else if (nlen == 6 && memcmp(name, "expect", 6) == 0 && vlen == 12 && strncasecmp(val, "100-continue", 12) == 0)
+        c->expect_continue = 1;
+    else if (nlen > 7 && memcmp(name, "x-mock-", 7) == 0)
+        knob_set(&c->hk, name + 7, nlen - 7, val, vlen);
+    c->hname_off = h->len;
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p) {
+    conn_t *c = p->data;
+    c->method = llhttp_get_method(p);
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > MOCK_MAX_BODY) {
+        c->err_status = 413;
+        return -1;
+    }
+    if (c->expect_continue) {
+        BUF_LIT(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
+        conn_flush(c);
+    }
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t n) {
+    conn_t *c = p->data;
+    if (c->body.len + n > MOCK_MAX_BODY) {
+        c->err_status = 413;
+        return -1;
+    }
+    tg_buf_append(&c->body, at, n);
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+    conn_t *c = p->data;
+    c->r.keepalive = llhttp_should_keep_alive(p);
+    handle_request(c);
+    if (c->r.active)
+        c->busy = 1;
+    return c->busy || c->want_close || c->closing ? HPE_PAUSED : 0;
+}
+
+/* ---- reading -------------------------------------------------------------------- */
+
+static void conn_feed(conn_t *c, const char *data, size_t len) {
+    if (c->want_close || c->closing)
+        return;
+    llhttp_errno_t e = llhttp_execute(&c->parser, data, len);
+    if (e == HPE_OK)
+        return;
+    if (e == HPE_PAUSED) {
+        if (c->busy && !c->want_close && !c->closing) {
+            const char *pos = llhttp_get_error_pos(&c->parser);
+            tg_buf_append(&c->pending, pos, (size_t)(data + len - pos));
+        }
+        return;
+    }
+    if (c->closing)
+        return;
+    /* A malformed request or a limit hit: answer and close. */
+    int status = c->err_status ? c->err_status : 400;
+    render_error(c, API_NONE, status,
+                 status == 413   ? "mock: request body larger than 8 MiB"
+                 : status == 431 ? "mock: request head too large"
+                                 : llhttp_get_error_reason(&c->parser));
+    put_response(c, &c->out, status, -1, 0);
+    c->want_close = 1;
+    c->draining = 1; /* keep reading until the client closes, so it sees the answer */
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    conn_t *c = h->data;
+    *buf = uv_buf_init(c->w->rbuf, sizeof(c->w->rbuf));
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    conn_t *c = s->data;
+    if (nread < 0) {
+        conn_close(c); /* EOF or error: the client is gone */
+        return;
+    }
+    if (nread == 0 || c->closing || c->want_close)
+        return;
+    if (c->busy) {
+        tg_buf_append(&c->pending, buf->base, (size_t)nread);
+        if (c->pending.len > MOCK_MAX_PENDING) {
+            uv_read_stop(s);
+            c->read_stopped = 1;
+        }
+        return;
+    }
+    conn_feed(c, buf->base, (size_t)nread);
+    conn_after_io(c);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+    worker_t *w = server->data;
+    if (status < 0)
+        return;
+    conn_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort();
+    c->w = w;
+    uv_tcp_init(&w->loop, &c->tcp);
+    uv_timer_init(&w->loop, &c->timer);
+    c->tcp.data = c->timer.data = c;
+    c->next = w->conns;
+    if (w->conns)
+        w->conns->prev = c;
+    w->conns = c;
+    llhttp_init(&c->parser, HTTP_REQUEST, &g_settings);
+    c->parser.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) < 0)
+        conn_close(c);
+}
+
+/* ---- process -------------------------------------------------------------------- */
+
+static worker_t *g_workers;
+static int g_nworkers;
+
+static void stop_cb(uv_async_t *a) {
+    worker_t *w = a->data;
+    if (w->stopping)
+        return;
+    w->stopping = 1;
+    uv_close((uv_handle_t *)&w->listener, NULL);
+    uv_close((uv_handle_t *)&w->stop, NULL);
+    if (w->has_signals) {
+        uv_close((uv_handle_t *)&w->sigterm, NULL);
+        uv_close((uv_handle_t *)&w->sigint, NULL);
+    }
+    for (conn_t *c = w->conns; c; c = c->next)
+        conn_close(c);
+}
+
+static void signal_cb(uv_signal_t *s, int signum) {
+    for (int i = 0; i < g_nworkers; i++)
+        uv_async_send(&g_workers[i].stop);
+}
+
+static void *worker_run(void *arg) {
+    worker_t *w = arg;
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static int listen_fd(const struct sockaddr *sa, socklen_t salen, int reuseport) {
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (bind(fd, sa, salen) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    return fd;
+}
+
+static int usage_error(const char *msg) {
+    fprintf(stderr, "mock-upstream: %s\nusage: tollgate mock-upstream --listen HOST:PORT [--threads N] "
+                    "[--models id,id,...]\n",
+            msg);
+    return 2;
+}
+
+int tg_mock_main(int argc, char **argv) {
+    const char *listen_arg = NULL;
+    int threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage_error("a fast, deterministic fake OpenAI/Anthropic provider (knobs: see tg_mock.c)");
+            return 0;
+        }
+        if (i + 1 >= argc)
+            return usage_error("missing value after an option");
+        if (strcmp(a, "--listen") == 0)
+            listen_arg = argv[++i];
+        else if (strcmp(a, "--threads") == 0) {
+            threads = atoi(argv[++i]);
+            if (threads < 1 || threads > MOCK_MAX_THREADS)
+                return usage_error("--threads must be 1..64");
+        } else if (strcmp(a, "--models") == 0)
+            g_models = argv[++i];
+        else
+            return usage_error("unknown option");
+    }
+    if (!listen_arg)
+        return usage_error("--listen HOST:PORT is required");
+    const char *colon = strrchr(listen_arg, ':');
+    if (!colon || colon == listen_arg || !colon[1])
+        return usage_error("--listen wants HOST:PORT");
+    char host[256];
+    size_t hlen = (size_t)(colon - listen_arg);
+    if (hlen >= sizeof(host))
+        return usage_error("host too long");
+    memcpy(host, listen_arg, hlen);
+    host[hlen] = '\0';
+    char *h = host;
+    if (h[0] == '[' && hlen > 2 && h[hlen - 1] == ']') {
+        h[hlen - 1] = '\0';
+        h++;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo(h, colon + 1, &hints, &ai);
+    if (gai != 0) {
+        fprintf(stderr, "mock-upstream: cannot resolve %s: %s\n", listen_arg, gai_strerror(gai));
+        return 2;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sslen = ai->ai_addrlen;
+    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+
+    signal(SIGPIPE, SIG_IGN);
+    json_object_seed(0);
+    memset(&g_settings, 0, sizeof(g_settings));
+    g_settings.on_message_begin = on_message_begin;
+    g_settings.on_url = on_url;
+    g_settings.on_header_field = on_header_field;
+    g_settings.on_header_field_complete = on_header_field_complete;
+    g_settings.on_header_value = on_header_value;
+    g_settings.on_header_value_complete = on_header_value_complete;
+    g_settings.on_headers_complete = on_headers_complete;
+    g_settings.on_body = on_body;
+    g_settings.on_message_complete = on_message_complete;
+
+    g_workers = calloc((size_t)threads, sizeof(worker_t));
+    if (!g_workers)
+        abort();
+    g_nworkers = threads;
+    int port = 0, rc = 0, started = 0;
+    for (int i = 0; i < threads; i++) {
+        worker_t *w = &g_workers[i];
+        w->index = i;
+        uv_loop_init(&w->loop);
+        int fd = listen_fd((struct sockaddr *)&ss, sslen, threads > 1);
+        int err = fd < 0 ? fd : 0;
+        if (!err) {
+            uv_tcp_init(&w->loop, &w->listener);
+            w->listener.data = w;
+            err = uv_tcp_open(&w->listener, fd);
+            if (err)
+                close(fd); /* not yet owned by the handle */
+            else
+                err = uv_listen((uv_stream_t *)&w->listener, 4096, on_connection);
+        }
+        if (err) {
+            fprintf(stderr, "mock-upstream: cannot listen on %s: %s\n", listen_arg, uv_strerror(err));
+            if (fd >= 0)
+                uv_close((uv_handle_t *)&w->listener, NULL);
+            uv_run(&w->loop, UV_RUN_DEFAULT);
+            uv_loop_close(&w->loop);
+            rc = 1;
+            break;
+        }
+        if (i == 0) { /* port 0: every thread takes the port the kernel gave the first */
+            struct sockaddr_storage got;
+            int glen = sizeof(got);
+            uv_tcp_getsockname(&w->listener, (struct sockaddr *)&got, &glen);
+            port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                   : ((struct sockaddr_in *)&got)->sin_port);
+            if (ss.ss_family == AF_INET6)
+                ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
+            else
+                ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+        }
+        uv_async_init(&w->loop, &w->stop, stop_cb);
+        w->stop.data = w;
+        started++;
+    }
+    if (rc) {
+        for (int i = 0; i < started; i++) {
+            stop_cb(&g_workers[i].stop);
+            uv_run(&g_workers[i].loop, UV_RUN_DEFAULT);
+            uv_loop_close(&g_workers[i].loop);
+        }
+        free(g_workers);
+        return rc;
+    }
+    uv_signal_init(&g_workers[0].loop, &g_workers[0].sigterm);
+    uv_signal_init(&g_workers[0].loop, &g_workers[0].sigint);
+    uv_signal_start(&g_workers[0].sigterm, signal_cb, SIGTERM);
+    uv_signal_start(&g_workers[0].sigint, signal_cb, SIGINT);
+    g_workers[0].has_signals = 1;
+
+    fprintf(stderr, "mock-upstream listening on %s:%d\n", host, port);
+    for (int i = 1; i < threads; i++)
+        if (pthread_create(&g_workers[i].thread, NULL, worker_run, &g_workers[i]) != 0)
+            abort();
+    worker_run(&g_workers[0]);
+    for (int i = 1; i < threads; i++)
+        pthread_join(g_workers[i].thread, NULL);
+    for (int i = 0; i < threads; i++)
+        uv_loop_close(&g_workers[i].loop);
+    free(g_workers);
+    g_workers = NULL;
+    pthread_mutex_lock(&g_st.mu);
+    state_clear_locked(1);
+    tg_buf_free(&g_st.last_url);
+    tg_buf_free(&g_st.last_hdrs);
+    tg_buf_free(&g_st.last_body);
+    pthread_mutex_unlock(&g_st.mu);
+    return 0;
+}
