@@ -1,0 +1,166 @@
+/*
+ * The plugin runtime: LuaJIT policy plugins called at fixed points of each request.
+ *
+ * Plugins (plugins/<name>/handler.lua + schema.lua, or policies/<name>.lua) are loaded
+ * into a *generation*: an immutable set of plugins with validated configs, sorted by
+ * priority (highest first). Each worker has its own lua_State (tg_plugins_t), touched
+ * only by that worker's thread, holding its current generation and any older ones that
+ * requests in flight still use (counted references: a request keeps the generation it
+ * began with until tg_plugins_end).
+ *
+ * A reload (file watch on the plugin folders, SIGHUP, or tg_plugins_request_reload()
+ * from the admin API) reads the files once, validates them in a scratch state (load,
+ * schema, a dry call of every hook on a sample context) and, if everything passes,
+ * publishes the source as generation N and wakes every worker (uv_async), which builds
+ * N in its own state and swaps it in for new requests. A generation that fails is
+ * refused whole; the old one keeps serving and the error is kept for the status JSON.
+ *
+ * Hooks, their defaults (no plugin implements the hook) and fallbacks (a plugin raised
+ * an error or ran out of its instruction budget; the hook stops there):
+ *
+ *   on_request        may reject, set model/group, add headers.  default: pass.
+ *                     fallback: pass (the changes made so far are kept).
+ *   map_model         may set model/group, reject.               default: model as sent.
+ *                     fallback: model and group restored to what the hook started with.
+ *   select_account    may exclude, score, select, reject.        default and fallback:
+ *                     tg_plugins_default_select (priority, then least loaded).
+ *   on_upstream_error may retry(same/other, delay) or give up.   default and fallback:
+ *                     give up (one layer retries, and it is this hook).
+ *   on_limiter_down   may open or close.                         default and fallback:
+ *                     closed.
+ *   price             may set the cost (nano-USD).               default and fallback:
+ *                     unpriced (cost_nanousd = -1; billing flags it, never drops it).
+ *   on_log            read-only but for log fields.              default and fallback:
+ *                     nothing.
+ *
+ * Thread safety: tg_plugins_request_reload, tg_plugins_status_json and the global
+ * init/shutdown may be called from any thread; everything taking a tg_plugins_t only
+ * from the thread of that worker's loop.
+ */
+#ifndef TOLLGATE_TG_PLUGIN_H
+#define TOLLGATE_TG_PLUGIN_H
+
+#include <stdio.h>
+#include <uv.h>
+
+#include "tollgate/tg_common.h"
+#include "tollgate/tg_ffi.h"
+
+typedef struct lua_State lua_State;
+
+/** One enabled plugin: its name and its config as a Lua table constructor. */
+typedef struct {
+    char *name;
+    char *config_lua; /* e.g. "{aliases={[\"gpt-4\"]=\"gpt-4o\"}}"; "{}" when absent */
+} tg_plugin_enable_t;
+
+/** The `plugins = {...}` section of the config file. Owned by tg_config_t. */
+typedef struct {
+    char **dirs;   /* searched in order; default {"plugins", "policies"} */
+    size_t ndirs;
+    tg_plugin_enable_t *enabled;
+    size_t nenabled;
+    int watch;               /* reload when a file in dirs changes (default 1) */
+    long max_instructions;   /* per hook call, Lua VM instructions (default 1000000) */
+    int max_hook_ms;         /* per hook call, wall clock (default 50) */
+} tg_plugins_config_t;
+
+/**
+ * Parses the `plugins` table at stack index `idx` of L (the config file's state) into
+ * *out. Returns TG_OK, or TG_ERROR with one line in err naming the key
+ * ("config: plugins.enabled[2].name: expected string, got number").
+ * Free with tg_plugins_config_free.
+ */
+int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, char *err, size_t errlen);
+/** Fills *out with the defaults (no plugin enabled). */
+void tg_plugins_config_defaults(tg_plugins_config_t *out);
+void tg_plugins_config_free(tg_plugins_config_t *cfg);
+
+/**
+ * Process-wide start: copies cfg, loads and validates generation 1. Call once before
+ * creating workers. Returns TG_OK, or TG_ERROR with the first problem in err
+ * (a missing plugin, a schema error, a syntax error with file and line).
+ */
+int tg_plugins_global_init(const tg_plugins_config_t *cfg, char *err, size_t errlen);
+/** Releases what tg_plugins_global_init made; every tg_plugins_t must be destroyed first. */
+void tg_plugins_global_shutdown(void);
+
+typedef struct tg_plugins_s tg_plugins_t;
+
+/**
+ * Creates a worker's runtime on `loop` (not yet running, or the calling thread's) and
+ * builds the current generation in it. Worker 0 also watches the plugin folders and
+ * SIGHUP. Returns NULL (and logs) only when the generation cannot be built.
+ */
+tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers);
+/** Closes the runtime's handles; the memory goes once the loop has run their close callbacks. */
+void tg_plugins_destroy(tg_plugins_t *pl);
+
+/**
+ * Starts a request: zeroes *ctx, fills the defaults (selected -1, cost -1, hook -1,
+ * now_ms) and takes a reference on the current generation. The caller then sets the
+ * inputs (request_id, route, protocol, headers, model via tg_plugins_ctx_set_model).
+ */
+void tg_plugins_begin(tg_plugins_t *pl, tg_hookctx_t *ctx);
+/** Ends a request: drops the generation reference. Safe to call twice. */
+void tg_plugins_end(tg_plugins_t *pl, tg_hookctx_t *ctx);
+/** Sets ctx->model and ctx->original_model (truncating at 127 bytes). */
+void tg_plugins_ctx_set_model(tg_hookctx_t *ctx, const char *model, size_t len);
+
+/**
+ * Runs one hook: calls the generation's plugins that implement it (one call into Lua),
+ * then applies the default or the fallback. Returns TG_OK, or TG_DONE when a plugin
+ * rejected the request (answer with ctx->reject_status/code/message). Also TG_DONE
+ * from select_account when no candidate is left (reject_status 503).
+ */
+int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx);
+
+/** True when the request's generation has a plugin implementing `hook`. */
+int tg_plugins_has_hook(const tg_plugins_t *pl, const tg_hookctx_t *ctx, int hook);
+
+/** The built-in account choice: highest priority, then least loaded. -1 if none. */
+int tg_plugins_default_select(const tg_hookctx_t *ctx);
+
+/**
+ * Appends `,"plugins":{"generation":N,"errors":E}` plus the plugins' log fields to an
+ * access-log line under construction.
+ */
+void tg_plugins_log_json(const tg_hookctx_t *ctx, tg_buf_t *b);
+
+/**
+ * Reloads now: reads the plugin files, validates them, and if they pass publishes a
+ * new generation to every worker (each swaps it in within one loop iteration).
+ * Returns the new generation number (> 0), or TG_ERROR with the reason in err (the old
+ * generation keeps serving). Any thread; reloads are serialized.
+ */
+long tg_plugins_request_reload(char *err, size_t errlen);
+
+/**
+ * GET /admin/api/v1/plugins: a malloc'd JSON document with the generation, the loaded
+ * plugins (name, version, priority, hooks, source file), the last reload's result,
+ * per-hook call and error counts summed over the workers, and each worker's
+ * generation. Any thread. The caller frees it.
+ */
+char *tg_plugins_status_json(void);
+
+/**
+ * `tollgate check`: loads and validates the plugins of cfg (load, schema, dry call)
+ * and prints one line per plugin to out. Returns 0, or 2 after printing the error.
+ */
+int tg_plugins_check(const tg_plugins_config_t *cfg, FILE *out);
+
+/**
+ * Validates one plugin's config (a Lua table constructor) against its schema, as the
+ * admin API must on every write. Returns TG_OK or TG_ERROR with the message in err.
+ */
+int tg_plugins_validate_config(const tg_plugins_config_t *cfg, const char *name, const char *config_lua,
+                               char *err, size_t errlen);
+
+/**
+ * `tollgate policy test POLICY --requests FILE.jsonl [...]`: runs a policy over
+ * recorded request contexts and prints each decision. argv[0] is "policy". Returns
+ * the exit code.
+ */
+int tg_policy_test_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,515 @@
+-- The Lua half of the plugin runtime (core/src/tg_plugin.c is the C half). One copy
+-- runs in each worker's lua_State. It loads plugins into sandboxes, validates them,
+-- and builds a *generation*: the sorted plugin list plus one dispatcher closure per
+-- hook. C calls a dispatcher once per hook per request with the request's
+-- tg_hookctx_t; the dispatcher runs the plugins in priority order (highest first)
+-- until one decides, and returns 0, or the failing plugin's index and its error.
+--
+-- Plugins see `ctx`, an object whose methods read the C context directly through the
+-- FFI (declared by tg_cdef, checked against tg_ffi.h) and change it only through
+-- tg_ffi_* functions that check the hook: calling one outside its hooks raises
+-- "API disabled in the context of <hook>". Plugins never touch cdata themselves.
+--
+-- Plugin code runs with the JIT off (jit.off(chunk, true)) so that the instruction
+-- budget hook set by C fires inside plugin loops; this file's own code stays
+-- JIT-compiled. See plugins/README.md, "Isolation".
+local ffi = require("ffi")
+local jit = require("jit")
+require("tg_cdef")
+local schema = require("tg_schema")
+
+local C = ffi.C
+local ffi_string = ffi.string
+local ctx_ptr_t = ffi.typeof("tg_hookctx_t *")
+local strout_t = ffi.typeof("const char *[1]")
+local lenout_t = ffi.typeof("size_t[1]")
+
+local M = {}
+
+local HOOKS = { "on_request", "map_model", "select_account", "on_upstream_error",
+    "on_limiter_down", "price", "on_log" }
+local HOOK_ID = {}
+for i, name in ipairs(HOOKS) do HOOK_ID[name] = i - 1 end
+M.HOOKS = HOOKS
+
+-- Raised by the C instruction/time budget hook; pcall inside a plugin cannot swallow it.
+M.BUDGET_PREFIX = "plugin budget exceeded"
+
+local FAILURES = { [0] = "status", "connect", "timeout_connect", "timeout_first_byte",
+    "timeout_idle", "reset" }
+local LIMIT_BITS = { rate = 1, tokens = 2, concurrency = 4, money = 8 }
+local LOG_LEVELS = { error = 0, warn = 1, info = 2, debug = 3 }
+
+---------------------------------------------------------------------------------------
+-- The context object. `cur` is the C context of the hook call running now.
+
+local cur
+local accounts = {}     -- reused views of cur.accounts (Lua tables, filled per call)
+local naccounts = 0
+local hdr_val, hdr_len = strout_t(), lenout_t()
+
+local function fail(rc, what)
+    if rc == -1 then
+        error("API " .. what .. " disabled in the context of " .. HOOKS[cur.hook + 1], 3)
+    end
+    local msg = rc == -2 and "bad argument" or rc == -3 and "not found"
+        or rc == -4 and "value too long" or rc == -5 and "already decided" or "error " .. rc
+    return nil, msg
+end
+
+local function str(s, what)
+    if type(s) ~= "string" then
+        error(what .. ": expected string, got " .. type(s), 3)
+    end
+    return s
+end
+
+local account_mt = {
+    __index = function(t, k)
+        local a = cur.accounts[t.index_ - 1]
+        if k == "id" then
+            local v = ffi_string(a.id, a.id_len)
+            rawset(t, k, v)
+            return v
+        elseif k == "region" then
+            local v = ffi_string(a.region, a.region_len)
+            rawset(t, k, v)
+            return v
+        end
+        return nil
+    end,
+}
+
+local function refresh_accounts(c)
+    local n = c.naccounts
+    for i = 1, n do
+        local t = accounts[i]
+        if not t then
+            t = setmetatable({ index_ = i }, account_mt)
+            accounts[i] = t
+        end
+        local a = c.accounts[i - 1]
+        t.id = nil
+        t.region = nil
+        t.priority = a.priority
+        t.inflight = a.inflight
+        t.max_concurrency = a.max_concurrency
+        t.queued = a.queued
+        t.sticky = a.sticky ~= 0
+        t.tried = a.tried
+        t.excluded = a.excluded ~= 0
+        t.error_ewma = a.error_ewma
+        t.ttft_ewma_ms = a.ttft_ewma_ms
+        t.reset_in_ms = a.reset_in_ms
+        t.cost = a.cost
+        t.score = a.score
+    end
+    naccounts = n
+end
+
+local Ctx = {}
+
+function Ctx:hook() return HOOKS[cur.hook + 1] end
+function Ctx:request_id() return ffi_string(cur.request_id, cur.request_id_len) end
+function Ctx:route() return ffi_string(cur.route, cur.route_len) end
+function Ctx:protocol() return ffi_string(cur.protocol, cur.protocol_len) end
+function Ctx:key_id() return ffi_string(cur.key_id, cur.key_id_len) end
+function Ctx:tenant_id() return ffi_string(cur.tenant_id, cur.tenant_id_len) end
+function Ctx:model() return ffi_string(cur.model, cur.model_len) end
+function Ctx:original_model() return ffi_string(cur.original_model, cur.original_model_len) end
+function Ctx:group() return ffi_string(cur.group, cur.group_len) end
+function Ctx:stream() return cur.stream ~= 0 end
+function Ctx:generation() return tonumber(cur.generation) end
+function Ctx:now_ms() return cur.now_ms end
+function Ctx:worker() return cur.worker end
+function Ctx:nworkers() return cur.nworkers end
+function Ctx:max_tokens()
+    local v = cur.max_tokens
+    if v < 0 then return nil end
+    return tonumber(v)
+end
+
+function Ctx:header(name)
+    str(name, "header")
+    if C.tg_ffi_header(cur, name, #name, hdr_val, hdr_len) ~= 0 then return nil end
+    return ffi_string(hdr_val[0], hdr_len[0])
+end
+
+function Ctx:naccounts() return naccounts end
+function Ctx:account(i)
+    if type(i) ~= "number" or i < 1 or i > naccounts then return nil end
+    return accounts[i]
+end
+function Ctx:selected()
+    local s = cur.selected
+    if s < 0 then return nil end
+    return s + 1
+end
+
+function Ctx:attempt() return cur.attempt end
+function Ctx:upstream_status() return cur.upstream_status end
+function Ctx:failure() return FAILURES[cur.failure] or "status" end
+function Ctx:bytes_sent() return cur.bytes_sent ~= 0 end
+function Ctx:retry_after_ms()
+    local v = cur.retry_after_ms
+    if v < 0 then return nil end
+    return tonumber(v)
+end
+function Ctx:elapsed_ms() return tonumber(cur.elapsed_ms) end
+function Ctx:deadline_ms()
+    local v = cur.deadline_ms
+    if v <= 0 then return nil end
+    return tonumber(v)
+end
+
+function Ctx:limits()
+    local out, bits = {}, cur.limits
+    for name, bit in pairs(LIMIT_BITS) do
+        if math.floor(bits / bit) % 2 == 1 then out[name] = true end
+    end
+    return out
+end
+
+function Ctx:usage()
+    local c, k = cur, cur.usage_known
+    local function f(bit, v)
+        if math.floor(k / bit) % 2 == 1 then return tonumber(v) end
+        return nil
+    end
+    return {
+        input = f(1, c.usage_input), output = f(2, c.usage_output),
+        cache_read = f(4, c.usage_cache_read), cache_write = f(8, c.usage_cache_write),
+        reasoning = f(16, c.usage_reasoning),
+    }
+end
+function Ctx:cost_nanousd()
+    local v = cur.cost_nanousd
+    if v < 0 then return nil end
+    return tonumber(v)
+end
+function Ctx:status() return cur.status end
+function Ctx:ttft_ms()
+    local v = cur.ttft_ms
+    if v < 0 then return nil end
+    return v
+end
+function Ctx:total_ms() return cur.total_ms end
+
+function Ctx:set_model(m)
+    str(m, "set_model")
+    local rc = C.tg_ffi_set_model(cur, m, #m)
+    if rc ~= 0 then return fail(rc, "set_model") end
+    return true
+end
+
+function Ctx:set_group(g)
+    str(g, "set_group")
+    local rc = C.tg_ffi_set_group(cur, g, #g)
+    if rc ~= 0 then return fail(rc, "set_group") end
+    return true
+end
+
+function Ctx:reject(status, code, message)
+    code = str(code or "rejected_by_policy", "reject")
+    message = str(message or "rejected by policy", "reject")
+    local rc = C.tg_ffi_reject(cur, tonumber(status) or 0, code, #code, message, #message)
+    if rc ~= 0 then return fail(rc, "reject") end
+    return true
+end
+
+function Ctx:exclude(i)
+    local rc = C.tg_ffi_exclude(cur, (tonumber(i) or 0) - 1)
+    if rc ~= 0 then return fail(rc, "exclude") end
+    accounts[i].excluded = true
+    return true
+end
+
+function Ctx:set_score(i, s)
+    local rc = C.tg_ffi_set_score(cur, (tonumber(i) or 0) - 1, tonumber(s) or 0 / 0)
+    if rc ~= 0 then return fail(rc, "set_score") end
+    accounts[i].score = s
+    return true
+end
+
+function Ctx:select(i)
+    local rc = C.tg_ffi_select(cur, (tonumber(i) or 0) - 1)
+    if rc ~= 0 then return fail(rc, "select") end
+    return true
+end
+
+local RETRY = { give_up = 0, same = 1, other = 2 }
+function Ctx:retry(action, delay_ms)
+    local a = RETRY[action]
+    if not a then error("retry: action must be 'same', 'other' or 'give_up'", 2) end
+    local rc = C.tg_ffi_retry(cur, a, math.floor(tonumber(delay_ms) or 0))
+    if rc ~= 0 then return fail(rc, "retry") end
+    return true
+end
+function Ctx:give_up() return self:retry("give_up", 0) end
+
+function Ctx:limiter(decision)
+    local d = decision == "open" and 1 or decision == "closed" and 0 or nil
+    if not d then error("limiter: decision must be 'open' or 'closed'", 2) end
+    local rc = C.tg_ffi_limiter(cur, d)
+    if rc ~= 0 then return fail(rc, "limiter") end
+    return true
+end
+
+function Ctx:set_cost(nanousd)
+    local rc = C.tg_ffi_set_cost(cur, tonumber(nanousd) or -1)
+    if rc ~= 0 then return fail(rc, "set_cost") end
+    return true
+end
+
+function Ctx:add_header(name, value)
+    str(name, "add_header")
+    value = tostring(value)
+    local rc = C.tg_ffi_add_header(cur, name, #name, value, #value)
+    if rc ~= 0 then return fail(rc, "add_header") end
+    return true
+end
+
+function Ctx:log_field(key, value)
+    str(key, "log_field")
+    value = tostring(value)
+    local rc = C.tg_ffi_log_field(cur, key, #key, value, #value)
+    if rc ~= 0 then return fail(rc, "log_field") end
+    return true
+end
+
+function Ctx:log(level, msg)
+    local l = LOG_LEVELS[level]
+    if not l then error("log: level must be error, warn, info or debug", 2) end
+    msg = tostring(msg)
+    C.tg_ffi_log(cur, l, msg, #msg)
+    return true
+end
+
+-- The one context object plugins receive. Its state lives in upvalues, not in the
+-- table, so a plugin cannot reach the cdata.
+local ctx = setmetatable({}, {
+    __index = Ctx,
+    __newindex = function() error("ctx is read-only; use its methods", 2) end,
+    __metatable = "ctx",
+})
+M.ctx = ctx
+
+---------------------------------------------------------------------------------------
+-- The `tollgate` module plugins may require.
+
+local api = {
+    version = "0.1.0",
+    hooks = HOOKS,
+    now_ms = function() return cur and cur.now_ms or os.time() * 1000 end,
+    monotonic_ms = function() return C.tg_ffi_monotonic_ms() end,
+}
+M.api = api
+
+---------------------------------------------------------------------------------------
+-- Sandboxes.
+
+local function copy(t, drop)
+    local out = {}
+    for k, v in pairs(t) do
+        if not (drop and drop[k]) then out[k] = v end
+    end
+    return out
+end
+
+local raw_pcall, raw_xpcall, raw_error = pcall, xpcall, error
+local BUDGET = M.BUDGET_PREFIX
+
+local function rethrow_budget(ok, ...)
+    if not ok then
+        local e = ...
+        if type(e) == "string" and e:find(BUDGET, 1, true) then raw_error(e, 0) end
+    end
+    return ok, ...
+end
+
+local function safe_pcall(f, ...) return rethrow_budget(raw_pcall(f, ...)) end
+local function safe_xpcall(f, h, ...) return rethrow_budget(raw_xpcall(f, h, ...)) end
+
+local function safe_getmetatable(v)
+    if type(v) == "string" then return nil end
+    return getmetatable(v)
+end
+
+local SAFE_STRING = copy(string, { dump = true })
+local SAFE_TABLE = copy(table)
+local SAFE_MATH = copy(math)
+local SAFE_BIT = copy(require("bit"))
+local SAFE_OS = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime }
+
+-- A fresh global table for one plugin. `require` gives only the tollgate module.
+function M.sandbox(name)
+    local env = {
+        assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
+        pcall = safe_pcall, xpcall = safe_xpcall, select = select, tonumber = tonumber,
+        tostring = tostring, type = type, unpack = unpack, rawequal = rawequal,
+        rawget = rawget, rawset = rawset, setmetatable = setmetatable,
+        getmetatable = safe_getmetatable, _VERSION = _VERSION,
+        string = SAFE_STRING, table = SAFE_TABLE, math = SAFE_MATH, bit = SAFE_BIT,
+        os = SAFE_OS,
+    }
+    env.require = function(mod)
+        if mod == "tollgate" then return api end
+        error("plugin " .. name .. ": require('" .. tostring(mod) ..
+            "') is not allowed (plugins may require only 'tollgate')", 2)
+    end
+    env._G = env
+    return env
+end
+
+-- Compiles plugin source into a function running in `env`, with the JIT off for it
+-- and every function it defines (so the budget hook can interrupt its loops).
+function M.compile(src, chunkname, env)
+    if src:byte(1) == 27 then return nil, chunkname:sub(2) .. ": bytecode is not accepted" end
+    local fn, err = load(src, chunkname, "t", env)
+    if not fn then return nil, err end
+    jit.off(fn, true)
+    return fn
+end
+
+---------------------------------------------------------------------------------------
+-- Generations.
+
+local HANDLER_KEYS = { name = true, priority = true, version = true, schema = true,
+    init = true, destroy = true, fail_closed = true, description = true }
+
+-- Loads, checks and configures one plugin. `p` comes from C: name, handler_src,
+-- handler_file, schema_src (or nil), schema_file, config_src.
+local function load_plugin(p)
+    local prefix = "plugins." .. p.name
+    local env = M.sandbox(p.name)
+    local fn, err = M.compile(p.handler_src, "@" .. p.handler_file, env)
+    if not fn then return nil, prefix .. ": " .. err end
+    local ok, h = pcall(fn)
+    if not ok then return nil, prefix .. ": " .. tostring(h) end
+    if type(h) ~= "table" then
+        return nil, prefix .. ": " .. p.handler_file .. " must return a table, got " .. type(h)
+    end
+    if h.name ~= p.name then
+        return nil, prefix .. ": " .. p.handler_file .. " has name = " .. tostring(h.name) ..
+            ", expected \"" .. p.name .. "\""
+    end
+    if type(h.priority) ~= "number" or h.priority ~= math.floor(h.priority) then
+        return nil, prefix .. ".priority: expected integer, got " .. type(h.priority)
+    end
+    if type(h.version) ~= "string" then
+        return nil, prefix .. ".version: expected string, got " .. type(h.version)
+    end
+    local hooks = {}
+    for k, v in pairs(h) do
+        if HOOK_ID[k] then
+            if type(v) ~= "function" then
+                return nil, prefix .. "." .. k .. ": expected function, got " .. type(v)
+            end
+            hooks[#hooks + 1] = k
+        elseif not HANDLER_KEYS[k] and not (type(k) == "string" and k:sub(1, 1) == "_") then
+            return nil, prefix .. ": unknown key '" .. tostring(k) .. "' (hooks are " ..
+                table.concat(HOOKS, ", ") .. ")"
+        end
+    end
+    table.sort(hooks, function(a, b) return HOOK_ID[a] < HOOK_ID[b] end)
+
+    local sch = h.schema
+    if p.schema_src then
+        local sfn, serr = M.compile(p.schema_src, "@" .. p.schema_file, M.sandbox(p.name))
+        if not sfn then return nil, prefix .. ".schema: " .. serr end
+        local sok, s = pcall(sfn)
+        if not sok then return nil, prefix .. ".schema: " .. tostring(s) end
+        sch = s
+    end
+    sch = sch or { fields = {} }
+    local sok, serr = schema.check_schema(sch, prefix .. ".schema")
+    if not sok then return nil, serr end
+
+    local cfn, cerr = load("return " .. (p.config_src or "{}"), "=" .. prefix .. ".config", "t", {})
+    if not cfn then return nil, prefix .. ".config: " .. cerr end
+    local cok, raw = pcall(cfn)
+    if not cok then return nil, prefix .. ".config: " .. tostring(raw) end
+    local conf, verr = schema.validate(sch, raw, prefix .. ".config")
+    if not conf then return nil, verr end
+
+    if h.init then
+        if type(h.init) ~= "function" then return nil, prefix .. ".init: expected function" end
+        local iok, ierr = pcall(h.init, conf)
+        if not iok then return nil, prefix .. ".init: " .. tostring(ierr) end
+    end
+    return {
+        name = p.name, version = h.version, priority = h.priority, handler = h,
+        conf = conf, hooks = hooks, file = p.handler_file, fail_closed = h.fail_closed == true,
+    }
+end
+
+local function make_dispatch(hook_id, list)
+    local n = #list
+    local fns, confs = {}, {}
+    for i = 1, n do
+        fns[i] = list[i].handler[HOOKS[hook_id + 1]]
+        confs[i] = list[i].conf
+    end
+    local with_accounts = hook_id == HOOK_ID.select_account
+    return function(ud)
+        local c = ffi.cast(ctx_ptr_t, ud)
+        cur = c
+        if with_accounts then refresh_accounts(c) end
+        for i = 1, n do
+            -- Per-group configs arrive with the state issue: this is the seam.
+            local ok, err = pcall(fns[i], ctx, confs[i])
+            if not ok then return i, tostring(err) end
+            if c.decided ~= 0 then return 0 end
+        end
+        return 0
+    end
+end
+
+-- Builds a generation from `spec` = {generation = N, plugins = {...}}. Returns the
+-- generation table or nil, err. The table holds `dispatch[hook_id]` (a function or
+-- false), `plugins` (sorted), and `fail_closed[hook_id]` lists.
+function M.build(spec)
+    local list = {}
+    for i, p in ipairs(spec.plugins) do
+        local pl, err = load_plugin(p)
+        if not pl then return nil, err end
+        pl.order = i
+        list[#list + 1] = pl
+    end
+    table.sort(list, function(a, b)
+        if a.priority ~= b.priority then return a.priority > b.priority end
+        return a.order < b.order
+    end)
+    local gen = { number = spec.generation, plugins = list, dispatch = {}, names = {},
+        fail_closed = {} }
+    for id = 0, #HOOKS - 1 do
+        local sub, names, closed = {}, {}, {}
+        for _, pl in ipairs(list) do
+            if pl.handler[HOOKS[id + 1]] then
+                sub[#sub + 1] = pl
+                names[#names + 1] = pl.name
+                closed[#closed + 1] = pl.fail_closed
+            end
+        end
+        gen.dispatch[id] = #sub > 0 and make_dispatch(id, sub) or false
+        gen.names[id] = names
+        gen.fail_closed[id] = closed
+    end
+    return gen
+end
+
+-- Called when the last request of a retired generation ends.
+function M.destroy(gen)
+    for _, pl in ipairs(gen.plugins) do
+        if pl.handler.destroy then pcall(pl.handler.destroy, pl.conf) end
+    end
+end
+
+-- Validates one config (a Lua table constructor) for a loaded plugin spec `p`.
+function M.validate_config(p)
+    local pl, err = load_plugin(p)
+    if not pl then return nil, err end
+    return true
+end
+
+return M

@@ -1,0 +1,715 @@
+/*
+ * The plugin runtime of one worker: its lua_State, the generations built in it, and
+ * the hook calls of its requests (see tollgate/tg_plugin.h for the contract).
+ *
+ * Each state loads the embedded Lua half (core/lua/tg_runtime.lua) and gets a count
+ * hook that fires every TICK instructions of *interpreted* code. Plugin code is loaded
+ * with the JIT off, so its loops are always interpreted and the hook bounds every hook
+ * call by max_instructions and max_hook_ms; the error it raises cannot be swallowed by
+ * a plugin's own pcall. Compiled traces (the runtime's own code) never see the hook,
+ * which is why plugin code must stay interpreted. See plugins/README.md, "Isolation".
+ *
+ * A generation is reference counted by the requests that began on it; the worker's
+ * current generation holds one more reference. Swapping drops that one; the last
+ * request to end frees the generation (and calls the plugins' destroy()).
+ */
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+#include <lualib.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tg_plugin_internal.h"
+#include "tollgate/tg_embed.h"
+
+#define TICK 1000
+
+/* The budget of the hook call running on this thread. */
+static __thread long tl_ticks, tl_tick_limit;
+static __thread uint64_t tl_deadline_ns;
+
+static void budget_hook(lua_State *L, lua_Debug *ar) {
+    TG_UNUSED(ar);
+    if (++tl_ticks > tl_tick_limit) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "plugin budget exceeded: more than %ld instructions", tl_tick_limit * TICK);
+        lua_pushstring(L, msg);
+        lua_error(L);
+    }
+    if (tg_now_ns() > tl_deadline_ns)
+        luaL_error(L, "plugin budget exceeded: ran longer than its time limit");
+}
+
+static void budget_start(const tg_plugins_t *pl, long mult) {
+    tl_ticks = 0;
+    tl_tick_limit = TG_MAX(1, pl->max_instructions * mult / TICK);
+    tl_deadline_ns = tg_now_ns() + (uint64_t)pl->max_hook_ms * (uint64_t)mult * 1000000u;
+}
+
+static inline void counter_inc(_Atomic uint64_t *c) {
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+/* package.preload searcher for the embedded modules. */
+static int load_embedded(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    for (const tg_embed_file_t *f = tg_embedded_lua; f->name; f++) {
+        if (strcmp(f->name, name) == 0) {
+            char chunk[128];
+            snprintf(chunk, sizeof(chunk), "=core/lua/%s.lua", name);
+            if (luaL_loadbuffer(L, f->data, f->len, chunk) != 0)
+                return lua_error(L);
+            lua_call(L, 0, 1);
+            return 1;
+        }
+    }
+    return luaL_error(L, "no embedded module %s", name);
+}
+
+tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long max_instructions, int max_hook_ms,
+                              char *err, size_t errlen) {
+    tg_plugins_t *pl = calloc(1, sizeof(*pl));
+    if (!pl)
+        abort();
+    pl->loop = loop;
+    pl->worker = worker;
+    pl->nworkers = nworkers;
+    pl->max_instructions = max_instructions > 0 ? max_instructions : 1000000;
+    pl->max_hook_ms = max_hook_ms > 0 ? max_hook_ms : 50;
+    pl->runtime_ref = LUA_NOREF;
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        snprintf(err, errlen, "plugins: cannot create a Lua state");
+        free(pl);
+        return NULL;
+    }
+    pl->L = L;
+    luaL_openlibs(L);
+    /* Seed math.random per worker so top-K draws differ between workers. */
+    uint32_t seed = 0;
+    tg_random_bytes(&seed, sizeof(seed));
+    lua_getglobal(L, "math");
+    lua_getfield(L, -1, "randomseed");
+    lua_pushnumber(L, (double)(seed % 2147483647u));
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
+    /* Embedded modules resolve through package.preload. */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    for (const tg_embed_file_t *f = tg_embedded_lua; f->name; f++) {
+        lua_pushcfunction(L, load_embedded);
+        lua_setfield(L, -2, f->name);
+    }
+    lua_pop(L, 2);
+    lua_sethook(L, budget_hook, LUA_MASKCOUNT, TICK);
+    budget_start(pl, 100);
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "tg_runtime");
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+        snprintf(err, errlen, "plugins: runtime: %s", lua_tostring(L, -1));
+        lua_close(L);
+        free(pl);
+        return NULL;
+    }
+    pl->runtime_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return pl;
+}
+
+static void gen_free(tg_plugin_gen_t *g) {
+    tg_plugins_t *pl = g->owner;
+    lua_State *L = pl->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, pl->runtime_ref);
+    lua_getfield(L, -1, "destroy");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->gen_ref);
+    budget_start(pl, 1);
+    if (lua_pcall(L, 1, 0, 0) != 0) {
+        tg_log_warn("plugins: worker %d: generation %llu destroy: %s", pl->worker, (unsigned long long)g->number,
+                    lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    for (int h = 0; h < TG_HOOK__COUNT; h++)
+        luaL_unref(L, LUA_REGISTRYINDEX, g->dispatch_ref[h]);
+    luaL_unref(L, LUA_REGISTRYINDEX, g->gen_ref);
+    free(g);
+    lua_gc(L, LUA_GCSTEP, 0);
+}
+
+static void gen_unref(tg_plugin_gen_t *g) {
+    if (--g->refs == 0)
+        gen_free(g);
+}
+
+static void push_str_field(lua_State *L, const char *k, const char *v) {
+    if (!v)
+        return;
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* Builds src in pl's state; returns the C generation or NULL + err. */
+static tg_plugin_gen_t *gen_build(tg_plugins_t *pl, const tg_plugin_src_t *src, char *err, size_t errlen) {
+    lua_State *L = pl->L;
+    int top = lua_gettop(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, pl->runtime_ref);
+    lua_getfield(L, -1, "build");
+    lua_createtable(L, 0, 2);
+    lua_pushnumber(L, (double)src->number);
+    lua_setfield(L, -2, "generation");
+    lua_createtable(L, (int)src->n, 0);
+    for (size_t i = 0; i < src->n; i++) {
+        const tg_plugin_src_plugin_t *p = &src->p[i];
+        lua_createtable(L, 0, 6);
+        push_str_field(L, "name", p->name);
+        push_str_field(L, "handler_src", p->handler_src);
+        push_str_field(L, "handler_file", p->handler_file);
+        push_str_field(L, "schema_src", p->schema_src);
+        push_str_field(L, "schema_file", p->schema_file);
+        push_str_field(L, "config_src", p->config_src);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "plugins");
+    budget_start(pl, 10);
+    if (lua_pcall(L, 1, 2, 0) != 0) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1));
+        lua_settop(L, top);
+        return NULL;
+    }
+    if (lua_isnil(L, -2)) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "build failed");
+        lua_settop(L, top);
+        return NULL;
+    }
+    lua_pop(L, 1);
+    tg_plugin_gen_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        abort();
+    g->owner = pl;
+    g->number = src->number;
+    g->refs = 1;
+    lua_getfield(L, -1, "dispatch");
+    for (int h = 0; h < TG_HOOK__COUNT; h++) {
+        lua_rawgeti(L, -1, h);
+        if (lua_isfunction(L, -1)) {
+            g->dispatch_ref[h] = luaL_ref(L, LUA_REGISTRYINDEX);
+        } else {
+            lua_pop(L, 1);
+            g->dispatch_ref[h] = LUA_NOREF;
+        }
+    }
+    lua_pop(L, 1);
+    g->gen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_settop(L, top);
+    return g;
+}
+
+int tg__plugins_install(tg_plugins_t *pl, tg_plugin_src_t *src, char *err, size_t errlen) {
+    tg_plugin_gen_t *g = gen_build(pl, src, err, errlen);
+    if (!g)
+        return TG_ERROR;
+    tg_plugin_gen_t *old = pl->current;
+    tg_plugin_src_t *old_src = pl->src;
+    pl->current = g;
+    tg__plugin_src_ref(src);
+    pl->src = src;
+    atomic_store(&pl->generation, src->number);
+    if (old)
+        gen_unref(old);
+    if (old_src)
+        tg__plugin_src_unref(old_src);
+    return TG_OK;
+}
+
+void tg__plugins_free(tg_plugins_t *pl) {
+    if (!pl)
+        return;
+    if (pl->current)
+        gen_unref(pl->current);
+    pl->current = NULL;
+    if (pl->src)
+        tg__plugin_src_unref(pl->src);
+    if (pl->L)
+        lua_close(pl->L);
+    free(pl->watches);
+    free(pl);
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+void tg_plugins_begin(tg_plugins_t *pl, tg_hookctx_t *ctx) {
+    memset(ctx, 0, sizeof(*ctx));
+    ctx->hook = -1;
+    ctx->selected = -1;
+    ctx->retry_after_ms = -1;
+    ctx->max_tokens = -1;
+    ctx->cost_nanousd = -1;
+    ctx->ttft_ms = -1;
+    ctx->now_ms = (double)tg_wall_ms();
+    ctx->request_id = ctx->route = ctx->protocol = ctx->key_id = ctx->tenant_id = "";
+    if (pl) {
+        ctx->worker = pl->worker;
+        ctx->nworkers = pl->nworkers;
+        if (pl->current) {
+            pl->current->refs++;
+            pl->live++;
+            ctx->gen_ = pl->current;
+            ctx->generation = pl->current->number;
+        }
+    }
+}
+
+static void maybe_free(tg_plugins_t *pl);
+
+void tg_plugins_end(tg_plugins_t *pl, tg_hookctx_t *ctx) {
+    TG_UNUSED(pl);
+    tg_plugin_gen_t *g = ctx->gen_;
+    ctx->gen_ = NULL;
+    if (!g)
+        return;
+    tg_plugins_t *owner = g->owner; /* may already be destroyed: it waits for us */
+    owner->live--;
+    gen_unref(g);
+    maybe_free(owner);
+}
+
+void tg_plugins_ctx_set_model(tg_hookctx_t *ctx, const char *model, size_t len) {
+    len = TG_MIN(len, sizeof(ctx->model) - 1);
+    memcpy(ctx->model, model, len);
+    ctx->model[len] = '\0';
+    ctx->model_len = len;
+    memcpy(ctx->original_model, model, len);
+    ctx->original_model[len] = '\0';
+    ctx->original_model_len = len;
+}
+
+int tg_plugins_has_hook(const tg_plugins_t *pl, const tg_hookctx_t *ctx, int hook) {
+    TG_UNUSED(pl);
+    const tg_plugin_gen_t *g = ctx->gen_;
+    return g && hook >= 0 && hook < TG_HOOK__COUNT && g->dispatch_ref[hook] != LUA_NOREF;
+}
+
+int tg_plugins_default_select(const tg_hookctx_t *ctx) {
+    int best = -1;
+    double best_load = 0;
+    for (int i = 0; i < ctx->naccounts; i++) {
+        const tg_ffi_account_t *a = &ctx->accounts[i];
+        if (a->excluded)
+            continue;
+        double load = a->max_concurrency > 0 ? (double)a->inflight / a->max_concurrency : a->inflight * 1e-3;
+        if (a->max_concurrency > 0 && a->inflight >= a->max_concurrency)
+            load += 1e6; /* saturated: only if nothing else is left */
+        if (best < 0 || a->priority > ctx->accounts[best].priority ||
+            (a->priority == ctx->accounts[best].priority && load < best_load)) {
+            best = i;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+/* The failing plugin's name (gen.names[hook][idx]) and whether it is fail_closed. */
+static void plugin_at(lua_State *L, const tg_plugin_gen_t *g, int hook, int idx, char *name, size_t n,
+                      int *fail_closed) {
+    snprintf(name, n, "?");
+    *fail_closed = 0;
+    if (idx <= 0)
+        return;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, g->gen_ref);
+    lua_getfield(L, -1, "names");
+    lua_rawgeti(L, -1, hook);
+    lua_rawgeti(L, -1, idx);
+    if (lua_isstring(L, -1))
+        snprintf(name, n, "%s", lua_tostring(L, -1));
+    lua_pop(L, 3);
+    lua_getfield(L, -1, "fail_closed");
+    lua_rawgeti(L, -1, hook);
+    lua_rawgeti(L, -1, idx);
+    *fail_closed = lua_toboolean(L, -1);
+    lua_pop(L, 4);
+}
+
+static void fallback(tg_hookctx_t *ctx, int hook, int fail_closed, const char *saved_model, size_t saved_model_len,
+                     const char *saved_group, size_t saved_group_len) {
+    switch (hook) {
+    case TG_HOOK_ON_REQUEST:
+        ctx->reject_status = 0;
+        if (fail_closed) {
+            ctx->reject_status = 500;
+            snprintf(ctx->reject_code, sizeof(ctx->reject_code), "plugin_error");
+            snprintf(ctx->reject_message, sizeof(ctx->reject_message), "a policy plugin failed");
+        }
+        break;
+    case TG_HOOK_MAP_MODEL:
+        ctx->reject_status = 0;
+        memcpy(ctx->model, saved_model, saved_model_len + 1);
+        ctx->model_len = saved_model_len;
+        memcpy(ctx->group, saved_group, saved_group_len + 1);
+        ctx->group_len = saved_group_len;
+        break;
+    case TG_HOOK_SELECT_ACCOUNT:
+        ctx->reject_status = 0;
+        ctx->selected = -1;
+        break;
+    case TG_HOOK_ON_UPSTREAM_ERROR:
+        ctx->retry_action = TG_RETRY_GIVE_UP;
+        ctx->retry_delay_ms = 0;
+        break;
+    case TG_HOOK_ON_LIMITER_DOWN:
+        ctx->limiter_decision = TG_LIMITER_CLOSED;
+        break;
+    case TG_HOOK_PRICE:
+        ctx->cost_nanousd = -1;
+        break;
+    default:
+        break;
+    }
+}
+
+int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
+    tg_plugin_gen_t *g = ctx->gen_;
+    if (hook < 0 || hook >= TG_HOOK__COUNT)
+        return TG_ERROR;
+    if (hook == TG_HOOK_ON_UPSTREAM_ERROR) {
+        ctx->retry_action = TG_RETRY_GIVE_UP;
+        ctx->retry_delay_ms = 0;
+    } else if (hook == TG_HOOK_ON_LIMITER_DOWN) {
+        ctx->limiter_decision = TG_LIMITER_CLOSED;
+    }
+    if (pl && g && g->dispatch_ref[hook] != LUA_NOREF) {
+        lua_State *L = pl->L;
+        char saved_model[sizeof(ctx->model)], saved_group[sizeof(ctx->group)];
+        size_t saved_model_len = 0, saved_group_len = 0;
+        if (hook == TG_HOOK_MAP_MODEL) {
+            saved_model_len = ctx->model_len;
+            memcpy(saved_model, ctx->model, saved_model_len + 1);
+            saved_group_len = ctx->group_len;
+            memcpy(saved_group, ctx->group, saved_group_len + 1);
+        }
+        int top = lua_gettop(L);
+        ctx->hook = hook;
+        ctx->decided = 0;
+        counter_inc(&pl->calls[hook]);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, g->dispatch_ref[hook]);
+        lua_pushlightuserdata(L, ctx);
+        budget_start(pl, 1);
+        int idx = 0;
+        const char *err = NULL;
+        if (lua_pcall(L, 1, 2, 0) != 0) {
+            err = lua_tostring(L, -1);
+            if (!err)
+                err = "(error object is not a string)";
+        } else if ((idx = (int)lua_tointeger(L, -2)) != 0) {
+            err = lua_tostring(L, -1);
+            if (!err)
+                err = "(error object is not a string)";
+        }
+        if (err) {
+            char name[64];
+            int fail_closed = 0;
+            plugin_at(L, g, hook, idx, name, sizeof(name), &fail_closed);
+            counter_inc(&pl->errors[hook]);
+            ctx->plugin_errors++;
+            snprintf(pl->last_hook_error, sizeof(pl->last_hook_error), "plugins.%s.%s: %s", name,
+                     tg_ffi_hook_name(hook), err);
+            if (!pl->quiet)
+                tg_log_warn("request %.*s: plugin %s failed in %s (generation %llu), fallback applied: %s",
+                            (int)ctx->request_id_len, ctx->request_id, name, tg_ffi_hook_name(hook),
+                            (unsigned long long)g->number, err);
+            fallback(ctx, hook, fail_closed, saved_model, saved_model_len, saved_group, saved_group_len);
+        }
+        lua_settop(L, top);
+        ctx->hook = -1;
+    }
+    if (hook == TG_HOOK_SELECT_ACCOUNT && ctx->naccounts > 0 && !ctx->reject_status) {
+        if (ctx->selected < 0 || ctx->accounts[ctx->selected].excluded)
+            ctx->selected = tg_plugins_default_select(ctx);
+        if (ctx->selected < 0) {
+            ctx->reject_status = 503;
+            snprintf(ctx->reject_code, sizeof(ctx->reject_code), "no_available_account");
+            snprintf(ctx->reject_message, sizeof(ctx->reject_message),
+                     "no upstream account is available for this request");
+        }
+    }
+    if (ctx->reject_status && hook <= TG_HOOK_SELECT_ACCOUNT)
+        return TG_DONE;
+    return TG_OK;
+}
+
+void tg_plugins_log_json(const tg_hookctx_t *ctx, tg_buf_t *b) {
+    tg_buf_printf(b, ",\"plugins\":{\"generation\":%llu,\"errors\":%d", (unsigned long long)ctx->generation,
+                  ctx->plugin_errors);
+    if (ctx->log_fields_len)
+        tg_buf_append(b, ctx->log_fields, ctx->log_fields_len);
+    tg_buf_appends(b, "}");
+}
+
+/* ---- validation --------------------------------------------------------------------- */
+
+void tg__plugins_sample_ctx(tg_hookctx_t *ctx, tg_ffi_account_t *accts) {
+    static const tg_ffi_header_t headers[] = {
+        {"content-type", 12, "application/json", 16},
+        {"x-tenant", 8, "sample-tenant", 13},
+    };
+    static const char *const ids[] = {"sample-a", "sample-b", "sample-c"};
+    static const char *const regions[] = {"us", "eu", "us"};
+    ctx->request_id = "dry-run";
+    ctx->request_id_len = 7;
+    ctx->route = "chat";
+    ctx->route_len = 4;
+    ctx->protocol = "openai_chat";
+    ctx->protocol_len = 11;
+    ctx->key_id = "sample-key";
+    ctx->key_id_len = 10;
+    ctx->tenant_id = "sample-tenant";
+    ctx->tenant_id_len = 13;
+    ctx->headers = headers;
+    ctx->nheaders = 2;
+    ctx->max_tokens = 256;
+    tg_plugins_ctx_set_model(ctx, "gpt-4o-mini", 11);
+    memcpy(ctx->group, "default", 8);
+    ctx->group_len = 7;
+    for (int i = 0; i < 3; i++) {
+        accts[i] = (tg_ffi_account_t){
+            .id = ids[i], .id_len = strlen(ids[i]), .region = regions[i], .region_len = 2,
+            .priority = i == 2 ? 0 : 1, .inflight = i, .max_concurrency = 10, .queued = 0,
+            .error_ewma = 0.01 * i, .ttft_ewma_ms = 300 + 100 * i, .reset_in_ms = -1, .cost = 1 + i,
+        };
+    }
+    ctx->accounts = accts;
+    ctx->naccounts = 3;
+    ctx->attempt = 1;
+    ctx->upstream_status = 503;
+    ctx->elapsed_ms = 120;
+    ctx->deadline_ms = 60000;
+    ctx->limits = TG_LIMIT_RATE | TG_LIMIT_MONEY;
+    ctx->usage_input = 1000;
+    ctx->usage_output = 200;
+    ctx->usage_cache_read = 100;
+    ctx->usage_reasoning = 50;
+    ctx->usage_known = 1 | 2 | 4 | 16;
+    ctx->status = 200;
+    ctx->ttft_ms = 350;
+    ctx->total_ms = 1200;
+}
+
+int tg__plugins_validate(tg_plugin_src_t *src, char *err, size_t errlen) {
+    tg_plugins_t *pl = tg__plugins_new(NULL, 0, 1, src->max_instructions, src->max_hook_ms, err, errlen);
+    if (!pl)
+        return TG_ERROR;
+    pl->quiet = 1;
+    int rc = tg__plugins_install(pl, src, err, errlen);
+    if (rc == TG_OK) {
+        /* A dry call of every hook on a sample request. */
+        for (int h = 0; h < TG_HOOK__COUNT && rc == TG_OK; h++) {
+            tg_hookctx_t ctx;
+            tg_ffi_account_t accts[3];
+            tg_plugins_begin(pl, &ctx);
+            tg__plugins_sample_ctx(&ctx, accts);
+            if (h == TG_HOOK_ON_UPSTREAM_ERROR || h == TG_HOOK_ON_LIMITER_DOWN)
+                ctx.now_ms = (double)tg_wall_ms();
+            tg_plugins_run(pl, h, &ctx);
+            if (ctx.plugin_errors) {
+                snprintf(err, errlen, "%s (dry run on a sample request)", pl->last_hook_error);
+                rc = TG_ERROR;
+            }
+            tg_plugins_end(pl, &ctx);
+        }
+    }
+    if (rc == TG_OK) {
+        /* Record what each plugin declared, for the status and `tollgate check`. */
+        lua_State *L = pl->L;
+        lua_rawgeti(L, LUA_REGISTRYINDEX, pl->current->gen_ref);
+        lua_getfield(L, -1, "plugins");
+        int n = (int)lua_objlen(L, -1);
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, i);
+            lua_getfield(L, -1, "name");
+            const char *name = lua_tostring(L, -1);
+            for (size_t k = 0; name && k < src->n; k++) {
+                tg_plugin_src_plugin_t *p = &src->p[k];
+                if (strcmp(p->name, name) != 0)
+                    continue;
+                lua_getfield(L, -2, "version");
+                free(p->version);
+                p->version = strdup(lua_tostring(L, -1) ? lua_tostring(L, -1) : "");
+                lua_getfield(L, -3, "priority");
+                p->priority = (long)lua_tonumber(L, -1);
+                lua_getfield(L, -4, "hooks");
+                tg_buf_t b;
+                tg_buf_init(&b);
+                int nh = (int)lua_objlen(L, -1);
+                for (int j = 1; j <= nh; j++) {
+                    lua_rawgeti(L, -1, j);
+                    if (j > 1)
+                        tg_buf_appends(&b, ",");
+                    tg_buf_appends(&b, lua_tostring(L, -1));
+                    lua_pop(L, 1);
+                }
+                free(p->hooks);
+                p->hooks = strdup(b.data ? b.data : "");
+                tg_buf_free(&b);
+                lua_pop(L, 3);
+            }
+            lua_pop(L, 2);
+        }
+        lua_pop(L, 2);
+    }
+    tg__plugins_free(pl);
+    return rc;
+}
+
+/* ---- worker handles ----------------------------------------------------------------- */
+
+/* A destroyed runtime goes once its handles are closed and its last request ended. */
+static void maybe_free(tg_plugins_t *pl) {
+    if (pl->destroyed && pl->open_handles == 0 && pl->live == 0)
+        tg__plugins_free(pl);
+}
+
+static void handle_closed(uv_handle_t *h) {
+    tg_plugins_t *pl = h->data;
+    pl->open_handles--;
+    maybe_free(pl);
+}
+
+static void on_async(uv_async_t *a) {
+    tg_plugins_t *pl = a->data;
+    tg_plugin_src_t *src = tg__plugins_current_src();
+    if (!src)
+        return;
+    if (!pl->src || src->number != pl->src->number) {
+        char err[512];
+        if (tg__plugins_install(pl, src, err, sizeof(err)) != TG_OK) {
+            snprintf(pl->last_error, sizeof(pl->last_error), "%s", err);
+            tg_log_error("plugins: worker %d: generation %llu refused, keeping %llu: %s", pl->worker,
+                         (unsigned long long)src->number, (unsigned long long)atomic_load(&pl->generation), err);
+        } else {
+            pl->last_error[0] = '\0';
+            tg_log_debug("plugins: worker %d: now on generation %llu", pl->worker, (unsigned long long)src->number);
+        }
+    }
+    tg__plugin_src_unref(src);
+}
+
+static void reload_from(const char *trigger) {
+    char err[512];
+    long n = tg__plugins_reload(trigger, err, sizeof(err));
+    if (n > 0)
+        tg_log_info("plugins: generation %ld loaded (%s)", n, trigger);
+}
+
+static void on_sighup(uv_signal_t *s, int signum) {
+    TG_UNUSED(s);
+    TG_UNUSED(signum);
+    reload_from("sighup");
+}
+
+static void on_debounce(uv_timer_t *t) {
+    TG_UNUSED(t);
+    reload_from("watch");
+}
+
+static void on_fs_event(uv_fs_event_t *h, const char *filename, int events, int status) {
+    TG_UNUSED(filename);
+    TG_UNUSED(events);
+    tg_plugins_t *pl = h->data;
+    if (status < 0)
+        return;
+    /* Editors write a file in several steps: reload once they have settled. */
+    uv_timer_start(&pl->debounce, on_debounce, 50, 0);
+}
+
+static void watch_path(tg_plugins_t *pl, const char *path) {
+    uv_fs_event_t *w = &pl->watches[pl->nwatches];
+    if (uv_fs_event_init(pl->loop, w) != 0)
+        return;
+    w->data = pl;
+    pl->open_handles++;
+    pl->nwatches++;
+    int r = uv_fs_event_start(w, on_fs_event, path, 0);
+    if (r < 0)
+        tg_log_debug("plugins: not watching %s: %s", path, uv_strerror(r));
+    uv_unref((uv_handle_t *)w);
+}
+
+static void start_watches(tg_plugins_t *pl, const tg_plugins_config_t *cfg) {
+    /* inotify is not recursive: watch each folder and each enabled plugin's folder. */
+    pl->watches = calloc(cfg->ndirs * (cfg->nenabled + 1) + 1, sizeof(uv_fs_event_t));
+    for (size_t d = 0; d < cfg->ndirs; d++) {
+        watch_path(pl, cfg->dirs[d]);
+        for (size_t i = 0; i < cfg->nenabled; i++) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/%s", cfg->dirs[d], cfg->enabled[i].name);
+            uv_fs_t req;
+            int r = uv_fs_stat(NULL, &req, path, NULL);
+            int is_dir = r == 0 && (req.statbuf.st_mode & S_IFMT) == S_IFDIR;
+            uv_fs_req_cleanup(&req);
+            if (is_dir)
+                watch_path(pl, path);
+        }
+    }
+}
+
+tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers) {
+    const tg_plugins_config_t *cfg = tg__plugins_global_cfg();
+    tg_plugin_src_t *src = tg__plugins_current_src();
+    if (!cfg || !src) {
+        tg_log_error("plugins: tg_plugins_global_init was not called");
+        return NULL;
+    }
+    char err[512];
+    tg_plugins_t *pl = tg__plugins_new(loop, worker, nworkers, src->max_instructions, src->max_hook_ms, err,
+                                       sizeof(err));
+    if (!pl || tg__plugins_install(pl, src, err, sizeof(err)) != TG_OK) {
+        tg_log_error("plugins: worker %d: %s", worker, err);
+        tg__plugins_free(pl);
+        tg__plugin_src_unref(src);
+        return NULL;
+    }
+    tg__plugin_src_unref(src);
+    uv_async_init(loop, &pl->async, on_async);
+    pl->async.data = pl;
+    pl->open_handles++;
+    pl->has_async = 1;
+    uv_unref((uv_handle_t *)&pl->async);
+    if (worker == 0) {
+        uv_signal_init(loop, &pl->sighup);
+        pl->sighup.data = pl;
+        pl->open_handles++;
+        pl->has_signal = 1;
+        uv_signal_start(&pl->sighup, on_sighup, SIGHUP);
+        uv_unref((uv_handle_t *)&pl->sighup);
+        uv_timer_init(loop, &pl->debounce);
+        pl->debounce.data = pl;
+        pl->open_handles++;
+        pl->has_timer = 1;
+        uv_unref((uv_handle_t *)&pl->debounce);
+        if (cfg->watch)
+            start_watches(pl, cfg);
+    }
+    tg__plugins_register(pl);
+    /* A reload may have been published between reading src and registering. */
+    uv_async_send(&pl->async);
+    return pl;
+}
+
+void tg_plugins_destroy(tg_plugins_t *pl) {
+    if (!pl)
+        return;
+    tg__plugins_unregister(pl);
+    pl->destroyed = 1;
+    if (!pl->open_handles) {
+        maybe_free(pl);
+        return;
+    }
+    if (pl->has_async)
+        uv_close((uv_handle_t *)&pl->async, handle_closed);
+    if (pl->has_signal)
+        uv_close((uv_handle_t *)&pl->sighup, handle_closed);
+    if (pl->has_timer)
+        uv_close((uv_handle_t *)&pl->debounce, handle_closed);
+    for (int i = 0; i < pl->nwatches; i++)
+        uv_close((uv_handle_t *)&pl->watches[i], handle_closed);
+}

@@ -1,0 +1,635 @@
+/*
+ * The process-wide half of the plugin runtime: the `plugins` config section, reading
+ * plugin files into an immutable source snapshot, reloads (validate once, publish,
+ * wake every worker), the status JSON for the admin API, and `tollgate check`.
+ *
+ * Everything here may run on any thread; one mutex guards the registry of worker
+ * runtimes, the published source and the last reload's result. Reloads are
+ * serialized by a second mutex so two triggers never validate at the same time.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "tg_plugin_internal.h"
+
+/* ---- config ------------------------------------------------------------------------- */
+
+void tg_plugins_config_defaults(tg_plugins_config_t *out) {
+    memset(out, 0, sizeof(*out));
+    out->dirs = calloc(3, sizeof(char *));
+    out->dirs[0] = strdup("plugins");
+    out->dirs[1] = strdup("policies");
+    out->ndirs = 2;
+    out->watch = 1;
+    out->max_instructions = 1000000;
+    out->max_hook_ms = 50;
+}
+
+void tg_plugins_config_free(tg_plugins_config_t *cfg) {
+    for (size_t i = 0; i < cfg->ndirs; i++)
+        free(cfg->dirs[i]);
+    free(cfg->dirs);
+    for (size_t i = 0; i < cfg->nenabled; i++) {
+        free(cfg->enabled[i].name);
+        free(cfg->enabled[i].config_lua);
+    }
+    free(cfg->enabled);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+static void config_copy(tg_plugins_config_t *dst, const tg_plugins_config_t *src) {
+    *dst = *src;
+    dst->dirs = calloc(src->ndirs + 1, sizeof(char *));
+    for (size_t i = 0; i < src->ndirs; i++)
+        dst->dirs[i] = strdup(src->dirs[i]);
+    dst->enabled = calloc(src->nenabled + 1, sizeof(*dst->enabled));
+    for (size_t i = 0; i < src->nenabled; i++) {
+        dst->enabled[i].name = strdup(src->enabled[i].name);
+        dst->enabled[i].config_lua = strdup(src->enabled[i].config_lua);
+    }
+}
+
+static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ...) {
+    int n = snprintf(err, errlen, "config: %s: ", path);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < errlen)
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return TG_ERROR;
+}
+
+/* Writes the Lua value at `idx` as a Lua constructor. Only data: no functions. */
+static int serialize(lua_State *L, int idx, tg_buf_t *b, const char *path, int depth, char *err, size_t errlen) {
+    idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        tg_buf_appends(b, "\"");
+        for (size_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)s[i];
+            if (c == '"' || c == '\\')
+                tg_buf_printf(b, "\\%c", c);
+            else if (c < 0x20 || c >= 0x7f)
+                tg_buf_printf(b, "\\%03u", c);
+            else
+                tg_buf_append(b, &s[i], 1);
+        }
+        tg_buf_appends(b, "\"");
+        return TG_OK;
+    }
+    case LUA_TNUMBER:
+        tg_buf_printf(b, "%.17g", lua_tonumber(L, idx));
+        return TG_OK;
+    case LUA_TBOOLEAN:
+        tg_buf_appends(b, lua_toboolean(L, idx) ? "true" : "false");
+        return TG_OK;
+    case LUA_TTABLE:
+        break;
+    default:
+        return cfail(err, errlen, path, "expected data (string, number, boolean, table), got %s",
+                     luaL_typename(L, idx));
+    }
+    if (depth > 32)
+        return cfail(err, errlen, path, "nested too deeply");
+    tg_buf_appends(b, "{");
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        char sub[512];
+        int kt = lua_type(L, -2);
+        if (kt == LUA_TSTRING) {
+            snprintf(sub, sizeof(sub), "%s.%s", path, lua_tostring(L, -2));
+        } else if (kt == LUA_TNUMBER) {
+            snprintf(sub, sizeof(sub), "%s[%g]", path, lua_tonumber(L, -2));
+        } else {
+            lua_pop(L, 2);
+            return cfail(err, errlen, path, "table keys must be strings or numbers");
+        }
+        tg_buf_appends(b, "[");
+        lua_pushvalue(L, -2);
+        int rc = serialize(L, -1, b, sub, depth + 1, err, errlen);
+        lua_pop(L, 1);
+        tg_buf_appends(b, "]=");
+        rc = rc ?: serialize(L, -1, b, sub, depth + 1, err, errlen);
+        if (rc) {
+            lua_pop(L, 2);
+            return rc;
+        }
+        tg_buf_appends(b, ",");
+        lua_pop(L, 1);
+    }
+    tg_buf_appends(b, "}");
+    return TG_OK;
+}
+
+static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *err, size_t errlen) {
+    if (!lua_istable(L, t))
+        return cfail(err, errlen, "plugins.enabled", "expected a list of {name=..., config={...}}, got %s",
+                     luaL_typename(L, t));
+    size_t n = lua_objlen(L, t);
+    out->enabled = calloc(n + 1, sizeof(*out->enabled));
+    for (size_t i = 1; i <= n; i++) {
+        char path[64];
+        snprintf(path, sizeof(path), "plugins.enabled[%zu]", i);
+        lua_rawgeti(L, t, (int)i);
+        int e = lua_gettop(L);
+        if (lua_type(L, e) == LUA_TSTRING) {
+            /* Shorthand: "model-map" means {name = "model-map"}. */
+            for (size_t k = 0; k < out->nenabled; k++)
+                if (!strcmp(out->enabled[k].name, lua_tostring(L, e))) {
+                    int rc = cfail(err, errlen, path, "name: \"%s\" is enabled twice", lua_tostring(L, e));
+                    lua_pop(L, 1);
+                    return rc;
+                }
+            out->enabled[out->nenabled].name = strdup(lua_tostring(L, e));
+            out->enabled[out->nenabled++].config_lua = strdup("{}");
+            lua_pop(L, 1);
+            continue;
+        }
+        if (!lua_istable(L, e)) {
+            lua_pop(L, 1);
+            return cfail(err, errlen, path, "expected {name=..., config={...}}, got %s", luaL_typename(L, e));
+        }
+        lua_pushnil(L);
+        while (lua_next(L, e)) {
+            lua_pop(L, 1);
+            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
+            if (strcmp(k, "name") != 0 && strcmp(k, "config") != 0) {
+                char key[128];
+                snprintf(key, sizeof(key), "%s", k);
+                lua_pop(L, 2);
+                return cfail(err, errlen, path, "unknown key \"%s\" (expected name, config)", key);
+            }
+        }
+        lua_getfield(L, e, "name");
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            const char *tn = luaL_typename(L, -1);
+            lua_pop(L, 2);
+            return cfail(err, errlen, path, "name: expected string, got %s", tn);
+        }
+        const char *name = lua_tostring(L, -1);
+        for (const char *c = name; *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_')) {
+                lua_pop(L, 2);
+                return cfail(err, errlen, path, "name: \"%s\" may hold only a-z, 0-9, - and _", name);
+            }
+        for (size_t k = 0; k < out->nenabled; k++)
+            if (!strcmp(out->enabled[k].name, name)) {
+                lua_pop(L, 2);
+                return cfail(err, errlen, path, "name: \"%s\" is enabled twice", name);
+            }
+        tg_plugin_enable_t *pe = &out->enabled[out->nenabled++];
+        pe->name = strdup(name);
+        lua_pop(L, 1);
+        lua_getfield(L, e, "config");
+        tg_buf_t b;
+        tg_buf_init(&b);
+        char cpath[160];
+        snprintf(cpath, sizeof(cpath), "plugins.%s.config", name);
+        int rc = TG_OK;
+        if (lua_isnil(L, -1))
+            tg_buf_appends(&b, "{}");
+        else if (!lua_istable(L, -1))
+            rc = cfail(err, errlen, cpath, "expected table, got %s", luaL_typename(L, -1));
+        else
+            rc = serialize(L, -1, &b, cpath, 0, err, errlen);
+        pe->config_lua = strdup(b.data ? b.data : "{}");
+        tg_buf_free(&b);
+        lua_pop(L, 2);
+        if (rc)
+            return rc;
+    }
+    return TG_OK;
+}
+
+int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, char *err, size_t errlen) {
+    tg_plugins_config_defaults(out);
+    int t = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+    int rc = TG_OK;
+    if (!lua_istable(L, t)) {
+        rc = cfail(err, errlen, "plugins", "expected table, got %s", luaL_typename(L, t));
+        goto done;
+    }
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
+        static const char *const keys[] = {"dirs", "enabled", "watch", "max_instructions", "max_hook_ms", NULL};
+        int ok = 0;
+        for (const char *const *a = keys; *a; a++)
+            ok |= strcmp(*a, k) == 0;
+        if (!ok) {
+            char path[160];
+            snprintf(path, sizeof(path), "plugins.%s", k);
+            lua_pop(L, 1);
+            rc = cfail(err, errlen, path, "unknown key");
+            goto done;
+        }
+    }
+    lua_getfield(L, t, "dirs");
+    if (!lua_isnil(L, -1)) {
+        if (!lua_istable(L, -1)) {
+            rc = cfail(err, errlen, "plugins.dirs", "expected a list of folders, got %s", luaL_typename(L, -1));
+            lua_pop(L, 1);
+            goto done;
+        }
+        for (size_t i = 0; i < out->ndirs; i++)
+            free(out->dirs[i]);
+        free(out->dirs);
+        size_t n = lua_objlen(L, -1);
+        out->dirs = calloc(n + 1, sizeof(char *));
+        out->ndirs = 0;
+        for (size_t i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, (int)i);
+            if (lua_type(L, -1) != LUA_TSTRING) {
+                char path[64];
+                snprintf(path, sizeof(path), "plugins.dirs[%zu]", i);
+                rc = cfail(err, errlen, path, "expected string, got %s", luaL_typename(L, -1));
+                lua_pop(L, 2);
+                goto done;
+            }
+            out->dirs[out->ndirs++] = strdup(lua_tostring(L, -1));
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "watch");
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TBOOLEAN)
+            rc = cfail(err, errlen, "plugins.watch", "expected boolean, got %s", luaL_typename(L, -1));
+        out->watch = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    if (rc)
+        goto done;
+    lua_getfield(L, t, "max_instructions");
+    if (!lua_isnil(L, -1)) {
+        double v = lua_tonumber(L, -1);
+        if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(long)v || v < 1000 || v > 1e10)
+            rc = cfail(err, errlen, "plugins.max_instructions", "expected a whole number from 1000 to 1e10");
+        out->max_instructions = (long)v;
+    }
+    lua_pop(L, 1);
+    if (rc)
+        goto done;
+    lua_getfield(L, t, "max_hook_ms");
+    if (!lua_isnil(L, -1)) {
+        double v = lua_tonumber(L, -1);
+        if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(int)v || v < 1 || v > 60000)
+            rc = cfail(err, errlen, "plugins.max_hook_ms", "expected a whole number from 1 to 60000");
+        out->max_hook_ms = (int)v;
+    }
+    lua_pop(L, 1);
+    if (rc)
+        goto done;
+    lua_getfield(L, t, "enabled");
+    if (!lua_isnil(L, -1))
+        rc = parse_enabled(L, lua_gettop(L), out, err, errlen);
+    lua_pop(L, 1);
+done:
+    if (rc)
+        tg_plugins_config_free(out);
+    return rc;
+}
+
+/* ---- reading plugin files ----------------------------------------------------------- */
+
+static char *read_file(const char *path, int *err_no) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *err_no = errno;
+        return NULL;
+    }
+    tg_buf_t b;
+    tg_buf_init(&b);
+    char chunk[8192];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        tg_buf_append(&b, chunk, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        *err_no = EIO;
+        tg_buf_free(&b);
+        return NULL;
+    }
+    if (!b.data)
+        tg_buf_append(&b, "", 0);
+    return b.data;
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+void tg__plugin_src_ref(tg_plugin_src_t *s) { atomic_fetch_add(&s->refs, 1); }
+
+void tg__plugin_src_unref(tg_plugin_src_t *s) {
+    if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    for (size_t i = 0; i < s->n; i++) {
+        tg_plugin_src_plugin_t *p = &s->p[i];
+        free(p->name);
+        free(p->handler_src);
+        free(p->handler_file);
+        free(p->schema_src);
+        free(p->schema_file);
+        free(p->config_src);
+        free(p->version);
+        free(p->hooks);
+    }
+    free(s->p);
+    free(s);
+}
+
+tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, char *err, size_t errlen) {
+    tg_plugin_src_t *s = calloc(1, sizeof(*s));
+    atomic_init(&s->refs, 1);
+    s->max_instructions = cfg->max_instructions;
+    s->max_hook_ms = cfg->max_hook_ms;
+    s->p = calloc(cfg->nenabled + 1, sizeof(*s->p));
+    for (size_t i = 0; i < cfg->nenabled; i++) {
+        const char *name = cfg->enabled[i].name;
+        tg_plugin_src_plugin_t *p = &s->p[s->n++];
+        p->name = strdup(name);
+        p->config_src = strdup(cfg->enabled[i].config_lua);
+        char path[4096];
+        int found = 0, e = 0;
+        for (size_t d = 0; d < cfg->ndirs && !found; d++) {
+            snprintf(path, sizeof(path), "%s/%s/handler.lua", cfg->dirs[d], name);
+            if (is_file(path)) {
+                found = 1;
+                p->handler_file = strdup(path);
+                snprintf(path, sizeof(path), "%s/%s/schema.lua", cfg->dirs[d], name);
+                if (is_file(path))
+                    p->schema_file = strdup(path);
+                break;
+            }
+            snprintf(path, sizeof(path), "%s/%s.lua", cfg->dirs[d], name);
+            if (is_file(path)) {
+                found = 1;
+                p->handler_file = strdup(path);
+            }
+        }
+        if (!found) {
+            tg_buf_t b;
+            tg_buf_init(&b);
+            for (size_t d = 0; d < cfg->ndirs; d++)
+                tg_buf_printf(&b, "%s%s", d ? ", " : "", cfg->dirs[d]);
+            snprintf(err, errlen, "plugins.%s: not found in %s (looked for <dir>/%s/handler.lua and <dir>/%s.lua)",
+                     name, b.data ? b.data : "(no dirs)", name, name);
+            tg_buf_free(&b);
+            tg__plugin_src_unref(s);
+            return NULL;
+        }
+        p->handler_src = read_file(p->handler_file, &e);
+        if (p->handler_src && p->schema_file)
+            p->schema_src = read_file(p->schema_file, &e);
+        if (!p->handler_src || (p->schema_file && !p->schema_src)) {
+            snprintf(err, errlen, "plugins.%s: %s: %s", name, p->schema_file && p->handler_src ? p->schema_file
+                                                                                              : p->handler_file,
+                     strerror(e));
+            tg__plugin_src_unref(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+/* ---- global state ------------------------------------------------------------------- */
+
+static struct {
+    uv_mutex_t mu;        /* registry, current, last result */
+    uv_mutex_t reload_mu; /* serializes reloads */
+    int inited;
+    tg_plugins_config_t cfg;
+    tg_plugin_src_t *current;
+    uint64_t next_number;
+    tg_plugins_t *workers;
+    /* The last reload. */
+    int last_ok;
+    uint64_t last_at_ms;
+    uint64_t last_generation;
+    char last_trigger[16];
+    char last_error[1024];
+    uint64_t reloads, reload_failures;
+} G;
+
+const tg_plugins_config_t *tg__plugins_global_cfg(void) { return G.inited ? &G.cfg : NULL; }
+
+tg_plugin_src_t *tg__plugins_current_src(void) {
+    if (!G.inited)
+        return NULL;
+    uv_mutex_lock(&G.mu);
+    tg_plugin_src_t *s = G.current;
+    if (s)
+        tg__plugin_src_ref(s);
+    uv_mutex_unlock(&G.mu);
+    return s;
+}
+
+void tg__plugins_register(tg_plugins_t *pl) {
+    uv_mutex_lock(&G.mu);
+    pl->next = G.workers;
+    G.workers = pl;
+    uv_mutex_unlock(&G.mu);
+}
+
+void tg__plugins_unregister(tg_plugins_t *pl) {
+    if (!G.inited)
+        return;
+    uv_mutex_lock(&G.mu);
+    for (tg_plugins_t **pp = &G.workers; *pp; pp = &(*pp)->next) {
+        if (*pp == pl) {
+            *pp = pl->next;
+            break;
+        }
+    }
+    uv_mutex_unlock(&G.mu);
+}
+
+static void record(const char *trigger, int ok, uint64_t number, const char *err) {
+    uv_mutex_lock(&G.mu);
+    G.last_ok = ok;
+    G.last_at_ms = tg_wall_ms();
+    G.last_generation = number;
+    snprintf(G.last_trigger, sizeof(G.last_trigger), "%s", trigger);
+    snprintf(G.last_error, sizeof(G.last_error), "%s", err ? err : "");
+    G.reloads++;
+    if (!ok)
+        G.reload_failures++;
+    uv_mutex_unlock(&G.mu);
+}
+
+/* Reads and validates; on success publishes as the next generation. */
+static long load_generation(const char *trigger, char *err, size_t errlen) {
+    tg_plugin_src_t *src = tg__plugin_src_read(&G.cfg, err, errlen);
+    if (!src || tg__plugins_validate(src, err, errlen) != TG_OK) {
+        tg__plugin_src_unref(src);
+        record(trigger, 0, 0, err);
+        return TG_ERROR;
+    }
+    uv_mutex_lock(&G.mu);
+    src->number = ++G.next_number;
+    tg_plugin_src_t *old = G.current;
+    G.current = src;
+    for (tg_plugins_t *w = G.workers; w; w = w->next)
+        uv_async_send(&w->async);
+    uv_mutex_unlock(&G.mu);
+    tg__plugin_src_unref(old);
+    record(trigger, 1, src->number, NULL);
+    return (long)src->number;
+}
+
+int tg_plugins_global_init(const tg_plugins_config_t *cfg, char *err, size_t errlen) {
+    if (G.inited)
+        tg_plugins_global_shutdown();
+    uv_mutex_init(&G.mu);
+    uv_mutex_init(&G.reload_mu);
+    config_copy(&G.cfg, cfg);
+    G.inited = 1;
+    if (load_generation("startup", err, errlen) < 0) {
+        tg_plugins_global_shutdown();
+        return TG_ERROR;
+    }
+    return TG_OK;
+}
+
+void tg_plugins_global_shutdown(void) {
+    if (!G.inited)
+        return;
+    tg__plugin_src_unref(G.current);
+    tg_plugins_config_free(&G.cfg);
+    uv_mutex_destroy(&G.mu);
+    uv_mutex_destroy(&G.reload_mu);
+    memset(&G, 0, sizeof(G));
+}
+
+long tg__plugins_reload(const char *trigger, char *err, size_t errlen) {
+    if (!G.inited) {
+        snprintf(err, errlen, "plugins are not initialised");
+        return TG_ERROR;
+    }
+    uv_mutex_lock(&G.reload_mu);
+    long n = load_generation(trigger, err, errlen);
+    uv_mutex_unlock(&G.reload_mu);
+    if (n < 0)
+        tg_log_error("plugins: reload (%s) refused, the current generation keeps serving: %s", trigger, err);
+    return n;
+}
+
+long tg_plugins_request_reload(char *err, size_t errlen) { return tg__plugins_reload("api", err, errlen); }
+
+/* ---- status ------------------------------------------------------------------------- */
+
+char *tg_plugins_status_json(void) {
+    json_t *root = json_object();
+    if (!G.inited) {
+        json_object_set_new(root, "enabled", json_false());
+        char *s = json_dumps(root, JSON_COMPACT);
+        json_decref(root);
+        return s;
+    }
+    uv_mutex_lock(&G.mu);
+    json_object_set_new(root, "enabled", json_true());
+    json_object_set_new(root, "generation", json_integer(G.current ? (json_int_t)G.current->number : 0));
+    json_t *plugins = json_array();
+    for (size_t i = 0; G.current && i < G.current->n; i++) {
+        const tg_plugin_src_plugin_t *p = &G.current->p[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(p->name));
+        json_object_set_new(o, "version", json_string(p->version ? p->version : ""));
+        json_object_set_new(o, "priority", json_integer(p->priority));
+        json_t *hooks = json_array();
+        if (p->hooks && *p->hooks) {
+            char *dup = strdup(p->hooks), *save = NULL;
+            for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+                json_array_append_new(hooks, json_string(tok));
+            free(dup);
+        }
+        json_object_set_new(o, "hooks", hooks);
+        json_object_set_new(o, "file", json_string(p->handler_file));
+        json_array_append_new(plugins, o);
+    }
+    json_object_set_new(root, "plugins", plugins);
+    json_t *last = json_object();
+    json_object_set_new(last, "ok", json_boolean(G.last_ok));
+    json_object_set_new(last, "trigger", json_string(G.last_trigger));
+    json_object_set_new(last, "at_ms", json_integer((json_int_t)G.last_at_ms));
+    json_object_set_new(last, "generation", G.last_ok ? json_integer((json_int_t)G.last_generation) : json_null());
+    json_object_set_new(last, "error", G.last_ok ? json_null() : json_string(G.last_error));
+    json_object_set_new(root, "last_reload", last);
+    json_object_set_new(root, "reloads", json_integer((json_int_t)G.reloads));
+    json_object_set_new(root, "reload_failures", json_integer((json_int_t)G.reload_failures));
+    uint64_t calls[TG_HOOK__COUNT] = {0}, errors[TG_HOOK__COUNT] = {0};
+    json_t *workers = json_array();
+    for (tg_plugins_t *w = G.workers; w; w = w->next) {
+        for (int h = 0; h < TG_HOOK__COUNT; h++) {
+            calls[h] += atomic_load_explicit(&w->calls[h], memory_order_relaxed);
+            errors[h] += atomic_load_explicit(&w->errors[h], memory_order_relaxed);
+        }
+        json_t *o = json_object();
+        json_object_set_new(o, "worker", json_integer(w->worker));
+        json_object_set_new(o, "generation", json_integer((json_int_t)atomic_load(&w->generation)));
+        json_array_insert_new(workers, 0, o);
+    }
+    json_object_set_new(root, "workers", workers);
+    json_t *hooks = json_object();
+    for (int h = 0; h < TG_HOOK__COUNT; h++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "calls", json_integer((json_int_t)calls[h]));
+        json_object_set_new(o, "errors", json_integer((json_int_t)errors[h]));
+        json_object_set_new(hooks, tg_ffi_hook_name(h), o);
+    }
+    json_object_set_new(root, "hooks", hooks);
+    json_object_set_new(root, "max_instructions", json_integer(G.cfg.max_instructions));
+    json_object_set_new(root, "max_hook_ms", json_integer(G.cfg.max_hook_ms));
+    uv_mutex_unlock(&G.mu);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+/* ---- check and admin validation ----------------------------------------------------- */
+
+int tg_plugins_check(const tg_plugins_config_t *cfg, FILE *out) {
+    char err[1024];
+    tg_plugin_src_t *src = tg__plugin_src_read(cfg, err, sizeof(err));
+    if (!src || tg__plugins_validate(src, err, sizeof(err)) != TG_OK) {
+        fprintf(out, "plugins: %s\n", err);
+        tg__plugin_src_unref(src);
+        return 2;
+    }
+    if (!src->n)
+        fprintf(out, "plugins ok: none enabled\n");
+    for (size_t i = 0; i < src->n; i++) {
+        const tg_plugin_src_plugin_t *p = &src->p[i];
+        fprintf(out, "plugin ok: %s %s (priority %ld, hooks %s) from %s\n", p->name, p->version ? p->version : "?",
+                p->priority, p->hooks && *p->hooks ? p->hooks : "none", p->handler_file);
+    }
+    tg__plugin_src_unref(src);
+    return 0;
+}
+
+int tg_plugins_validate_config(const tg_plugins_config_t *cfg, const char *name, const char *config_lua, char *err,
+                               size_t errlen) {
+    tg_plugins_config_t one = *cfg;
+    tg_plugin_enable_t e = {(char *)name, (char *)config_lua};
+    one.enabled = &e;
+    one.nenabled = 1;
+    tg_plugin_src_t *src = tg__plugin_src_read(&one, err, errlen);
+    if (!src)
+        return TG_ERROR;
+    int rc = tg__plugins_validate(src, err, errlen);
+    tg__plugin_src_unref(src);
+    return rc;
+}

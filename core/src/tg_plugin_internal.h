@@ -1,0 +1,107 @@
+/*
+ * Internals shared by the plugin runtime's files: tg_plugin.c (a worker's lua_State,
+ * generations, running hooks), tg_plugin_global.c (config, reading plugin files,
+ * reloads, status) and tg_plugin_workbench.c (`tollgate policy test`).
+ */
+#ifndef TOLLGATE_TG_PLUGIN_INTERNAL_H
+#define TOLLGATE_TG_PLUGIN_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "tollgate/tg_plugin.h"
+
+/** One plugin's files as read from disk, plus what validation learned about it. */
+typedef struct {
+    char *name;
+    char *handler_src, *handler_file;
+    char *schema_src, *schema_file; /* NULL for single-file policies */
+    char *config_src;
+    /* Filled by validation. */
+    char *version;
+    long priority;
+    char *hooks; /* comma-separated */
+} tg_plugin_src_plugin_t;
+
+/**
+ * An immutable snapshot of every enabled plugin's source: what a generation is built
+ * from. Shared by all workers (atomic reference count).
+ */
+typedef struct {
+    _Atomic int refs;
+    uint64_t number; /* the generation number, 0 until published */
+    size_t n;
+    tg_plugin_src_plugin_t *p;
+    long max_instructions;
+    int max_hook_ms;
+} tg_plugin_src_t;
+
+void tg__plugin_src_ref(tg_plugin_src_t *s);
+void tg__plugin_src_unref(tg_plugin_src_t *s);
+
+/** Reads the enabled plugins' files. NULL + err when one is missing or unreadable. */
+tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, char *err, size_t errlen);
+
+/** One worker's generation (the C side). Only its worker's thread touches it. */
+typedef struct tg_plugin_gen_s {
+    int refs; /* requests holding it, plus one while it is current */
+    uint64_t number;
+    int gen_ref;
+    int dispatch_ref[TG_HOOK__COUNT];
+    tg_plugins_t *owner;
+} tg_plugin_gen_t;
+
+struct tg_plugins_s {
+    lua_State *L;
+    uv_loop_t *loop; /* NULL for offline runtimes (validation, check, workbench) */
+    int worker, nworkers;
+    tg_plugin_gen_t *current;
+    tg_plugin_src_t *src; /* the source `current` was built from */
+    long max_instructions;
+    int max_hook_ms;
+    int runtime_ref;
+    int quiet; /* do not log plugin errors (dry runs) */
+    char last_error[512];
+    /* Counters read by the status JSON from other threads. */
+    _Atomic uint64_t calls[TG_HOOK__COUNT];
+    _Atomic uint64_t errors[TG_HOOK__COUNT];
+    _Atomic uint64_t generation;
+    /* Worker handles. */
+    uv_async_t async;
+    uv_signal_t sighup;
+    uv_timer_t debounce;
+    uv_fs_event_t *watches;
+    int nwatches;
+    int open_handles;
+    int live;      /* requests holding one of its generations */
+    int destroyed; /* tg_plugins_destroy was called */
+    int has_async, has_signal, has_timer;
+    struct tg_plugins_s *next; /* global registry */
+    /* The last hook failure, for callers that want it (dry run, workbench). */
+    char last_hook_error[512];
+};
+
+/** Creates a runtime (state + Lua half) without building a generation. */
+tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long max_instructions,
+                              int max_hook_ms, char *err, size_t errlen);
+/** Frees an offline runtime at once (no handles). */
+void tg__plugins_free(tg_plugins_t *pl);
+/** Builds generation `src` in pl and makes it current. TG_OK or TG_ERROR + err. */
+int tg__plugins_install(tg_plugins_t *pl, tg_plugin_src_t *src, char *err, size_t errlen);
+/**
+ * Validates src in a scratch runtime: build, then a dry call of every hook on a sample
+ * context. Fills the plugins' version/priority/hooks. TG_OK or TG_ERROR + err.
+ */
+int tg__plugins_validate(tg_plugin_src_t *src, char *err, size_t errlen);
+/** Fills a sample context (3 accounts) for dry runs; `accts` must hold 3. */
+void tg__plugins_sample_ctx(tg_hookctx_t *ctx, tg_ffi_account_t *accts);
+
+/** Global registry of worker runtimes (for reload fan-out and status). */
+void tg__plugins_register(tg_plugins_t *pl);
+void tg__plugins_unregister(tg_plugins_t *pl);
+/** The published source (a new reference), or NULL. */
+tg_plugin_src_t *tg__plugins_current_src(void);
+const tg_plugins_config_t *tg__plugins_global_cfg(void);
+/** Reload with a trigger name for the status ("watch", "sighup", "api"). */
+long tg__plugins_reload(const char *trigger, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,426 @@
+/*
+ * Unit tests of the plugin runtime (core/src/tg_plugin*.c, tg_ffi.c, core/lua/): the
+ * `plugins` config section, hooks and their defaults and fallbacks, API phase checks,
+ * the sandbox, the instruction budget against endless loops, generations (a request
+ * keeps the one it began with; a broken one is refused whole), the status JSON, and
+ * that every shipped plugin and example policy passes validation.
+ *
+ * Plugin files are written to a fresh temp folder per test. Needs the test binary to
+ * export its symbols (spec/plugins.cmake) so LuaJIT's ffi.C finds tg_ffi_*.
+ */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tg_test.h"
+#include "tollgate/tg_plugin.h"
+
+#ifndef TG_SOURCE_DIR
+#define TG_SOURCE_DIR "."
+#endif
+
+static char dir[256];
+
+static void write_file(const char *rel, const char *text) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, rel);
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    mkdir(path, 0700);
+    *slash = '/';
+    char tmp[600];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    ASSERT(f);
+    fputs(text, f);
+    fclose(f);
+    ASSERT(rename(tmp, path) == 0);
+}
+
+static void make_dir(void) {
+    snprintf(dir, sizeof(dir), "/tmp/tg-plugin-test-XXXXXX");
+    ASSERT(mkdtemp(dir));
+}
+
+/* Parses `plugins = <lua>` the way tg_config.c does. */
+static int parse(const char *lua, tg_plugins_config_t *cfg, char *err, size_t errlen) {
+    lua_State *L = luaL_newstate();
+    luaL_openlibs(L);
+    char src[8192];
+    snprintf(src, sizeof(src), "return %s", lua);
+    ASSERT(luaL_loadstring(L, src) == 0);
+    ASSERT(lua_pcall(L, 0, 1, 0) == 0);
+    int rc = tg_plugins_config_from_lua(L, -1, cfg, err, errlen);
+    lua_close(L);
+    return rc;
+}
+
+/* A config with the temp dir and the given enabled list (a Lua expression). */
+static void init_with(const char *enabled, tg_plugins_config_t *cfg) {
+    char lua[4096], err[512];
+    snprintf(lua, sizeof(lua), "{dirs = {\"%s\"}, watch = false, max_instructions = 100000, enabled = %s}", dir,
+             enabled);
+    if (parse(lua, cfg, err, sizeof(err)) != TG_OK) {
+        fprintf(stderr, "%s\n", err);
+        ASSERT(0);
+    }
+}
+
+static tg_plugins_t *start(const char *enabled, uv_loop_t *loop) {
+    tg_plugins_config_t cfg;
+    init_with(enabled, &cfg);
+    char err[1024];
+    if (tg_plugins_global_init(&cfg, err, sizeof(err)) != TG_OK) {
+        fprintf(stderr, "%s\n", err);
+        ASSERT(0);
+    }
+    tg_plugins_config_free(&cfg);
+    uv_loop_init(loop);
+    tg_plugins_t *pl = tg_plugins_create(loop, 0, 1);
+    ASSERT(pl);
+    return pl;
+}
+
+static void stop(tg_plugins_t *pl, uv_loop_t *loop) {
+    tg_plugins_destroy(pl);
+    uv_run(loop, UV_RUN_DEFAULT);
+    ASSERT(uv_loop_close(loop) == 0);
+    tg_plugins_global_shutdown();
+}
+
+/* Runs the loop until the async wake-ups sent so far are handled. */
+static void timer_cb(uv_timer_t *t) { uv_close((uv_handle_t *)t, NULL); }
+static void pump(uv_loop_t *loop) {
+    uv_timer_t t;
+    uv_timer_init(loop, &t);
+    uv_timer_start(&t, timer_cb, 5, 0);
+    uv_run(loop, UV_RUN_DEFAULT);
+}
+
+static void begin(tg_plugins_t *pl, tg_hookctx_t *ctx, const char *model) {
+    tg_plugins_begin(pl, ctx);
+    ctx->request_id = "req-1";
+    ctx->request_id_len = 5;
+    tg_plugins_ctx_set_model(ctx, model, strlen(model));
+}
+
+TG_TEST(plugin, config_parses_and_reports_errors) {
+    tg_plugins_config_t cfg;
+    char err[512];
+    ASSERT_EQ_INT(parse("{enabled = {{name = \"model-map\", config = {aliases = {[\"gpt-4\"] = \"gpt-4o\"}}},"
+                        " \"router\"}, max_instructions = 5000}",
+                        &cfg, err, sizeof(err)),
+                  TG_OK);
+    ASSERT_EQ_INT(cfg.nenabled, 2);
+    ASSERT_EQ_STR(cfg.enabled[0].name, "model-map");
+    ASSERT_EQ_STR(cfg.enabled[0].config_lua, "{[\"aliases\"]={[\"gpt-4\"]=\"gpt-4o\",},}");
+    ASSERT_EQ_STR(cfg.enabled[1].config_lua, "{}");
+    ASSERT_EQ_INT(cfg.ndirs, 2);
+    ASSERT_EQ_STR(cfg.dirs[1], "policies");
+    ASSERT_EQ_INT(cfg.max_instructions, 5000);
+    ASSERT_EQ_INT(cfg.watch, 1);
+    tg_plugins_config_free(&cfg);
+
+    ASSERT_EQ_INT(parse("{enabled = {{name = 3}}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.enabled[1]: name: expected string, got number");
+    ASSERT_EQ_INT(parse("{enabled = {{name = \"x\", config = \"no\"}}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.x.config: expected table, got string");
+    ASSERT_EQ_INT(parse("{enabled = {{name = \"x\", config = {f = print}}}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT(strstr(err, "plugins.x.config.f: expected data") != NULL);
+    ASSERT_EQ_INT(parse("{enable = {}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.enable: unknown key");
+    ASSERT_EQ_INT(parse("{enabled = {\"a\", \"a\"}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.enabled[2]: name: \"a\" is enabled twice");
+}
+
+static const char stamp_plugin[] =
+    "local tollgate = require('tollgate')\n"
+    "return { name = 'stamp', priority = 10, version = 'V1',\n"
+    "  on_request = function(ctx, conf)\n"
+    "    if ctx:header('x-block') then return ctx:reject(403, 'blocked', 'no entry') end\n"
+    "    ctx:add_header('x-stamp', 'V1')\n"
+    "  end,\n"
+    "  map_model = function(ctx, conf) ctx:set_model(conf.prefix .. ctx:model()) end,\n"
+    "  price = function(ctx) ctx:set_cost(ctx:usage().input or 0) end,\n"
+    "}\n";
+static const char stamp_schema[] =
+    "return { fields = { prefix = { type = 'string', default = 'p/' } } }\n";
+
+TG_TEST(plugin, hooks_change_the_context) {
+    make_dir();
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", stamp_schema);
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{{name = 'stamp', config = {prefix = 'x/'}}}", &loop);
+
+    tg_hookctx_t ctx;
+    begin(pl, &ctx, "gpt-4o");
+    ASSERT_EQ_INT(ctx.generation, 1);
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_OK);
+    ASSERT_EQ_STR(ctx.resp_headers, "x-stamp: V1\r\n");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &ctx), TG_OK);
+    ASSERT_EQ_STR(ctx.model, "x/gpt-4o");
+    ASSERT_EQ_STR(ctx.original_model, "gpt-4o");
+    ctx.usage_input = 1234;
+    ctx.usage_known = 1;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_PRICE, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.cost_nanousd, 1234);
+    /* No plugin implements these: the defaults. */
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.limiter_decision, TG_LIMITER_CLOSED);
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.retry_action, TG_RETRY_GIVE_UP);
+    ASSERT_EQ_INT(ctx.plugin_errors, 0);
+    tg_plugins_end(pl, &ctx);
+
+    tg_ffi_header_t h = {"X-Block", 7, "1", 1};
+    begin(pl, &ctx, "gpt-4o");
+    ctx.headers = &h;
+    ctx.nheaders = 1;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_DONE);
+    ASSERT_EQ_INT(ctx.reject_status, 403);
+    ASSERT_EQ_STR(ctx.reject_code, "blocked");
+    ASSERT_EQ_STR(ctx.reject_message, "no entry");
+    tg_plugins_end(pl, &ctx);
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin, api_outside_its_hook_is_refused_and_falls_back) {
+    make_dir();
+    write_file("bad.lua",
+               "return { name = 'bad', priority = 1, version = '1',\n"
+               "  map_model = function(ctx) ctx:set_model('changed'); ctx:set_cost(5) end,\n"
+               "  price = function(ctx) error('boom') end,\n"
+               "  on_upstream_error = function(ctx) ctx:retry('other', 10) end }\n");
+    uv_loop_t loop;
+    /* The dry run would refuse this plugin: install it behind validation's back. */
+    tg_plugins_config_t cfg;
+    init_with("{'bad'}", &cfg);
+    char err[1024];
+    ASSERT_EQ_INT(tg_plugins_global_init(&cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT(strstr(err, "plugins.bad.map_model:") != NULL);
+    ASSERT(strstr(err, "API set_cost disabled in the context of map_model") != NULL);
+    ASSERT(strstr(err, "dry run") != NULL);
+    tg_plugins_config_free(&cfg);
+
+    /* A plugin that fails only on real traffic: falls back, counted. */
+    write_file("bad.lua",
+               "return { name = 'bad', priority = 1, version = '1',\n"
+               "  map_model = function(ctx)\n"
+               "    ctx:set_model('changed')\n"
+               "    if ctx:model() ~= 'changed' or ctx:original_model() == 'gpt-4o-mini' then return end\n"
+               "    ctx:set_cost(5)\n"
+               "  end,\n"
+               "  price = function(ctx) if ctx:usage().input == 7 then error('boom') end end,\n"
+               "  on_upstream_error = function(ctx) ctx:retry('other', 10) end }\n");
+    tg_plugins_t *pl = start("{'bad'}", &loop);
+    tg_hookctx_t ctx;
+    begin(pl, &ctx, "gpt-4o");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &ctx), TG_OK);
+    ASSERT_EQ_STR(ctx.model, "gpt-4o"); /* restored */
+    ASSERT_EQ_INT(ctx.plugin_errors, 1);
+    ctx.usage_input = 7;
+    ctx.usage_known = 1;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_PRICE, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.cost_nanousd, -1); /* unpriced */
+    ASSERT_EQ_INT(ctx.plugin_errors, 2);
+    ctx.bytes_sent = 1; /* a retry after bytes reached the client is refused */
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.retry_action, TG_RETRY_GIVE_UP);
+    ctx.bytes_sent = 0;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.retry_action, TG_RETRY_OTHER);
+    ASSERT_EQ_INT(ctx.retry_delay_ms, 10);
+    tg_plugins_end(pl, &ctx);
+
+    char *status = tg_plugins_status_json();
+    ASSERT(strstr(status, "\"map_model\":{\"calls\":1,\"errors\":1}") != NULL);
+    ASSERT(strstr(status, "\"price\":{\"calls\":1,\"errors\":1}") != NULL);
+    free(status);
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin, endless_loop_is_stopped_by_the_budget) {
+    make_dir();
+    write_file("spin.lua",
+               "return { name = 'spin', priority = 1, version = '1',\n"
+               "  on_request = function(ctx)\n"
+               "    if ctx:header('x-spin') then\n"
+               "      while true do pcall(function() while true do end end) end\n"
+               "    end\n"
+               "  end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'spin'}", &loop);
+    tg_ffi_header_t h = {"x-spin", 6, "1", 1};
+    for (int i = 0; i < 3; i++) {
+        tg_hookctx_t ctx;
+        begin(pl, &ctx, "m");
+        ctx.headers = &h;
+        ctx.nheaders = 1;
+        uint64_t t0 = tg_now_ns();
+        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_OK); /* fallback: pass */
+        ASSERT(tg_now_ns() - t0 < 2000000000ull);
+        ASSERT_EQ_INT(ctx.plugin_errors, 1);
+        tg_plugins_end(pl, &ctx);
+    }
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin, sandbox_has_no_io_os_ffi_or_require) {
+    make_dir();
+    static const char *const probes[] = {
+        "local _ = io.open('/etc/passwd')", "os.execute('true')", "require('ffi')", "require('io')",
+        "load('return 1')", "string.dump(print)", "getmetatable('').__index.x = 1", "debug.getinfo(1)",
+        "jit.off()", "local _ = package.loaded", "setfenv(1, {})", "collectgarbage()",
+    };
+    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+        char src[512];
+        snprintf(src, sizeof(src),
+                 "local ok = pcall(function() %s end)\n"
+                 "return { name = 'probe', priority = 1, version = '1',\n"
+                 "  on_request = function(ctx) if ok then ctx:reject(500, 'escaped', %s) end end }\n",
+                 probes[i], "'x'");
+        write_file("probe.lua", src);
+        uv_loop_t loop;
+        tg_plugins_t *pl = start("{'probe'}", &loop);
+        tg_hookctx_t ctx;
+        begin(pl, &ctx, "m");
+        if (tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx) != TG_OK) {
+            fprintf(stderr, "sandbox allowed: %s\n", probes[i]);
+            ASSERT(0);
+        }
+        tg_plugins_end(pl, &ctx);
+        stop(pl, &loop);
+    }
+}
+
+TG_TEST(plugin, generations_swap_and_requests_keep_theirs) {
+    make_dir();
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", stamp_schema);
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'stamp'}", &loop);
+
+    tg_hookctx_t old;
+    begin(pl, &old, "m");
+    ASSERT_EQ_INT(old.generation, 1);
+
+    /* Generation 2 changes the stamp. */
+    char v2[sizeof(stamp_plugin)];
+    snprintf(v2, sizeof(v2), "%s", stamp_plugin);
+    char *p;
+    while ((p = strstr(v2, "V1")) != NULL)
+        p[1] = '2';
+    write_file("stamp/handler.lua", v2);
+    char err[512];
+    ASSERT_EQ_INT(tg_plugins_request_reload(err, sizeof(err)), 2);
+    pump(&loop);
+
+    tg_hookctx_t fresh;
+    begin(pl, &fresh, "m");
+    ASSERT_EQ_INT(fresh.generation, 2);
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &fresh), TG_OK);
+    ASSERT_EQ_STR(fresh.resp_headers, "x-stamp: V2\r\n");
+    /* The request that began on generation 1 is still decided by it. */
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &old), TG_OK);
+    ASSERT_EQ_STR(old.resp_headers, "x-stamp: V1\r\n");
+    tg_plugins_end(pl, &old);
+
+    /* A syntax error is refused whole; generation 2 keeps serving. */
+    write_file("stamp/handler.lua", "return { name = 'stamp', priority = ");
+    ASSERT_EQ_INT(tg_plugins_request_reload(err, sizeof(err)), TG_ERROR);
+    ASSERT(strstr(err, "plugins.stamp:") != NULL);
+    ASSERT(strstr(err, "handler.lua:1:") != NULL);
+    pump(&loop);
+    tg_hookctx_t after;
+    begin(pl, &after, "m");
+    ASSERT_EQ_INT(after.generation, 2);
+    tg_plugins_end(pl, &after);
+    tg_plugins_end(pl, &fresh);
+
+    /* A schema violation too, with a message naming the field. */
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", "return { fields = { prefix = { type = 'number', default = 'x' } } }");
+    ASSERT_EQ_INT(tg_plugins_request_reload(err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "plugins.stamp.schema.prefix (default): expected number, got string");
+
+    char *status = tg_plugins_status_json();
+    ASSERT(strstr(status, "\"generation\":2") != NULL);
+    ASSERT(strstr(status, "\"ok\":false") != NULL);
+    ASSERT(strstr(status, "\"name\":\"stamp\",\"version\":\"V2\"") != NULL);
+    free(status);
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin, select_account_default_and_rejection) {
+    make_dir();
+    write_file("pin.lua",
+               "return { name = 'pin', priority = 1, version = '1',\n"
+               "  select_account = function(ctx)\n"
+               "    for i = 1, ctx:naccounts() do\n"
+               "      if ctx:account(i).region ~= 'eu' then ctx:exclude(i) end\n"
+               "    end\n"
+               "  end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'pin'}", &loop);
+    tg_ffi_account_t a[3] = {
+        {.id = "a", .id_len = 1, .region = "us", .region_len = 2, .priority = 5},
+        {.id = "b", .id_len = 1, .region = "eu", .region_len = 2, .priority = 1, .inflight = 3},
+        {.id = "c", .id_len = 1, .region = "eu", .region_len = 2, .priority = 1, .inflight = 1},
+    };
+    tg_hookctx_t ctx;
+    begin(pl, &ctx, "m");
+    ctx.accounts = a;
+    ctx.naccounts = 3;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.selected, 2); /* eu only, then least loaded */
+    ASSERT_EQ_INT(a[0].excluded, 1);
+    tg_plugins_end(pl, &ctx);
+
+    a[0].excluded = 0;
+    a[1].region = a[2].region = "us";
+    begin(pl, &ctx, "m");
+    ctx.accounts = a;
+    ctx.naccounts = 3;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &ctx), TG_DONE);
+    ASSERT_EQ_INT(ctx.reject_status, 503);
+    ASSERT_EQ_STR(ctx.reject_code, "no_available_account");
+    tg_plugins_end(pl, &ctx);
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin, missing_plugin_is_named) {
+    make_dir();
+    tg_plugins_config_t cfg;
+    init_with("{'nope'}", &cfg);
+    char err[1024];
+    ASSERT_EQ_INT(tg_plugins_global_init(&cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT(strncmp(err, "plugins.nope: not found in ", 27) == 0);
+    tg_plugins_config_free(&cfg);
+}
+
+TG_TEST(plugin, shipped_plugins_and_policies_validate) {
+    char lua[2048], err[1024];
+    snprintf(lua, sizeof(lua),
+             "{dirs = {'%s/plugins', '%s/policies'}, enabled = {'model-map', 'router', 'retry-budget',"
+             " 'fail-policy', 'pricing', 'cheapest-fast', 'tenant-region', 'business-hours-model'}}",
+             TG_SOURCE_DIR, TG_SOURCE_DIR);
+    tg_plugins_config_t cfg;
+    ASSERT_EQ_INT(parse(lua, &cfg, err, sizeof(err)), TG_OK);
+    FILE *out = tmpfile();
+    int rc = tg_plugins_check(&cfg, out);
+    rewind(out);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof(line), out)) {
+        fputs(line, stderr);
+        n++;
+    }
+    fclose(out);
+    ASSERT_EQ_INT(rc, 0);
+    ASSERT_EQ_INT(n, 8);
+    tg_plugins_config_free(&cfg);
+}
