@@ -1,0 +1,115 @@
+/*
+ * The per-worker Redis client: hiredis 0.14's async API on the worker's uv_loop
+ * (redisLibuvAttach), plus what hiredis 0.14 lacks: a timeout per command, a connect
+ * timeout, reconnection with exponential backoff and jitter, Lua scripts run by SHA with
+ * a transparent reload on NOSCRIPT, Pub/Sub on a second connection that re-subscribes
+ * after a reconnect, and counters for metrics.
+ *
+ * Failure is reported, never hidden: while the connection is down a command fails on the
+ * next loop turn with tg_redis_err_disconnected (nothing is queued for later), so the
+ * caller (the limiter) applies its fail-open / fail-closed rule at once.
+ *
+ * Ownership: the client owns its connections, script sources and subscriptions, and each
+ * request until its callback has returned (or it is cancelled). A reply handed to a
+ * callback belongs to hiredis and is freed after the callback returns. Everything runs
+ * in the loop's thread. tg_redis_destroy() may be called from inside a callback; the
+ * memory is released from the loop afterwards, so run the loop once more.
+ */
+#ifndef TOLLGATE_TG_REDIS_H
+#define TOLLGATE_TG_REDIS_H
+
+#include <hiredis/hiredis.h>
+#include <uv.h>
+
+#include "tollgate/tg_common.h"
+
+typedef struct tg_redis_s tg_redis_t;
+typedef struct tg_redis_req_s tg_redis_req_t;
+
+/* The `err` values besides a Redis error reply's text; compare by pointer or text. */
+extern const char tg_redis_err_timeout[];      /* "timeout": the reply did not come in time */
+extern const char tg_redis_err_disconnected[]; /* "disconnected" */
+extern const char tg_redis_err_shutdown[];     /* "shutdown": tg_redis_destroy() was called */
+
+/**
+ * The result of one command. `reply` is valid only during the callback and is NULL when
+ * `err` is one of the constants above. `err` is NULL on success; for a Redis error reply
+ * (REDIS_REPLY_ERROR) `reply` is that reply and `err` its text. After "timeout" or
+ * "disconnected" the command may or may not have run in Redis.
+ */
+typedef void (*tg_redis_cb)(void *ud, redisReply *reply, const char *err);
+
+/** A Pub/Sub message. After the subscriber connection was lost and came back, each
+ *  subscriber gets one call with msg NULL and len 0: messages may have been missed. */
+typedef void (*tg_redis_msg_cb)(void *ud, const char *msg, size_t len);
+
+/** Counters for /metrics; read in the client's loop thread. */
+typedef struct {
+    uint64_t commands;    /* accepted by tg_redis_command / _eval / _publish */
+    uint64_t failed_fast; /* failed at once because the connection was down */
+    uint64_t timeouts;
+    uint64_t disconnects; /* established connections lost (either connection) */
+    uint64_t connects;    /* connections established (either connection) */
+    uint64_t script_loads; /* NOSCRIPT answered by loading the script */
+} tg_redis_stats_t;
+
+/**
+ * Creates the client and starts connecting. `url` is "redis://[[user]:password@]host
+ * [:port][/db]" or "unix:///path/to.sock". Each connection starts with AUTH (when a
+ * password is given), CLIENT SETNAME tollgate:<pid>:cmd|sub, and SELECT (db > 0).
+ * `timeout_ms` bounds each command from submission to reply; the connect timeout is
+ * max(timeout_ms, 1000). Returns NULL (logged) for a bad URL or arguments. Host names
+ * are resolved with a blocking lookup on each connect: prefer an address or a socket.
+ * Commands issued before the first connection attempt has finished wait for it (within
+ * their timeout); later ones fail at once while the connection is down.
+ */
+tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms);
+
+/** Closes both connections. Every request whose callback has not run gets it now with
+ *  tg_redis_err_shutdown (from inside this call). Safe to call from a callback. */
+void tg_redis_destroy(tg_redis_t *r);
+
+/**
+ * Sends one command (binary-safe argv; argvlen may be NULL for C strings). The callback
+ * runs exactly once, never from inside this call, unless the request is cancelled first.
+ * Returns the request (valid until its callback returns or it is cancelled), or NULL
+ * without calling back for bad arguments or a client being destroyed.
+ */
+tg_redis_req_t *tg_redis_command(tg_redis_t *r, tg_redis_cb cb, void *ud, int argc, const char **argv,
+                                 const size_t *argvlen);
+
+/** Registers a Lua script (the source is copied) and returns its id (>= 0), or TG_ERROR.
+ *  Registering the same source twice returns the same id. */
+int tg_redis_script_register(tg_redis_t *r, const char *lua_source);
+
+/**
+ * Runs script `script_id` with EVALSHA; `argv` holds the `nkeys` keys followed by the
+ * other arguments (argc in all). On NOSCRIPT (after SCRIPT FLUSH or a failover) the
+ * script is sent with EVAL, which loads it, and the command retried transparently,
+ * within the same timeout. Same contract as tg_redis_command; NULL for an unknown id.
+ */
+tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
+                              const size_t *argvlen, tg_redis_cb cb, void *ud);
+
+/** The callback will not run; a late reply is dropped. Call it only before the callback
+ *  has run (inside its own callback it does nothing). NULL is ignored. */
+void tg_redis_cancel(tg_redis_req_t *req);
+
+/** 1 when the command connection is up, else 0. */
+int tg_redis_connected(const tg_redis_t *r);
+
+/**
+ * Subscribes `cb` to `channel` on the Pub/Sub connection (opened on first use, and
+ * re-subscribed after every reconnect). Several callbacks may share a channel. There is
+ * no unsubscribe: subscriptions live as long as the client. Returns TG_OK or TG_ERROR.
+ */
+int tg_redis_subscribe(tg_redis_t *r, const char *channel, tg_redis_msg_cb cb, void *ud);
+
+/** PUBLISH on the command connection; the reply is the number of receivers. */
+tg_redis_req_t *tg_redis_publish(tg_redis_t *r, const char *channel, const char *msg, size_t len, tg_redis_cb cb,
+                                 void *ud);
+
+/** The client's counters. */
+const tg_redis_stats_t *tg_redis_stats(const tg_redis_t *r);
+
+#endif

@@ -1,0 +1,810 @@
+/*
+ * The per-worker Redis client (see tg_redis.h): hiredis 0.14 async on the worker's loop,
+ * with per-command timeouts, reconnects, scripts and Pub/Sub added on top.
+ *
+ * Two connections, `cmd` for commands and `sub` for Pub/Sub (opened at the first
+ * subscribe), each DOWN -> CONNECTING -> UP -> DOWN, with a timer that is the connect
+ * timeout while CONNECTING and the backoff delay while DOWN. hiredis owns a request from
+ * the moment it is sent until its reply callback runs, which it always does: with the
+ * reply, or with NULL when the context is freed. A request that times out or is
+ * cancelled becomes an ORPHAN: its callback has run (or never will) but its memory waits
+ * for that reply callback. Requests that fail at once are DEFERRED to the next loop turn
+ * (a uv_idle), so a callback never runs inside tg_redis_command.
+ *
+ * All commands share one timeout, so their deadlines increase in submission order: one
+ * list sorted by construction and one uv_timer watch them all. The same timer detects a
+ * stalled connection (requests outstanding and no reply for a long time: a black-holed
+ * TCP peer, which hiredis would wait on forever) and replaces it.
+ *
+ * Memory: the client is freed from the close callback of its last handle, and its idle
+ * handle is closed only once both hiredis contexts are gone, so hiredis never calls back
+ * into freed memory, even when tg_redis_destroy runs inside a hiredis callback.
+ */
+#include "tollgate/tg_redis.h"
+
+#include <assert.h>
+#include <hiredis/adapters/libuv.h>
+#include <hiredis/async.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <unistd.h>
+
+const char tg_redis_err_timeout[] = "timeout";
+const char tg_redis_err_disconnected[] = "disconnected";
+const char tg_redis_err_shutdown[] = "shutdown";
+
+#define REDIS_BACKOFF_MIN_MS 100
+#define REDIS_BACKOFF_MAX_MS 5000
+#define REDIS_STALL_MIN_MS 5000
+
+enum { S_DOWN, S_CONNECTING, S_UP };
+enum { R_SENT, R_ORPHAN, R_DEFERRED, R_DONE };
+
+typedef struct {
+    tg_redis_t *r;
+    const char *name; /* "command" or "pubsub", for logs */
+    int is_sub;
+    int state;
+    redisAsyncContext *ac;
+    uv_timer_t timer;  /* connect timeout (CONNECTING) or backoff (DOWN) */
+    int backoff_ms;    /* the next reconnect delay before jitter; 0 after a success */
+    int tried;         /* a connection attempt has finished, successfully or not */
+    int broken;        /* hiredis reported the context lost; cleanup follows */
+    int freeing;       /* we called redisAsyncFree on ac */
+    int inflight;      /* commands whose reply callback hiredis still owes */
+    uint64_t last_io;  /* when a reply last arrived (or inflight became non-zero) */
+} tg__redis_conn_t;
+
+struct tg_redis_req_s {
+    tg_redis_t *r;
+    tg_redis_req_t *prev, *next; /* r->pending (SENT) or r->deferred (DEFERRED) */
+    uint64_t deadline;
+    tg_redis_cb cb;
+    void *ud;
+    const char *err; /* DEFERRED */
+    int state;
+    int script; /* -1, or the script id: argv below is kept for a NOSCRIPT retry */
+    int retried;
+    int argc;
+    const char **argv;
+    size_t *argvlen;
+    char nkeys[16];
+};
+
+typedef struct {
+    tg_redis_req_t *head, *tail;
+    size_t n;
+} tg__redis_list_t;
+
+typedef struct {
+    char *src;
+    size_t len;
+    char sha[41];
+} tg__redis_script_t;
+
+typedef struct {
+    char *channel;
+    tg_redis_msg_cb cb;
+    void *ud;
+    int gap; /* the subscriber connection dropped: notify once re-subscribed */
+} tg__redis_sub_t;
+
+struct tg_redis_s {
+    uv_loop_t *loop;
+    char *host, *path, *user, *pass;
+    int port, db;
+    int timeout_ms, connect_timeout_ms, stall_ms;
+    tg__redis_conn_t cmd, sub;
+    tg__redis_script_t *scripts;
+    int nscripts, scripts_cap;
+    tg__redis_sub_t *subs;
+    int nsubs, subs_cap;
+    tg__redis_list_t pending, deferred;
+    uv_timer_t timer; /* deadlines of pending, and the stall check */
+    uv_idle_t idle;   /* runs while deferred is not empty; closed last */
+    int closing;
+    int idle_closing;
+    int nctx;    /* live hiredis contexts */
+    int handles; /* open handles; freed when closing and 0 */
+    uint64_t rng;
+    tg_redis_stats_t stats;
+};
+
+/* ---- lists and small helpers ---------------------------------------------------- */
+
+static void l_push(tg__redis_list_t *l, tg_redis_req_t *q) {
+    q->next = NULL;
+    q->prev = l->tail;
+    if (l->tail)
+        l->tail->next = q;
+    else
+        l->head = q;
+    l->tail = q;
+    l->n++;
+}
+
+static void l_remove(tg__redis_list_t *l, tg_redis_req_t *q) {
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->n--;
+}
+
+static uint64_t redis_rand(tg_redis_t *r) {
+    uint64_t x = r->rng; /* xorshift64: jitter only */
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return r->rng = x;
+}
+
+static void redis_free(tg_redis_t *r) {
+    for (int i = 0; i < r->nscripts; i++)
+        free(r->scripts[i].src);
+    for (int i = 0; i < r->nsubs; i++)
+        free(r->subs[i].channel);
+    free(r->scripts);
+    free(r->subs);
+    free(r->host);
+    free(r->path);
+    free(r->user);
+    free(r->pass);
+    free(r);
+}
+
+static void redis_on_handle_close(uv_handle_t *h) {
+    tg_redis_t *r = h->data;
+    if (--r->handles == 0)
+        redis_free(r);
+}
+
+static void conn_on_timer_close(uv_handle_t *h) {
+    tg__redis_conn_t *c = h->data;
+    tg_redis_t *r = c->r;
+    if (--r->handles == 0)
+        redis_free(r);
+}
+
+/* Once destroyed and both hiredis contexts are gone, the last handle closes. */
+static void redis_maybe_close(tg_redis_t *r) {
+    if (r->closing && r->nctx == 0 && !r->idle_closing) {
+        r->idle_closing = 1;
+        uv_close((uv_handle_t *)&r->idle, redis_on_handle_close);
+    }
+}
+
+static void redis_on_idle(uv_idle_t *h);
+static void redis_on_timer(uv_timer_t *t);
+static void conn_connect(tg__redis_conn_t *c);
+
+static void redis_defer(tg_redis_t *r, tg_redis_req_t *q, const char *err) {
+    q->state = R_DEFERRED;
+    q->err = err;
+    l_push(&r->deferred, q);
+    uv_idle_start(&r->idle, redis_on_idle);
+}
+
+/* Runs the callback of a request that is on no list and not owed by hiredis, then frees
+ * it. Returns non-zero when the client is being destroyed. */
+static int req_finish(tg_redis_req_t *q, redisReply *reply, const char *err) {
+    tg_redis_t *r = q->r;
+    q->state = R_DONE;
+    if (q->cb)
+        q->cb(q->ud, reply, err);
+    free(q);
+    return r->closing;
+}
+
+/* Runs the callback of a request hiredis still owes a reply for; it becomes an orphan. */
+static int req_abandon(tg_redis_req_t *q, const char *err) {
+    tg_redis_t *r = q->r;
+    q->state = R_ORPHAN;
+    if (q->cb)
+        q->cb(q->ud, NULL, err);
+    return r->closing;
+}
+
+static void redis_arm(tg_redis_t *r) {
+    uint64_t now = uv_now(r->loop), next = UINT64_MAX;
+    if (r->pending.head)
+        next = r->pending.head->deadline;
+    if (r->cmd.state == S_UP && r->cmd.inflight > 0)
+        next = TG_MIN(next, r->cmd.last_io + (uint64_t)r->stall_ms);
+    if (next == UINT64_MAX)
+        uv_timer_stop(&r->timer);
+    else
+        uv_timer_start(&r->timer, redis_on_timer, next > now ? next - now : 0, 0);
+}
+
+/* ---- connections ---------------------------------------------------------------- */
+
+static int conn_accepts(const tg__redis_conn_t *c) {
+    if (!c->ac || c->freeing || c->broken)
+        return 0;
+    /* Before the very first attempt has finished, commands wait for it (hiredis buffers
+     * them); after that, only an established connection takes commands. */
+    return c->state == S_UP || (c->state == S_CONNECTING && !c->tried);
+}
+
+static void conn_on_timer(uv_timer_t *t);
+
+static void conn_retry(tg__redis_conn_t *c) {
+    tg_redis_t *r = c->r;
+    int base = c->backoff_ms ? c->backoff_ms : REDIS_BACKOFF_MIN_MS;
+    c->backoff_ms = TG_MIN(base * 2, REDIS_BACKOFF_MAX_MS);
+    c->state = S_DOWN;
+    uint64_t delay = (uint64_t)(base / 2) + redis_rand(r) % (uint64_t)(base / 2 + 1);
+    uv_timer_start(&c->timer, conn_on_timer, delay, 0);
+}
+
+static void conn_log_failure(tg__redis_conn_t *c, const char *why) {
+    if (c->backoff_ms == 0)
+        tg_log_warn("redis: %s connection: connect failed: %s", c->name, why ? why : "unknown error");
+    else
+        tg_log_debug("redis: %s connection: connect failed: %s", c->name, why ? why : "unknown error");
+}
+
+/* The hiredis context is being freed (hiredis calls its event-library cleanup exactly
+ * there). */
+static void conn_gone(tg__redis_conn_t *c) {
+    tg_redis_t *r = c->r;
+    int was_up = c->state == S_UP;
+    c->ac = NULL;
+    c->inflight = 0;
+    c->broken = c->freeing = 0;
+    c->state = S_DOWN;
+    r->nctx--;
+    if (r->closing) {
+        redis_maybe_close(r);
+        return;
+    }
+    if (was_up) {
+        r->stats.disconnects++;
+        tg_log_warn("redis: %s connection lost; reconnecting", c->name);
+        if (c->is_sub)
+            for (int i = 0; i < r->nsubs; i++)
+                r->subs[i].gap = 1;
+    }
+    conn_retry(c);
+}
+
+static void conn_on_cleanup(void *privdata) {
+    redisLibuvEvents *p = privdata;
+    redisAsyncContext *ac = p ? p->context : NULL;
+    if (!ac)
+        return;
+    tg__redis_conn_t *c = ac->data;
+    ac->ev.cleanup = NULL; /* once */
+    redisLibuvCleanup(p);
+    conn_gone(c);
+}
+
+static void conn_on_connect(const redisAsyncContext *ac, int status) {
+    tg__redis_conn_t *c = ac->data;
+    tg_redis_t *r = c->r;
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this returns; conn_gone schedules the retry. */
+        conn_log_failure(c, ac->errstr);
+        c->tried = 1;
+        return;
+    }
+    uv_timer_stop(&c->timer);
+    c->state = S_UP;
+    c->tried = 1;
+    c->backoff_ms = 0;
+    c->last_io = uv_now(r->loop);
+    r->stats.connects++;
+    tg_log_debug("redis: %s connection up", c->name);
+    if (!c->is_sub)
+        redis_arm(r);
+}
+
+static void conn_on_setup_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
+    redisReply *reply = reply_;
+    if (!reply || reply->type != REDIS_REPLY_ERROR)
+        return;
+    tg__redis_conn_t *c = ac->data;
+    tg_log_error("redis: %s connection: %s failed: %s", c->name, (const char *)privdata, reply->str);
+    if (!c->freeing) {
+        c->freeing = 1;
+        redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
+    }
+}
+
+static void conn_on_sub_reply(redisAsyncContext *ac, void *reply_, void *privdata);
+
+static void conn_subscribe(tg__redis_conn_t *c, const char *channel) {
+    const char *argv[2] = {"SUBSCRIBE", channel};
+    redisAsyncCommandArgv(c->ac, conn_on_sub_reply, NULL, 2, argv, NULL);
+}
+
+static void conn_connect(tg__redis_conn_t *c) {
+    tg_redis_t *r = c->r;
+    char why[128];
+    redisAsyncContext *ac = r->path ? redisAsyncConnectUnix(r->path) : redisAsyncConnect(r->host, r->port);
+    if (!ac) {
+        conn_log_failure(c, "out of memory");
+        c->tried = 1;
+        conn_retry(c);
+        return;
+    }
+    if (ac->err) {
+        snprintf(why, sizeof(why), "%s", ac->errstr);
+        redisAsyncFree(ac);
+        conn_log_failure(c, why);
+        c->tried = 1;
+        conn_retry(c);
+        return;
+    }
+    if (redisLibuvAttach(ac, r->loop) != REDIS_OK) {
+        ac->ev.cleanup = NULL; /* the adapter sets it before it can fail */
+        redisAsyncFree(ac);
+        conn_log_failure(c, "cannot watch the socket");
+        c->tried = 1;
+        conn_retry(c);
+        return;
+    }
+    if (!r->path)
+        redisEnableKeepAlive(&ac->c);
+    ac->data = c;
+    ac->ev.cleanup = conn_on_cleanup;
+    r->nctx++;
+    c->ac = ac;
+    c->state = S_CONNECTING;
+    c->broken = c->freeing = 0;
+    c->inflight = 0;
+    redisAsyncSetConnectCallback(ac, conn_on_connect);
+    uv_timer_start(&c->timer, conn_on_timer, (uint64_t)r->connect_timeout_ms, 0);
+
+    /* Pipelined ahead of everything else on this connection. */
+    if (r->pass) {
+        const char *argv[3] = {"AUTH", r->user ? r->user : r->pass, r->pass};
+        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)"AUTH", r->user ? 3 : 2, argv, NULL);
+    }
+    /* Named, so CLIENT LIST tells which gateway process owns which connection. */
+    char name[64];
+    snprintf(name, sizeof(name), "tollgate:%d:%s", (int)getpid(), c->is_sub ? "sub" : "cmd");
+    const char *setname[3] = {"CLIENT", "SETNAME", name};
+    redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)"CLIENT SETNAME", 3, setname, NULL);
+    if (r->db > 0 && !c->is_sub) {
+        char db[16];
+        snprintf(db, sizeof(db), "%d", r->db);
+        const char *argv[2] = {"SELECT", db};
+        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)"SELECT", 2, argv, NULL);
+    }
+    if (c->is_sub) {
+        for (int i = 0; i < r->nsubs; i++) {
+            int dup = 0;
+            for (int j = 0; j < i && !dup; j++)
+                dup = strcmp(r->subs[j].channel, r->subs[i].channel) == 0;
+            if (!dup)
+                conn_subscribe(c, r->subs[i].channel);
+        }
+    }
+}
+
+static void conn_on_timer(uv_timer_t *t) {
+    tg__redis_conn_t *c = t->data;
+    if (c->state == S_DOWN) {
+        conn_connect(c);
+        return;
+    }
+    if (c->state == S_CONNECTING && c->ac && !c->freeing) {
+        conn_log_failure(c, "connect timeout");
+        c->tried = 1;
+        c->freeing = 1;
+        redisAsyncFree(c->ac); /* pending commands get "disconnected"; conn_gone retries */
+    }
+}
+
+/* ---- replies -------------------------------------------------------------------- */
+
+static void conn_on_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
+    tg__redis_conn_t *c = ac->data;
+    tg_redis_t *r = c->r;
+    redisReply *reply = reply_;
+    tg_redis_req_t *q = privdata;
+    c->inflight--;
+    if (reply)
+        c->last_io = uv_now(r->loop);
+    else
+        c->broken = 1; /* the context is going away */
+    if (q->state == R_ORPHAN) {
+        free(q);
+        return;
+    }
+    assert(q->state == R_SENT);
+    if (!reply) {
+        l_remove(&r->pending, q);
+        req_finish(q, NULL, r->closing ? tg_redis_err_shutdown : tg_redis_err_disconnected);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR && q->script >= 0 && !q->retried &&
+        strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+        /* EVAL loads the script into the server's cache and runs it, in one round trip. */
+        q->retried = 1;
+        q->argv[0] = "EVAL";
+        q->argv[1] = r->scripts[q->script].src;
+        q->argvlen[0] = 4;
+        q->argvlen[1] = r->scripts[q->script].len;
+        r->stats.script_loads++;
+        if (!c->freeing && !c->broken &&
+            redisAsyncCommandArgv(ac, conn_on_reply, q, q->argc, q->argv, q->argvlen) == REDIS_OK) {
+            c->inflight++;
+            return;
+        }
+        l_remove(&r->pending, q);
+        req_finish(q, NULL, tg_redis_err_disconnected);
+        return;
+    }
+    l_remove(&r->pending, q);
+    req_finish(q, reply, reply->type == REDIS_REPLY_ERROR ? reply->str : NULL);
+}
+
+static void conn_on_sub_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
+    tg__redis_conn_t *c = ac->data;
+    tg_redis_t *r = c->r;
+    redisReply *reply = reply_;
+    TG_UNUSED(privdata);
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 3 || r->closing)
+        return;
+    redisReply *kind = reply->element[0], *chan = reply->element[1], *body = reply->element[2];
+    if (kind->type != REDIS_REPLY_STRING || chan->type != REDIS_REPLY_STRING)
+        return;
+    int message = strcasecmp(kind->str, "message") == 0;
+    if (!message && strcasecmp(kind->str, "subscribe") != 0)
+        return;
+    if (message && body->type != REDIS_REPLY_STRING)
+        return;
+    /* By index: a callback may subscribe (and so move the array). */
+    for (int i = 0; i < r->nsubs; i++) {
+        tg__redis_sub_t *s = &r->subs[i];
+        if (strlen(s->channel) != chan->len || memcmp(s->channel, chan->str, chan->len) != 0)
+            continue;
+        if (message) {
+            s->cb(s->ud, body->str, body->len);
+        } else if (s->gap) {
+            s->gap = 0;
+            s->cb(s->ud, NULL, 0);
+        }
+        if (r->closing)
+            return;
+    }
+}
+
+/* ---- timers --------------------------------------------------------------------- */
+
+static void redis_on_timer(uv_timer_t *t) {
+    tg_redis_t *r = t->data;
+    uint64_t now = uv_now(r->loop);
+    tg_redis_req_t *q;
+    while ((q = r->pending.head) != NULL && q->deadline <= now) {
+        l_remove(&r->pending, q);
+        r->stats.timeouts++;
+        if (req_abandon(q, tg_redis_err_timeout))
+            return;
+    }
+    tg__redis_conn_t *c = &r->cmd;
+    if (c->state == S_UP && c->inflight > 0 && !c->freeing && now - c->last_io >= (uint64_t)r->stall_ms) {
+        tg_log_warn("redis: command connection: no reply for %d ms with %d command(s) outstanding; reconnecting",
+                    r->stall_ms, c->inflight);
+        c->freeing = 1;
+        redisAsyncFree(c->ac);
+        if (r->closing)
+            return;
+    }
+    redis_arm(r);
+}
+
+static void redis_on_idle(uv_idle_t *h) {
+    tg_redis_t *r = h->data;
+    size_t n = r->deferred.n; /* only what was deferred before this turn */
+    tg_redis_req_t *q;
+    while (n-- > 0 && (q = r->deferred.head) != NULL) {
+        l_remove(&r->deferred, q);
+        if (req_finish(q, NULL, q->err))
+            return;
+    }
+    if (!r->deferred.head)
+        uv_idle_stop(&r->idle);
+}
+
+/* ---- the client ----------------------------------------------------------------- */
+
+static int parse_url(tg_redis_t *r, const char *url) {
+    if (strncmp(url, "unix://", 7) == 0) {
+        if (url[7] != '/')
+            return -1;
+        r->path = strdup(url + 7);
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8) != 0)
+        return -1;
+    const char *p = url + 8;
+    const char *end = p + strcspn(p, "/");
+    const char *at = NULL;
+    for (const char *s = p; s < end; s++)
+        if (*s == '@')
+            at = s;
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon) {
+            if (colon > p)
+                r->user = strndup(p, (size_t)(colon - p));
+            r->pass = strndup(colon + 1, (size_t)(at - colon - 1));
+        } else {
+            r->pass = strndup(p, (size_t)(at - p));
+        }
+        p = at + 1;
+    }
+    const char *hend;
+    if (*p == '[') {
+        const char *rb = memchr(p, ']', (size_t)(end - p));
+        if (!rb)
+            return -1;
+        r->host = strndup(p + 1, (size_t)(rb - p - 1));
+        hend = rb + 1;
+    } else {
+        hend = memchr(p, ':', (size_t)(end - p));
+        if (!hend)
+            hend = end;
+        r->host = strndup(p, (size_t)(hend - p));
+    }
+    r->port = 6379;
+    if (hend < end) {
+        if (*hend != ':')
+            return -1;
+        char *e;
+        long port = strtol(hend + 1, &e, 10);
+        if (e != end || port <= 0 || port > 65535)
+            return -1;
+        r->port = (int)port;
+    }
+    if (*end == '/' && end[1]) {
+        char *e;
+        long db = strtol(end + 1, &e, 10);
+        if (*e || db < 0 || db > 1000000)
+            return -1;
+        r->db = (int)db;
+    }
+    return r->host && *r->host ? 0 : -1;
+}
+
+static void conn_init(tg_redis_t *r, tg__redis_conn_t *c, const char *name, int is_sub) {
+    c->r = r;
+    c->name = name;
+    c->is_sub = is_sub;
+    c->state = S_DOWN;
+    uv_timer_init(r->loop, &c->timer);
+    c->timer.data = c;
+    r->handles++;
+}
+
+tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
+    if (!loop || !url || timeout_ms <= 0)
+        return NULL;
+    tg_redis_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        abort();
+    if (parse_url(r, url) < 0) {
+        tg_log_error("redis: bad URL \"%s\": expected redis://[[user]:password@]host[:port][/db] or "
+                     "unix:///path/to.sock",
+                     url);
+        redis_free(r);
+        return NULL;
+    }
+    r->loop = loop;
+    r->timeout_ms = timeout_ms;
+    r->connect_timeout_ms = TG_MAX(timeout_ms, 1000);
+    r->stall_ms = TG_MAX(REDIS_STALL_MIN_MS, 10 * timeout_ms);
+    if (tg_random_bytes(&r->rng, sizeof(r->rng)) < 0 || r->rng == 0)
+        r->rng = tg_now_ns() | 1;
+    uv_timer_init(loop, &r->timer);
+    r->timer.data = r;
+    uv_idle_init(loop, &r->idle);
+    r->idle.data = r;
+    r->handles = 2;
+    conn_init(r, &r->cmd, "command", 0);
+    conn_init(r, &r->sub, "pubsub", 1);
+    conn_connect(&r->cmd);
+    return r;
+}
+
+void tg_redis_destroy(tg_redis_t *r) {
+    if (!r || r->closing)
+        return;
+    r->closing = 1;
+    tg_redis_req_t *q;
+    while ((q = r->pending.head) != NULL) {
+        l_remove(&r->pending, q);
+        req_abandon(q, tg_redis_err_shutdown);
+    }
+    while ((q = r->deferred.head) != NULL) {
+        l_remove(&r->deferred, q);
+        req_finish(q, NULL, tg_redis_err_shutdown);
+    }
+    uv_idle_stop(&r->idle);
+    uv_close((uv_handle_t *)&r->timer, redis_on_handle_close);
+    uv_close((uv_handle_t *)&r->cmd.timer, conn_on_timer_close);
+    uv_close((uv_handle_t *)&r->sub.timer, conn_on_timer_close);
+    tg__redis_conn_t *conns[2] = {&r->cmd, &r->sub};
+    for (int i = 0; i < 2; i++) {
+        tg__redis_conn_t *c = conns[i];
+        if (c->ac && !c->freeing) {
+            c->freeing = 1;
+            redisAsyncFree(c->ac); /* deferred by hiredis when inside its callback */
+        }
+    }
+    redis_maybe_close(r);
+}
+
+static tg_redis_req_t *redis_send(tg_redis_t *r, tg_redis_req_t *q, int argc, const char **argv,
+                                  const size_t *argvlen) {
+    tg__redis_conn_t *c = &r->cmd;
+    r->stats.commands++;
+    if (!conn_accepts(c) || redisAsyncCommandArgv(c->ac, conn_on_reply, q, argc, argv, argvlen) != REDIS_OK) {
+        r->stats.failed_fast++;
+        redis_defer(r, q, tg_redis_err_disconnected);
+        return q;
+    }
+    uint64_t now = uv_now(r->loop);
+    if (c->inflight++ == 0)
+        c->last_io = now;
+    q->state = R_SENT;
+    q->deadline = now + (uint64_t)r->timeout_ms;
+    l_push(&r->pending, q);
+    if (r->pending.head == q)
+        redis_arm(r);
+    return q;
+}
+
+tg_redis_req_t *tg_redis_command(tg_redis_t *r, tg_redis_cb cb, void *ud, int argc, const char **argv,
+                                 const size_t *argvlen) {
+    if (!r || r->closing || argc <= 0 || !argv)
+        return NULL;
+    tg_redis_req_t *q = calloc(1, sizeof(*q));
+    if (!q)
+        abort();
+    q->r = r;
+    q->cb = cb;
+    q->ud = ud;
+    q->script = -1;
+    return redis_send(r, q, argc, argv, argvlen);
+}
+
+int tg_redis_script_register(tg_redis_t *r, const char *lua_source) {
+    if (!r || !lua_source)
+        return TG_ERROR;
+    size_t len = strlen(lua_source);
+    for (int i = 0; i < r->nscripts; i++)
+        if (r->scripts[i].len == len && memcmp(r->scripts[i].src, lua_source, len) == 0)
+            return i;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    if (!EVP_Digest(lua_source, len, md, &mdlen, EVP_sha1(), NULL) || mdlen != 20)
+        return TG_ERROR;
+    if (r->nscripts == r->scripts_cap) {
+        int cap = r->scripts_cap ? r->scripts_cap * 2 : 8;
+        tg__redis_script_t *s = realloc(r->scripts, (size_t)cap * sizeof(*s));
+        if (!s)
+            abort();
+        r->scripts = s;
+        r->scripts_cap = cap;
+    }
+    tg__redis_script_t *s = &r->scripts[r->nscripts];
+    s->src = strdup(lua_source);
+    if (!s->src)
+        abort();
+    s->len = len;
+    for (unsigned i = 0; i < 20; i++)
+        snprintf(s->sha + 2 * i, 3, "%02x", md[i]);
+    return r->nscripts++;
+}
+
+tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
+                              const size_t *argvlen, tg_redis_cb cb, void *ud) {
+    if (!r || r->closing || script_id < 0 || script_id >= r->nscripts || nkeys < 0 || argc < nkeys ||
+        (argc > 0 && !argv))
+        return NULL;
+    /* One allocation: the request, argv and argvlen for EVALSHA sha nkeys args..., and
+     * copies of the arguments (kept for a NOSCRIPT retry). */
+    int n = argc + 3;
+    size_t size = sizeof(tg_redis_req_t) + (size_t)n * (sizeof(char *) + sizeof(size_t));
+    for (int i = 0; i < argc; i++)
+        size += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
+    tg_redis_req_t *q = calloc(1, size);
+    if (!q)
+        abort();
+    q->r = r;
+    q->cb = cb;
+    q->ud = ud;
+    q->script = script_id;
+    q->argc = n;
+    q->argv = (const char **)(q + 1);
+    q->argvlen = (size_t *)(q->argv + n);
+    char *p = (char *)(q->argvlen + n);
+    snprintf(q->nkeys, sizeof(q->nkeys), "%d", nkeys);
+    q->argv[0] = "EVALSHA";
+    q->argvlen[0] = 7;
+    q->argv[1] = r->scripts[script_id].sha;
+    q->argvlen[1] = 40;
+    q->argv[2] = q->nkeys;
+    q->argvlen[2] = strlen(q->nkeys);
+    for (int i = 0; i < argc; i++) {
+        size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
+        memcpy(p, argv[i], len);
+        p[len] = '\0';
+        q->argv[3 + i] = p;
+        q->argvlen[3 + i] = len;
+        p += len + 1;
+    }
+    return redis_send(r, q, n, q->argv, q->argvlen);
+}
+
+void tg_redis_cancel(tg_redis_req_t *q) {
+    if (!q)
+        return;
+    tg_redis_t *r = q->r;
+    if (q->state == R_SENT) {
+        l_remove(&r->pending, q);
+        q->state = R_ORPHAN; /* freed when hiredis hands back its reply */
+    } else if (q->state == R_DEFERRED) {
+        l_remove(&r->deferred, q);
+        free(q);
+    }
+}
+
+int tg_redis_connected(const tg_redis_t *r) {
+    return r && r->cmd.state == S_UP && !r->cmd.broken && !r->cmd.freeing;
+}
+
+int tg_redis_subscribe(tg_redis_t *r, const char *channel, tg_redis_msg_cb cb, void *ud) {
+    if (!r || r->closing || !channel || !*channel || !cb)
+        return TG_ERROR;
+    int known = 0;
+    for (int i = 0; i < r->nsubs && !known; i++)
+        known = strcmp(r->subs[i].channel, channel) == 0;
+    if (r->nsubs == r->subs_cap) {
+        int cap = r->subs_cap ? r->subs_cap * 2 : 4;
+        tg__redis_sub_t *s = realloc(r->subs, (size_t)cap * sizeof(*s));
+        if (!s)
+            abort();
+        r->subs = s;
+        r->subs_cap = cap;
+    }
+    tg__redis_sub_t *s = &r->subs[r->nsubs++];
+    s->channel = strdup(channel);
+    if (!s->channel)
+        abort();
+    s->cb = cb;
+    s->ud = ud;
+    s->gap = 0;
+    tg__redis_conn_t *c = &r->sub;
+    if (c->ac) {
+        if (!known && !c->freeing && !c->broken)
+            conn_subscribe(c, channel);
+    } else if (c->state == S_DOWN && !uv_is_active((uv_handle_t *)&c->timer)) {
+        conn_connect(c); /* first subscription: open the connection */
+    }
+    /* Otherwise a reconnect is scheduled, and it subscribes to every channel. */
+    return TG_OK;
+}
+
+tg_redis_req_t *tg_redis_publish(tg_redis_t *r, const char *channel, const char *msg, size_t len, tg_redis_cb cb,
+                                 void *ud) {
+    if (!channel || (!msg && len > 0))
+        return NULL;
+    const char *argv[3] = {"PUBLISH", channel, msg ? msg : ""};
+    size_t argvlen[3] = {7, strlen(channel), len};
+    return tg_redis_command(r, cb, ud, 3, argv, argvlen);
+}
+
+const tg_redis_stats_t *tg_redis_stats(const tg_redis_t *r) { return &r->stats; }

@@ -1,0 +1,13 @@
+# Unit tests of the state substrates against real servers: the Postgres pool (tg_pg)
+# and the Redis client (tg_redis). Included by spec/CMakeLists.txt.
+#
+# spec/run.sh starts a private Postgres and Redis and sets TOLLGATE_PG (a libpq
+# conninfo) and TOLLGATE_REDIS (unix:///path/to.sock); without them `tg_unit pg` /
+# `tg_unit redis` exit 77 and ctest reports the test as skipped.
+
+add_test(NAME unit.pg COMMAND tg_unit pg)
+set_tests_properties(unit.pg PROPERTIES LABELS "state;unit" TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# Redis is the substrate of the limits issue (leases, buckets, budgets).
+add_test(NAME unit.redis COMMAND tg_unit redis)
+set_tests_properties(unit.redis PROPERTIES LABELS "limits;unit" TIMEOUT 120 SKIP_RETURN_CODE 77)
