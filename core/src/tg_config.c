@@ -272,6 +272,9 @@ static void defaults(tg_config_t *cfg) {
     cfg->workers = 0;
     cfg->log_level = strdup("info");
     cfg->access_log = 1;
+    cfg->pg_pool_size = 4;
+    cfg->pg_timeout_ms = 5000;
+    cfg->redis_timeout_ms = 250;
     cfg->limits = (tg_limits_config_t){
         .max_header_bytes = 16384,
         .max_body_bytes = 4 * 1024 * 1024,
@@ -303,7 +306,8 @@ static void env_override(char **field, const char *name) {
 
 int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen) {
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
-                                       "postgres", "redis", "log_level", "access_log", "keys",
+                                       "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
+                                       "redis_timeout_ms", "log_level", "access_log", "keys",
                                        "limits", "upstream", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
@@ -328,7 +332,10 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: get_str(&c, "admin_token", &cfg->admin_token);
         rc = rc ?: get_str(&c, "secret_key", &cfg->secret_key);
         rc = rc ?: get_str(&c, "postgres", &cfg->pg_conninfo);
+        rc = rc ?: get_int(&c, "postgres_pool", &cfg->pg_pool_size, 1, 256);
+        rc = rc ?: get_int(&c, "postgres_timeout_ms", &cfg->pg_timeout_ms, 1, 600000);
         rc = rc ?: get_str(&c, "redis", &cfg->redis_url);
+        rc = rc ?: get_int(&c, "redis_timeout_ms", &cfg->redis_timeout_ms, 1, 600000);
         rc = rc ?: get_str(&c, "log_level", &cfg->log_level);
         rc = rc ?: get_bool(&c, "access_log", &cfg->access_log);
         rc = rc ?: load_keys(&c, cfg);

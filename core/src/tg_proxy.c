@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_accounts.h"
+#include "tollgate/tg_admin.h"
 #include "tollgate/tg_server.h"
+#include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_usage.h"
@@ -25,7 +28,8 @@
 #define SSE_EVENT_MAX (4u * 1024 * 1024)
 
 typedef struct {
-    tg_upstream_t *upstream;
+    tg_upstream_t *upstream;   /* the static upstream of the config file */
+    tg_accounts_t *accounts;   /* the account snapshot, with Postgres */
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;
@@ -52,6 +56,13 @@ struct proxy_req_s {
     int paused;
     uint64_t upstream_start_ns, first_byte_ns, upstream_end_ns;
     const char *error;     /* short reason for the access log */
+    tg_principal_t *principal;
+    tg_auth_wait_t *auth_wait;
+    tg_snapshot_t *snap;          /* kept while the account is in use */
+    const tg_account_t *account;  /* NULL: the static upstream */
+    tg_upstream_t *up;
+    const char *credential;
+    int json_dirty;               /* the body must be re-serialized */
     char traceparent[56];
 };
 
@@ -62,9 +73,12 @@ static void proxy_run(proxy_req_t *p);
 void tg_proxy_worker_init(tg_worker_t *w) {
     proxy_worker_t *pw = calloc(1, sizeof(*pw));
     char err[256];
+    w->state = tg_state_create(&w->loop, w->gw->cfg, (const uint8_t(*)[32])w->gw->key_hashes, w->gw->nkeys);
     pw->upstream = tg_upstream_create(&w->loop, &w->gw->cfg->upstream, w->gw->client_tls, err, sizeof(err));
     if (!pw->upstream)
         tg_log_error("worker %d: %s", w->index, err);
+    if (tg_state_pg(w->state))
+        pw->accounts = tg_accounts_create(&w->loop, w->state, w->gw->cfg, w->gw->client_tls);
     w->proxy = pw;
 }
 
@@ -73,13 +87,19 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     if (!pw)
         return;
     tg_upstream_destroy(pw->upstream);
+    tg_accounts_destroy(pw->accounts);
     free(pw);
     w->proxy = NULL;
+    tg_state_destroy(w->state);
+    w->state = NULL;
 }
 
 /* ---- request lifecycle -------------------------------------------------------------- */
 
 static void preq_free(proxy_req_t *p) {
+    tg_state_auth_cancel(p->auth_wait);
+    tg_principal_release(p->principal);
+    tg_snapshot_release(p->snap);
     if (p->json)
         json_decref(p->json);
     tg_buf_free(&p->upstream_req);
@@ -117,9 +137,14 @@ static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t 
     tg_buf_append_json_escaped(&b, p->path ? p->path : "", p->path ? strlen(p->path) : 0);
     tg_buf_printf(&b, "\",\"status\":%d,\"client_ip\":\"%s\"", aborted && req->status < 400 ? 499 : req->status,
                   req->client_ip);
-    if (p->upstream_start_ns && p->pw->upstream)
-        tg_buf_printf(&b, ",\"upstream\":\"%s\",\"upstream_status\":%d", tg_upstream_name(p->pw->upstream),
+    if (p->upstream_start_ns && p->up)
+        tg_buf_printf(&b, ",\"upstream\":\"%s\",\"upstream_status\":%d", tg_upstream_name(p->up),
                       p->upstream_status);
+    if (p->account)
+        tg_buf_printf(&b, ",\"account_id\":%lld", (long long)p->account->id);
+    if (p->principal && p->principal->key_id)
+        tg_buf_printf(&b, ",\"key_id\":%lld,\"tenant_id\":%lld", (long long)p->principal->key_id,
+                      (long long)p->principal->tenant_id);
     else
         tg_buf_appends(&b, ",\"upstream\":null,\"upstream_status\":null");
     if (p->model[0]) {
@@ -226,6 +251,17 @@ static int phase_route(proxy_req_t *p) {
             goto not_allowed_get;
         return TG_OK;
     }
+    if (strncmp(p->path, "/admin/api/v1/", 14) == 0 || strcmp(p->path, "/admin/api/v1") == 0) {
+        /* The admin API takes the request over. */
+        const char *query = q ? q + 1 : NULL;
+        req->handler_data = NULL;
+        req->abort_cb = NULL;
+        req->drain_cb = NULL;
+        req->finish_cb = NULL;
+        preq_free(p);
+        tg_admin_handle(req, req->url.data, query);
+        return TG_DECLINED;
+    }
     if (strncmp(p->path, "/admin/", 7) == 0)
         req->route = TG_ROUTE_ADMIN;
     return fail(p, 404, "invalid_request_error", "not_found", "unknown route");
@@ -243,6 +279,33 @@ not_allowed_body:
 }
 
 /* ---- phase: auth -------------------------------------------------------------------- */
+
+static int auth_check(proxy_req_t *p, tg_principal_t *pr) {
+    tg_request_t *req = p->req;
+    p->principal = pr;
+    if (!pr)
+        return fail(p, 401, "invalid_request_error", "invalid_api_key", "invalid API key");
+    if (!pr->active)
+        return fail(p, 401, "invalid_request_error", "invalid_api_key", "this API key has been revoked or its tenant suspended");
+    if (pr->expires_at_ms && (int64_t)tg_wall_ms() >= pr->expires_at_ms)
+        return fail(p, 401, "invalid_request_error", "invalid_api_key", "this API key has expired");
+    if (!tg_principal_allows_ip(pr, req->client_ip))
+        return fail(p, 403, "permission_error", "ip_not_allowed", "this API key may not be used from this address");
+    return TG_OK;
+}
+
+static void auth_done(void *ud, tg_principal_t *pr, const char *err) {
+    proxy_req_t *p = ud;
+    p->auth_wait = NULL;
+    if (err) {
+        tg_principal_release(pr);
+        tg_log_warn("request %s: key lookup failed: %s", p->req->id, err);
+        fail(p, 503, "server_error", "auth_unavailable", "the key could not be checked; try again");
+        return;
+    }
+    if (auth_check(p, pr) == TG_OK)
+        proxy_run(p);
+}
 
 static int phase_auth(proxy_req_t *p) {
     tg_request_t *req = p->req;
@@ -263,13 +326,11 @@ static int phase_auth(proxy_req_t *p) {
                     "missing API key: send Authorization: Bearer <key>");
     unsigned char digest[32];
     SHA256((const unsigned char *)key.p, key.len, digest);
-    tg_gateway_t *gw = req->worker->gw;
-    int ok = 0;
-    for (size_t i = 0; i < gw->nkeys; i++)
-        ok |= CRYPTO_memcmp(digest, gw->key_hashes[i], 32) == 0;
-    if (!ok)
-        return fail(p, 401, "invalid_request_error", "invalid_api_key", "invalid API key");
-    return TG_OK;
+    tg_principal_t *pr = NULL;
+    int rc = tg_state_auth(req->worker->state, digest, auth_done, p, &pr, &p->auth_wait);
+    if (rc == TG_AGAIN)
+        return TG_AGAIN;
+    return auth_check(p, pr);
 }
 
 /* ---- phase: parse ------------------------------------------------------------------- */
@@ -294,6 +355,8 @@ static int phase_parse(proxy_req_t *p) {
         json_string_length(model) >= sizeof(p->model))
         return fail(p, 400, "invalid_request_error", "invalid_model", "model must be a non-empty string");
     snprintf(p->model, sizeof(p->model), "%s", json_string_value(model));
+    if (p->principal && !tg_principal_allows_model(p->principal, p->model))
+        return fail(p, 403, "permission_error", "model_not_allowed", "this API key may not use this model");
     json_t *messages = json_object_get(p->json, "messages");
     if (!json_is_array(messages))
         return fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
@@ -314,6 +377,68 @@ static int phase_parse(proxy_req_t *p) {
         if (!json_is_true(json_object_get(so, "include_usage"))) {
             p->strip_usage_chunk = 1;
             json_object_set_new(so, "include_usage", json_true());
+        }
+    }
+    return TG_OK;
+}
+
+/* ---- phase: select ------------------------------------------------------------------ */
+
+static void models_from_group(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    json_t *list = json_array();
+    for (int i = 0; i < pr->ngroup_models; i++) {
+        if (!tg_principal_allows_model(pr, pr->group_models[i]))
+            continue;
+        json_array_append_new(list, json_pack("{s:s,s:s,s:i,s:s}", "id", pr->group_models[i], "object", "model",
+                                              "created", 0, "owned_by", "tollgate"));
+    }
+    json_t *doc = json_pack("{s:s,s:o}", "object", "list", "data", list);
+    char *s = json_dumps(doc, JSON_COMPACT);
+    tg_response_send(p->req, 200, "application/json", NULL, s, strlen(s));
+    free(s);
+    json_decref(doc);
+}
+
+static int phase_select(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    proxy_worker_t *pw = p->pw;
+    if (!pr || !pr->group_id || !pw->accounts) {
+        p->up = pw->upstream;
+        p->credential = p->req->worker->gw->cfg->upstream.api_key;
+        if (!p->up)
+            return fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
+        return TG_OK;
+    }
+    if (p->req->route == TG_ROUTE_MODELS && pr->ngroup_models > 0) {
+        models_from_group(p);
+        return TG_DONE;
+    }
+    p->snap = tg_accounts_snapshot(pw->accounts);
+    if (!p->snap)
+        return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
+    const tg_account_t *cands[256];
+    const char *model = p->model[0] ? p->model : "";
+    int n = 0;
+    if (p->req->route == TG_ROUTE_MODELS) {
+        /* Any usable account of the group answers the model list. */
+        n = tg_snapshot_candidates(p->snap, pr->group_id, "", (int64_t)tg_wall_ms(), cands, 256);
+    } else {
+        n = tg_snapshot_candidates(p->snap, pr->group_id, model, (int64_t)tg_wall_ms(), cands, 256);
+    }
+    if (n == 0) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", model);
+        return fail(p, 503, "server_error", "no_account_available", msg);
+    }
+    p->account = tg_accounts_pick_default(cands, n);
+    p->up = p->account->upstream;
+    p->credential = p->account->credential;
+    if (p->json) {
+        const char *mapped = tg_account_map_model(p->account, model);
+        if (strcmp(mapped, model) != 0) {
+            json_object_set_new(p->json, "model", json_string(mapped));
+            p->json_dirty = 1;
         }
     }
     return TG_OK;
@@ -419,7 +544,7 @@ static void up_error(void *ud, tg_uperr_t err, const char *msg) {
     p->call = NULL;
     p->upstream_end_ns = tg_now_ns();
     atomic_fetch_add_explicit(&req->worker->metrics.upstream_errors, 1, memory_order_relaxed);
-    tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->pw->upstream), msg);
+    tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->up), msg);
     if (req->resp_started) {
         p->error = "upstream_reset";
         tg_response_abort(req);
@@ -456,10 +581,7 @@ static int valid_traceparent(const tg_str_t *v) {
 
 static int phase_upstream(proxy_req_t *p) {
     tg_request_t *req = p->req;
-    tg_upstream_t *u = p->pw->upstream;
-    if (!u)
-        return fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
-    const tg_upstream_config_t *ucfg = &req->worker->gw->cfg->upstream;
+    tg_upstream_t *u = p->up;
     const tg_str_t *tp = tg_request_header(req, "traceparent");
     if (valid_traceparent(tp)) {
         memcpy(p->traceparent, tp->p, 55);
@@ -472,7 +594,7 @@ static int phase_upstream(proxy_req_t *p) {
     if (req->route == TG_ROUTE_CHAT) {
         method = "POST";
         suffix = "/chat/completions";
-        if (p->strip_usage_chunk) {
+        if (p->strip_usage_chunk || p->json_dirty) {
             body = json_dumps(p->json, JSON_COMPACT);
             body_len = body ? strlen(body) : 0;
         }
@@ -480,8 +602,8 @@ static int phase_upstream(proxy_req_t *p) {
     tg_buf_t *b = &p->upstream_req;
     tg_buf_printf(b, "%s %s%s HTTP/1.1\r\nHost: %s\r\n", method, tg_upstream_path_prefix(u), suffix,
                   tg_upstream_host_header(u));
-    if (ucfg->api_key)
-        tg_buf_printf(b, "Authorization: Bearer %s\r\n", ucfg->api_key);
+    if (p->credential)
+        tg_buf_printf(b, "Authorization: Bearer %s\r\n", p->credential);
     tg_buf_printf(b, "x-request-id: %s\r\n", req->id);
     if (p->traceparent[0])
         tg_buf_printf(b, "traceparent: %s\r\n", p->traceparent);
@@ -502,7 +624,7 @@ static int phase_upstream(proxy_req_t *p) {
 
 /* ---- the pipeline ------------------------------------------------------------------- */
 
-static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_upstream};
+static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_select, phase_upstream};
 
 static void proxy_run(proxy_req_t *p) {
     while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {
@@ -511,7 +633,7 @@ static void proxy_run(proxy_req_t *p) {
             continue;
         if (rc == TG_ERROR)
             fail(p, 500, "server_error", "internal_error", "internal error");
-        return; /* TG_DONE or TG_AGAIN */
+        return; /* TG_DONE, TG_AGAIN, or TG_DECLINED (handed over, p is gone) */
     }
 }
 

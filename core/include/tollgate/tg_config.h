@@ -47,7 +47,10 @@ typedef struct {
     char *admin_token;
     char *secret_key;
     char *pg_conninfo;
+    int pg_pool_size;     /* connections per worker */
+    int pg_timeout_ms;    /* per query */
     char *redis_url;
+    int redis_timeout_ms; /* per command */
     char *log_level;
     int access_log;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */

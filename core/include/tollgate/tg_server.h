@@ -95,6 +95,7 @@ struct tg_worker_s {
     int listener_tls[2];
     tg_metrics_t metrics;
     void *proxy;          /* the proxy module's per-worker state */
+    struct tg_state_s *state; /* Postgres, Redis, key cache (tg_state.h) */
     int draining;
     int64_t nconns;
     void *conns_head;     /* intrusive list of connections */

@@ -1,0 +1,971 @@
+/*
+ * The admin REST API (see tg_admin.h). Resources are described by tables of columns;
+ * one generic handler does list / get / create / update / delete for all of them, with
+ * JSON validated here (types, enums, unknown fields → 400) and written by Postgres's own
+ * json_populate_record, so a value is converted exactly once, by the database's types.
+ * Responses are built by Postgres too (json_build_object), so NUMERIC money never passes
+ * through a C double.
+ */
+#include "tollgate/tg_admin.h"
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tollgate/tg_crypto.h"
+#include "tollgate/tg_pg.h"
+#include "tollgate/tg_plugin.h"
+#include "tollgate/tg_state.h"
+
+typedef enum { C_ID, C_TEXT, C_INT, C_NUMERIC, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
+
+enum { RO = 0, RW = 1, CREATE_ONLY = 2, WO = 3 };
+
+typedef struct {
+    const char *name;
+    ctype_t type;
+    int access;
+    int required;          /* on create */
+    int nullable;
+    const char *const *enums;
+} col_t;
+
+typedef struct {
+    const char *path;      /* "tenants" */
+    const char *table;
+    const char *id_col;    /* "id", or "model" for prices */
+    int text_id;
+    const col_t *cols;
+    const char *extra_json; /* more json_build_object pairs, may reference t.<col> */
+} resource_t;
+
+static const char *const status_active_suspended[] = {"active", "suspended", NULL};
+static const char *const status_active_revoked[] = {"active", "revoked", NULL};
+static const char *const status_active_disabled[] = {"active", "disabled", NULL};
+static const char *const roles[] = {"owner", "admin", "member", NULL};
+static const char *const providers[] = {"openai", "anthropic", NULL};
+static const char *const kinds[] = {"metered", "subscription", NULL};
+
+static const col_t tenant_cols[] = {
+    {"id", C_ID, RO, 0, 0, NULL},
+    {"name", C_TEXT, RW, 1, 0, NULL},
+    {"balance", C_NUMERIC, CREATE_ONLY, 0, 0, NULL},
+    {"budget", C_NUMERIC, RW, 0, 1, NULL},
+    {"spend", C_NUMERIC, RO, 0, 0, NULL},
+    {"status", C_TEXT, RW, 0, 0, status_active_suspended},
+    {"created_at", C_TIME, RO, 0, 0, NULL},
+    {"updated_at", C_TIME, RO, 0, 0, NULL},
+    {NULL, 0, 0, 0, 0, NULL},
+};
+
+static const col_t user_cols[] = {
+    {"id", C_ID, RO, 0, 0, NULL},
+    {"tenant_id", C_INT, CREATE_ONLY, 1, 0, NULL},
+    {"email", C_TEXT, RW, 1, 0, NULL},
+    {"name", C_TEXT, RW, 0, 1, NULL},
+    {"role", C_TEXT, RW, 0, 0, roles},
+    {"created_at", C_TIME, RO, 0, 0, NULL},
+    {"updated_at", C_TIME, RO, 0, 0, NULL},
+    {NULL, 0, 0, 0, 0, NULL},
+};
+
+static const col_t group_cols[] = {
+    {"id", C_ID, RO, 0, 0, NULL},
+    {"name", C_TEXT, RW, 1, 0, NULL},
+    {"models", C_TEXTARR, RW, 0, 0, NULL},
+    {"rate_multiplier", C_NUMERIC, RW, 0, 0, NULL},
+    {"plugins", C_JSONOBJ, RW, 0, 0, NULL},
+    {"created_at", C_TIME, RO, 0, 0, NULL},
+    {"updated_at", C_TIME, RO, 0, 0, NULL},
+    {NULL, 0, 0, 0, 0, NULL},
+};
+
+static const col_t key_cols[] = {
+    {"id", C_ID, RO, 0, 0, NULL},
+    {"tenant_id", C_INT, CREATE_ONLY, 1, 0, NULL},
+    {"user_id", C_INT, RW, 0, 1, NULL},
+    {"group_id", C_INT, RW, 0, 1, NULL},
+    {"name", C_TEXT, RW, 0, 0, NULL},
+    {"prefix", C_TEXT, RO, 0, 0, NULL},
+    {"status", C_TEXT, RW, 0, 0, status_active_revoked},
+    {"expires_at", C_TIME, RW, 0, 1, NULL},
+    {"allowed_models", C_TEXTARR, RW, 0, 1, NULL},
+    {"ip_allow", C_TEXTARR, RW, 0, 1, NULL},
+    {"rpm", C_INT, RW, 0, 1, NULL},
+    {"tpm", C_INT, RW, 0, 1, NULL},
+    {"concurrency", C_INT, RW, 0, 1, NULL},
+    {"budget", C_NUMERIC, RW, 0, 1, NULL},
+    {"spend", C_NUMERIC, RO, 0, 0, NULL},
+    {"created_at", C_TIME, RO, 0, 0, NULL},
+    {"updated_at", C_TIME, RO, 0, 0, NULL},
+    {NULL, 0, 0, 0, 0, NULL},
+};
+
+static const col_t account_cols[] = {
+    {"id", C_ID, RO, 0, 0, NULL},
+    {"name", C_TEXT, RW, 1, 0, NULL},
+    {"provider", C_TEXT, RW, 1, 0, providers},
+    {"base_url", C_TEXT, RW, 1, 0, NULL},
+    {"credential", C_SECRET, WO, 0, 1, NULL},
+    {"kind", C_TEXT, RW, 0, 0, kinds},
+    {"concurrency", C_INT, RW, 0, 0, NULL},
+    {"priority", C_INT, RW, 0, 0, NULL},
+    {"weight", C_INT, RW, 0, 0, NULL},
+    {"models", C_TEXTARR, RW, 0, 0, NULL},
+    {"model_map", C_JSONOBJ, RW, 0, 0, NULL},
+    {"cost_multiplier", C_NUMERIC, RW, 0, 0, NULL},
+    {"status", C_TEXT, RW, 0, 0, status_active_disabled},
+    {"cooldown_until", C_TIME, RW, 0, 1, NULL},
+    {"reset_at", C_TIME, RW, 0, 1, NULL},
+    {"created_at", C_TIME, RO, 0, 0, NULL},
+    {"updated_at", C_TIME, RO, 0, 0, NULL},
+    {NULL, 0, 0, 0, 0, NULL},
+};
+
+static const col_t price_cols[] = {
+    {"model", C_TEXT, CREATE_ONLY, 1, 0, NULL},
+    {"input", C_NUMERIC, RW, 0, 0, NULL},
+    {"output", C_NUMERIC, RW, 0, 0, NULL},
+    {"cache_read", C_NUMERIC, RW, 0, 0, NULL},
+    {"cache_write", C_NUMERIC, RW, 0, 0, NULL},
+    {"reasoning", C_NUMERIC, RW, 0, 1, NULL},
+    {"updated_at", C_TIME, RO, 0, 0, NULL},
+    {NULL, 0, 0, 0, 0, NULL},
+};
+
+static const resource_t resources[] = {
+    {"tenants", "tenants", "id", 0, tenant_cols, NULL},
+    {"users", "users", "id", 0, user_cols, NULL},
+    {"groups", "groups", "id", 0, group_cols, NULL},
+    {"keys", "api_keys", "id", 0, key_cols, NULL},
+    {"accounts", "accounts", "id", 0, account_cols,
+     "'has_credential', t.credential IS NOT NULL, 'groups', (SELECT coalesce(json_agg(ag.group_id ORDER BY "
+     "ag.group_id), '[]') FROM account_groups ag WHERE ag.account_id = t.id)"},
+    {"prices", "model_prices", "model", 1, price_cols, NULL},
+    {NULL, NULL, NULL, 0, NULL, NULL},
+};
+
+const char *const tg_admin_routes[] = {
+    "GET /admin/api/v1/tenants",          "POST /admin/api/v1/tenants",
+    "GET /admin/api/v1/tenants/{id}",     "PATCH /admin/api/v1/tenants/{id}",
+    "DELETE /admin/api/v1/tenants/{id}",  "POST /admin/api/v1/tenants/{id}/topup",
+    "GET /admin/api/v1/users",            "POST /admin/api/v1/users",
+    "GET /admin/api/v1/users/{id}",       "PATCH /admin/api/v1/users/{id}",
+    "DELETE /admin/api/v1/users/{id}",    "GET /admin/api/v1/groups",
+    "POST /admin/api/v1/groups",          "GET /admin/api/v1/groups/{id}",
+    "PATCH /admin/api/v1/groups/{id}",    "DELETE /admin/api/v1/groups/{id}",
+    "GET /admin/api/v1/keys",             "POST /admin/api/v1/keys",
+    "GET /admin/api/v1/keys/{id}",        "PATCH /admin/api/v1/keys/{id}",
+    "DELETE /admin/api/v1/keys/{id}",     "GET /admin/api/v1/accounts",
+    "POST /admin/api/v1/accounts",        "GET /admin/api/v1/accounts/{id}",
+    "PATCH /admin/api/v1/accounts/{id}",  "DELETE /admin/api/v1/accounts/{id}",
+    "GET /admin/api/v1/prices",           "POST /admin/api/v1/prices",
+    "GET /admin/api/v1/prices/{model}",   "PATCH /admin/api/v1/prices/{model}",
+    "DELETE /admin/api/v1/prices/{model}", "GET /admin/api/v1/usage",
+    "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/plugins",
+    "POST /admin/api/v1/plugins/reload",  NULL,
+};
+
+/* ---- request context ----------------------------------------------------------------- */
+
+typedef struct {
+    tg_request_t *req;
+    tg_pg_req_t *q;
+    const resource_t *res;
+    int kind; /* what the callback answers */
+    int status_ok;
+    char new_key[64];
+    char *account_groups; /* JSON array text of group ids to set after an account write */
+    char path[256];
+} actx_t;
+
+enum { K_ROWS, K_ONE, K_CREATED, K_DELETED, K_PLAIN };
+
+static void actx_free(actx_t *a) {
+    free(a->account_groups);
+    free(a);
+}
+
+static void admin_abort(tg_request_t *req) {
+    actx_t *a = req->handler_data;
+    if (a && a->q) {
+        tg_pg_cancel(a->q);
+        a->q = NULL;
+    }
+}
+
+static void admin_finish(tg_request_t *req, int aborted) {
+    actx_t *a = req->handler_data;
+    if (!a)
+        return;
+    if (req->worker->gw->cfg->access_log) {
+        char line[512];
+        int n = snprintf(line, sizeof(line),
+                         "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"admin\",\"method\":\"%s\",\"path\":\"",
+                         (unsigned long long)tg_wall_ms(), req->id, llhttp_method_name((llhttp_method_t)req->method));
+        tg_buf_t b;
+        tg_buf_init(&b);
+        tg_buf_append(&b, line, (size_t)n);
+        tg_buf_append_json_escaped(&b, a->path, strlen(a->path));
+        tg_buf_printf(&b, "\",\"status\":%d,\"total_ms\":%.3f%s}", aborted && req->status < 400 ? 499 : req->status,
+                      (double)(tg_now_ns() - req->start_ns) / 1e6, aborted ? ",\"error\":\"client_disconnected\"" : "");
+        tg_worker_log(req->worker, b.data, b.len);
+        tg_buf_free(&b);
+    }
+    req->handler_data = NULL;
+    actx_free(a);
+}
+
+static void reply_error(tg_request_t *req, int status, const char *code, const char *msg) {
+    tg_response_error(req, status, status >= 500 ? "server_error" : "invalid_request_error", code, msg);
+}
+
+static void reply_json(tg_request_t *req, int status, const char *body, size_t n) {
+    tg_response_send(req, status, "application/json", "Cache-Control: no-store\r\n", body, n);
+}
+
+/* Maps a database error to a client error where it is the client's fault. */
+static void reply_pg_error(tg_request_t *req, const PGresult *res, const char *err) {
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *detail = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", detail ? detail : err);
+    if (state && !strcmp(state, "23505"))
+        reply_error(req, 409, "conflict", msg);
+    else if (state && !strcmp(state, "23503"))
+        reply_error(req, 400, "invalid_reference", msg);
+    else if (state && (!strncmp(state, "22", 2) || !strncmp(state, "23", 2)))
+        reply_error(req, 400, "invalid_value", msg);
+    else if (err && !strcmp(err, "timeout"))
+        reply_error(req, 504, "database_timeout", "the database did not answer in time");
+    else {
+        tg_log_error("admin %s: database error: %s", req->id, err ? err : "?");
+        reply_error(req, 503, "database_unavailable", "the database is unavailable");
+    }
+}
+
+/* ---- query strings ------------------------------------------------------------------- */
+
+static int unhex(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Finds `name` in the query string and percent-decodes its value into out. */
+static int query_get(const char *query, const char *name, char *out, size_t outlen) {
+    if (!query)
+        return 0;
+    size_t nlen = strlen(name);
+    const char *s = query;
+    while (*s) {
+        const char *amp = strchr(s, '&');
+        const char *end = amp ? amp : s + strlen(s);
+        if ((size_t)(end - s) > nlen && !strncmp(s, name, nlen) && s[nlen] == '=') {
+            size_t o = 0;
+            for (const char *p = s + nlen + 1; p < end && o + 1 < outlen; p++) {
+                if (*p == '%' && p + 2 < end + 0 + 1 && unhex(p[1]) >= 0 && unhex(p[2]) >= 0) {
+                    out[o++] = (char)(unhex(p[1]) << 4 | unhex(p[2]));
+                    p += 2;
+                } else {
+                    out[o++] = *p == '+' ? ' ' : *p;
+                }
+            }
+            out[o] = '\0';
+            return 1;
+        }
+        s = amp ? amp + 1 : end;
+    }
+    return 0;
+}
+
+static int is_digits(const char *s) {
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return 0;
+    return 1;
+}
+
+static int is_decimal(const char *s) {
+    if (*s == '-')
+        s++;
+    int digits = 0, dot = 0;
+    for (; *s; s++) {
+        if (*s >= '0' && *s <= '9')
+            digits++;
+        else if (*s == '.' && !dot)
+            dot = 1;
+        else
+            return 0;
+    }
+    return digits > 0;
+}
+
+/* ---- SQL building -------------------------------------------------------------------- */
+
+static void select_json(const resource_t *r, tg_buf_t *b) {
+    tg_buf_appends(b, "json_build_object(");
+    int first = 1;
+    for (const col_t *c = r->cols; c->name; c++) {
+        if (c->access == WO)
+            continue;
+        tg_buf_printf(b, "%s'%s', t.%s", first ? "" : ", ", c->name, c->name);
+        first = 0;
+    }
+    if (r->extra_json)
+        tg_buf_printf(b, ", %s", r->extra_json);
+    tg_buf_appends(b, ")");
+}
+
+static void rows_cb(void *ud, const PGresult *res, const char *err) {
+    actx_t *a = ud;
+    a->q = NULL;
+    tg_request_t *req = a->req;
+    tg_state_t *st = req->worker->state; /* the request is gone once answered */
+    if (err) {
+        reply_pg_error(req, res, err);
+        return;
+    }
+    switch (a->kind) {
+    case K_ROWS:
+    case K_PLAIN:
+        reply_json(req, 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        break;
+    case K_ONE:
+        if (PQntuples(res) == 0)
+            reply_error(req, 404, "not_found", "no such object");
+        else {
+            if (a->status_ok)
+                tg_state_publish_invalidation(st, "*");
+            reply_json(req, a->status_ok ? a->status_ok : 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        }
+        break;
+    case K_CREATED: {
+        if (PQntuples(res) == 0) {
+            reply_error(req, 404, "not_found", "no such object");
+            break;
+        }
+        tg_state_publish_invalidation(st, "*");
+        if (a->new_key[0]) {
+            /* The plain key is shown once, in this response, and stored nowhere. */
+            json_t *j = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
+            json_object_set_new(j, "key", json_string(a->new_key));
+            char *s = json_dumps(j, JSON_COMPACT);
+            reply_json(req, 201, s, strlen(s));
+            free(s);
+            json_decref(j);
+            memset(a->new_key, 0, sizeof(a->new_key));
+        } else {
+            reply_json(req, 201, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        }
+        break;
+    }
+    case K_DELETED:
+        if (atoi(PQcmdTuples((PGresult *)res)) == 0) {
+            reply_error(req, 404, "not_found", "no such object");
+        } else {
+            tg_state_publish_invalidation(st, "*");
+            tg_response_send(req, 204, NULL, NULL, NULL, 0);
+        }
+        break;
+    }
+}
+
+static void run(actx_t *a, const char *sql, int n, const char *const *params, int kind) {
+    tg_pg_t *pg = tg_state_pg(a->req->worker->state);
+    if (!pg) {
+        reply_error(a->req, 503, "database_unavailable", "no database is configured (postgres / TOLLGATE_PG)");
+        return;
+    }
+    a->kind = kind;
+    a->q = tg_pg_query(pg, sql, n, params, rows_cb, a);
+}
+
+/* Validates a JSON body against the resource's columns. On success returns 0 and fills
+ * `cols` with the names present (comma-separated). */
+static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *msg, size_t msglen) {
+    const resource_t *r = a->res;
+    if (!json_is_object(body)) {
+        snprintf(msg, msglen, "the body must be a JSON object");
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(body, key, v) {
+        if (!strcmp(r->path, "accounts") && !strcmp(key, "groups")) {
+            if (!json_is_array(v)) {
+                snprintf(msg, msglen, "groups must be an array of group ids");
+                return -1;
+            }
+            size_t i;
+            json_t *g;
+            json_array_foreach(v, i, g) if (!json_is_integer(g)) {
+                snprintf(msg, msglen, "groups[%zu] must be an integer group id", i);
+                return -1;
+            }
+            continue;
+        }
+        const col_t *c = r->cols;
+        while (c->name && strcmp(c->name, key))
+            c++;
+        if (!c->name) {
+            snprintf(msg, msglen, "unknown field \"%s\"", key);
+            return -1;
+        }
+        if (c->access == RO || (c->access == CREATE_ONLY && !create)) {
+            snprintf(msg, msglen, "field \"%s\" cannot be %s", key, create ? "set" : "changed");
+            return -1;
+        }
+        if (json_is_null(v)) {
+            if (!c->nullable) {
+                snprintf(msg, msglen, "field \"%s\" cannot be null", key);
+                return -1;
+            }
+        } else {
+            int ok = 1;
+            switch (c->type) {
+            case C_TEXT:
+            case C_SECRET:
+                ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) <= 4096;
+                if (ok && c->enums) {
+                    ok = 0;
+                    for (const char *const *e = c->enums; *e; e++)
+                        ok |= !strcmp(*e, json_string_value(v));
+                }
+                break;
+            case C_INT:
+                ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 2147483647;
+                break;
+            case C_NUMERIC:
+                ok = json_is_number(v) ? json_number_value(v) >= 0
+                                       : json_is_string(v) && is_decimal(json_string_value(v)) &&
+                                             json_string_value(v)[0] != '-';
+                break;
+            case C_TEXTARR: {
+                ok = json_is_array(v) && json_array_size(v) <= 10000;
+                size_t i;
+                json_t *s;
+                json_array_foreach(v, i, s) ok = ok && json_is_string(s);
+                break;
+            }
+            case C_JSONOBJ:
+                ok = json_is_object(v);
+                break;
+            case C_TIME:
+                ok = json_is_string(v);
+                break;
+            case C_BOOL:
+                ok = json_is_boolean(v);
+                break;
+            case C_ID:
+                ok = 0;
+                break;
+            }
+            if (!ok) {
+                const char *want = c->type == C_INT       ? "a non-negative integer"
+                                   : c->type == C_NUMERIC ? "a non-negative decimal number (or string)"
+                                   : c->type == C_TEXTARR ? "an array of strings"
+                                   : c->type == C_JSONOBJ ? "an object"
+                                   : c->type == C_TIME    ? "a timestamp string (ISO 8601)"
+                                   : c->enums             ? "one of the allowed values"
+                                                          : "a non-empty string";
+                if (c->enums) {
+                    char allowed[128] = "";
+                    for (const char *const *e = c->enums; *e; e++)
+                        snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s%s",
+                                 e == c->enums ? "" : ", ", *e);
+                    snprintf(msg, msglen, "field \"%s\" must be one of: %s", key, allowed);
+                } else {
+                    snprintf(msg, msglen, "field \"%s\" must be %s", key, want);
+                }
+                return -1;
+            }
+        }
+        tg_buf_printf(cols, "%s%s", cols->len ? ", " : "", key);
+    }
+    if (create)
+        for (const col_t *c = r->cols; c->name; c++)
+            if (c->required && !json_object_get(body, c->name)) {
+                snprintf(msg, msglen, "field \"%s\" is required", c->name);
+                return -1;
+            }
+    return 0;
+}
+
+static void write_row(actx_t *a, const char *id, int create) {
+    tg_request_t *req = a->req;
+    json_error_t jerr;
+    json_t *body = json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!body) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "the body is not valid JSON: %s", jerr.text);
+        reply_error(req, 400, "invalid_json", msg);
+        return;
+    }
+    tg_buf_t cols;
+    tg_buf_init(&cols);
+    char msg[256];
+    if (validate(a, body, create, &cols, msg, sizeof(msg)) != 0) {
+        reply_error(req, 400, "invalid_request", msg);
+        goto done;
+    }
+    const resource_t *r = a->res;
+    if (!strcmp(r->path, "accounts")) {
+        json_t *groups = json_object_get(body, "groups");
+        if (groups) {
+            a->account_groups = json_dumps(groups, JSON_COMPACT);
+            json_object_del(body, "groups");
+            /* rebuild the column list without "groups" */
+            tg_buf_reset(&cols);
+            const char *k;
+            json_t *v;
+            json_object_foreach(body, k, v) tg_buf_printf(&cols, "%s%s", cols.len ? ", " : "", k);
+        }
+        json_t *cred = json_object_get(body, "credential");
+        if (json_is_string(cred)) {
+            uint8_t key[32];
+            if (tg_crypto_key(req->worker->gw->cfg->secret_key, key) != TG_OK) {
+                reply_error(req, 400, "no_secret_key",
+                            "credentials cannot be stored: the gateway has no TOLLGATE_SECRET_KEY");
+                goto done;
+            }
+            tg_buf_t sealed;
+            tg_buf_init(&sealed);
+            tg_crypto_seal(key, json_string_value(cred), json_string_length(cred), &sealed);
+            tg_buf_t hex;
+            tg_buf_init(&hex);
+            tg_buf_appends(&hex, "\\x");
+            for (size_t i = 0; i < sealed.len; i++)
+                tg_buf_printf(&hex, "%02x", (unsigned char)sealed.data[i]);
+            json_object_set_new(body, "credential", json_string(hex.data));
+            tg_buf_free(&hex);
+            tg_buf_free(&sealed);
+            OPENSSL_cleanse(key, sizeof(key));
+        }
+    }
+    if (!strcmp(r->path, "keys") && create) {
+        char plain[64];
+        tg_crypto_new_api_key(plain);
+        uint8_t d[32];
+        SHA256((const unsigned char *)plain, strlen(plain), d);
+        tg_buf_t hex;
+        tg_buf_init(&hex);
+        tg_buf_appends(&hex, "\\x");
+        for (int i = 0; i < 32; i++)
+            tg_buf_printf(&hex, "%02x", d[i]);
+        json_object_set_new(body, "key_hash", json_string(hex.data));
+        char prefix[16];
+        snprintf(prefix, sizeof(prefix), "%.8s", plain);
+        json_object_set_new(body, "prefix", json_string(prefix));
+        tg_buf_printf(&cols, "%skey_hash, prefix", cols.len ? ", " : "");
+        tg_buf_free(&hex);
+        snprintf(a->new_key, sizeof(a->new_key), "%s", plain);
+        OPENSSL_cleanse(plain, sizeof(plain));
+    }
+    if (!strcmp(r->path, "tenants") && create && json_object_get(body, "balance")) {
+        json_object_set(body, "opening_balance", json_object_get(body, "balance"));
+        tg_buf_appends(&cols, ", opening_balance");
+    }
+    if (!create && cols.len == 0 && !a->account_groups) {
+        reply_error(req, 400, "invalid_request", "nothing to change");
+        goto done;
+    }
+    char *json = json_dumps(body, JSON_COMPACT);
+    tg_buf_t sql, sel;
+    tg_buf_init(&sql);
+    tg_buf_init(&sel);
+    select_json(r, &sel);
+    /* Account groups are set in the same statement, after the row is written. */
+    char groups_cte[512] = "";
+    if (a->account_groups)
+        snprintf(groups_cte, sizeof(groups_cte),
+                 "g_del AS (DELETE FROM account_groups WHERE account_id = (SELECT id FROM w)), "
+                 "g_ins AS (INSERT INTO account_groups (account_id, group_id) "
+                 "SELECT (SELECT id FROM w), x::bigint FROM json_array_elements_text($%d::json) x), ",
+                 create ? 2 : 3);
+    if (create) {
+        if (cols.len == 0)
+            tg_buf_printf(&sql, "WITH w AS (INSERT INTO %s DEFAULT VALUES RETURNING *), ", r->table);
+        else
+            tg_buf_printf(&sql,
+                          "WITH w AS (INSERT INTO %s (%s) SELECT %s FROM json_populate_record(NULL::%s, $1::json) "
+                          "RETURNING *), ",
+                          r->table, cols.data, cols.data, r->table);
+    } else {
+        tg_buf_printf(&sql, "WITH w AS (UPDATE %s x SET ", r->table);
+        const char *s = cols.data ? cols.data : "";
+        int first = 1;
+        while (*s) {
+            const char *comma = strstr(s, ", ");
+            size_t n = comma ? (size_t)(comma - s) : strlen(s);
+            tg_buf_printf(&sql, "%s%.*s = j.%.*s", first ? "" : ", ", (int)n, s, (int)n, s);
+            first = 0;
+            s += n + (comma ? 2 : 0);
+        }
+        tg_buf_printf(&sql, "%s%s FROM json_populate_record(NULL::%s, $1::json) j WHERE x.%s = $2%s RETURNING x.*), ",
+                      first ? "" : ", ", strcmp(r->table, "model_prices") && 1 ? "updated_at = now()" : "updated_at = now()",
+                      r->table, r->id_col, r->text_id ? "" : "::bigint");
+    }
+    tg_buf_appends(&sql, groups_cte);
+    tg_buf_appends(&sql, "done AS (SELECT 1) SELECT ");
+    if (a->account_groups) {
+        /* Read the groups from the CTE inputs: the new membership is not visible yet. */
+        tg_buf_t sel2;
+        tg_buf_init(&sel2);
+        tg_buf_appends(&sel2, sel.data);
+        char *p = strstr(sel2.data, "'groups', (SELECT");
+        if (p) {
+            *p = '\0';
+            tg_buf_t fixed;
+            tg_buf_init(&fixed);
+            tg_buf_appends(&fixed, sel2.data);
+            tg_buf_printf(&fixed, "'groups', (SELECT coalesce(json_agg(x::bigint ORDER BY x::bigint), '[]') FROM "
+                                  "json_array_elements_text($%d::json) x))",
+                          create ? 2 : 3);
+            tg_buf_appends(&sql, fixed.data);
+            tg_buf_free(&fixed);
+        }
+        tg_buf_free(&sel2);
+    } else {
+        tg_buf_appends(&sql, sel.data);
+    }
+    tg_buf_appends(&sql, " FROM w t");
+    const char *params[3];
+    int np = 0;
+    params[np++] = json;
+    if (!create)
+        params[np++] = id;
+    if (a->account_groups)
+        params[np++] = a->account_groups;
+    if (create) {
+        run(a, sql.data, np, params, K_CREATED);
+    } else {
+        a->status_ok = 200;
+        run(a, sql.data, np, params, K_ONE);
+    }
+    OPENSSL_cleanse(json, strlen(json));
+    free(json);
+    tg_buf_free(&sql);
+    tg_buf_free(&sel);
+done:
+    tg_buf_free(&cols);
+    json_decref(body);
+}
+
+static void list_rows(actx_t *a, const char *query) {
+    const resource_t *r = a->res;
+    char limit[16] = "50", after[256] = "", tenant[32] = "";
+    query_get(query, "limit", limit, sizeof(limit));
+    if (!is_digits(limit) || atoi(limit) < 1 || atoi(limit) > 500) {
+        reply_error(a->req, 400, "invalid_request", "limit must be a number from 1 to 500");
+        return;
+    }
+    int has_after = query_get(query, "after", after, sizeof(after));
+    if (has_after && !r->text_id && !is_digits(after)) {
+        reply_error(a->req, 400, "invalid_request", "after must be an id");
+        return;
+    }
+    int has_tenant = query_get(query, "tenant_id", tenant, sizeof(tenant));
+    if (has_tenant && (!is_digits(tenant) || (strcmp(r->path, "keys") && strcmp(r->path, "users")))) {
+        reply_error(a->req, 400, "invalid_request", "tenant_id filters keys and users and must be an id");
+        return;
+    }
+    tg_buf_t sql, sel;
+    tg_buf_init(&sql);
+    tg_buf_init(&sel);
+    select_json(r, &sel);
+    const char *params[3];
+    int np = 0;
+    params[np++] = limit;
+    tg_buf_printf(&sql,
+                  "WITH page AS (SELECT * FROM %s t WHERE true", r->table);
+    if (has_after) {
+        params[np++] = after;
+        tg_buf_printf(&sql, " AND t.%s > $%d%s", r->id_col, np, r->text_id ? "" : "::bigint");
+    }
+    if (has_tenant) {
+        params[np++] = tenant;
+        tg_buf_printf(&sql, " AND t.tenant_id = $%d::bigint", np);
+    }
+    tg_buf_printf(&sql,
+                  " ORDER BY t.%s LIMIT $1::int + 1), rows AS (SELECT %s AS j, t.%s AS k FROM page t ORDER BY t.%s) "
+                  "SELECT json_build_object('data', coalesce((SELECT json_agg(j ORDER BY k) FROM (SELECT * FROM rows "
+                  "LIMIT $1::int) x), '[]'), 'has_more', (SELECT count(*) FROM rows) > $1::int, 'next_after', "
+                  "(SELECT max(k) FROM (SELECT k FROM rows ORDER BY k LIMIT $1::int) y))",
+                  r->id_col, sel.data, r->id_col, r->id_col);
+    run(a, sql.data, np, params, K_ROWS);
+    tg_buf_free(&sql);
+    tg_buf_free(&sel);
+}
+
+static void get_row(actx_t *a, const char *id) {
+    tg_buf_t sql, sel;
+    tg_buf_init(&sql);
+    tg_buf_init(&sel);
+    select_json(a->res, &sel);
+    tg_buf_printf(&sql, "SELECT %s FROM %s t WHERE t.%s = $1%s", sel.data, a->res->table, a->res->id_col,
+                  a->res->text_id ? "" : "::bigint");
+    const char *params[1] = {id};
+    run(a, sql.data, 1, params, K_ONE);
+    tg_buf_free(&sql);
+    tg_buf_free(&sel);
+}
+
+static void delete_row(actx_t *a, const char *id) {
+    char sql[256];
+    snprintf(sql, sizeof(sql), "DELETE FROM %s WHERE %s = $1%s", a->res->table, a->res->id_col,
+             a->res->text_id ? "" : "::bigint");
+    const char *params[1] = {id};
+    run(a, sql, 1, params, K_DELETED);
+}
+
+static void topup(actx_t *a, const char *id) {
+    tg_request_t *req = a->req;
+    json_t *body = json_loadb(req->body.data ? req->body.data : "", req->body.len, 0, NULL);
+    json_t *amount = json_object_get(body, "amount");
+    json_t *note = json_object_get(body, "note");
+    char amt[64] = "";
+    if (json_is_string(amount) && json_string_length(amount) < sizeof(amt))
+        snprintf(amt, sizeof(amt), "%s", json_string_value(amount));
+    else if (json_is_number(amount))
+        snprintf(amt, sizeof(amt), "%.10g", json_number_value(amount));
+    if (!is_decimal(amt) || amt[0] == '-' || strspn(amt, "0.") == strlen(amt)) {
+        reply_error(req, 400, "invalid_request", "amount must be a positive decimal number, e.g. \"25.00\"");
+        json_decref(body);
+        return;
+    }
+    if (note && !json_is_string(note)) {
+        reply_error(req, 400, "invalid_request", "note must be a string");
+        json_decref(body);
+        return;
+    }
+    const char *params[3] = {id, amt, note ? json_string_value(note) : NULL};
+    a->status_ok = 200;
+    run(a,
+        "WITH t AS (UPDATE tenants SET balance = balance + $2::numeric, updated_at = now() WHERE id = $1::bigint "
+        "RETURNING *), l AS (INSERT INTO ledger (tenant_id, kind, amount, note) SELECT id, 'topup', $2::numeric, $3 "
+        "FROM t) SELECT json_build_object('id', t.id, 'name', t.name, 'balance', t.balance) FROM t",
+        3, params, K_ONE);
+    json_decref(body);
+}
+
+static void usage_query(actx_t *a, const char *query, int summary) {
+    char tenant[32] = "", key[32] = "", model[200] = "", from[64] = "", to[64] = "", limit[16] = "100",
+         after[32] = "", group_by[32] = "model";
+    int ht = query_get(query, "tenant_id", tenant, sizeof(tenant));
+    int hk = query_get(query, "key_id", key, sizeof(key));
+    int hm = query_get(query, "model", model, sizeof(model));
+    int hf = query_get(query, "from", from, sizeof(from));
+    int hto = query_get(query, "to", to, sizeof(to));
+    int ha = query_get(query, "after", after, sizeof(after));
+    query_get(query, "limit", limit, sizeof(limit));
+    query_get(query, "group_by", group_by, sizeof(group_by));
+    if ((ht && !is_digits(tenant)) || (hk && !is_digits(key)) || (ha && !is_digits(after)) || !is_digits(limit) ||
+        atoi(limit) < 1 || atoi(limit) > 1000) {
+        reply_error(a->req, 400, "invalid_request", "tenant_id, key_id and after must be ids; limit 1 to 1000");
+        return;
+    }
+    const char *gcol = !strcmp(group_by, "model")    ? "model"
+                       : !strcmp(group_by, "key")    ? "api_key_id"
+                       : !strcmp(group_by, "tenant") ? "tenant_id"
+                       : !strcmp(group_by, "hour")   ? "date_trunc('hour', created_at)"
+                       : !strcmp(group_by, "day")    ? "date_trunc('day', created_at)"
+                                                     : NULL;
+    if (summary && !gcol) {
+        reply_error(a->req, 400, "invalid_request", "group_by must be model, key, tenant, hour or day");
+        return;
+    }
+    tg_buf_t where;
+    tg_buf_init(&where);
+    const char *params[8];
+    int np = 0;
+    tg_buf_appends(&where, " WHERE true");
+    if (ht) {
+        params[np++] = tenant;
+        tg_buf_printf(&where, " AND tenant_id = $%d::bigint", np);
+    }
+    if (hk) {
+        params[np++] = key;
+        tg_buf_printf(&where, " AND api_key_id = $%d::bigint", np);
+    }
+    if (hm) {
+        params[np++] = model;
+        tg_buf_printf(&where, " AND model = $%d", np);
+    }
+    if (hf) {
+        params[np++] = from;
+        tg_buf_printf(&where, " AND created_at >= $%d::timestamptz", np);
+    }
+    if (hto) {
+        params[np++] = to;
+        tg_buf_printf(&where, " AND created_at < $%d::timestamptz", np);
+    }
+    tg_buf_t sql;
+    tg_buf_init(&sql);
+    if (summary) {
+        tg_buf_printf(&sql,
+                      "SELECT json_build_object('group_by', '%s', 'data', coalesce(json_agg(r ORDER BY r.key), '[]')) "
+                      "FROM (SELECT %s AS key, count(*) AS requests, sum(input_tokens) AS input_tokens, "
+                      "sum(output_tokens) AS output_tokens, sum(cache_read_tokens) AS cache_read_tokens, "
+                      "sum(cache_write_tokens) AS cache_write_tokens, sum(reasoning_tokens) AS reasoning_tokens, "
+                      "sum(cost) AS cost FROM usage%s GROUP BY 1) r",
+                      group_by, gcol, where.data);
+    } else {
+        if (ha) {
+            params[np++] = after;
+            tg_buf_printf(&where, " AND id > $%d::bigint", np);
+        }
+        params[np++] = limit;
+        tg_buf_printf(&sql,
+                      "SELECT json_build_object('data', coalesce(json_agg(u ORDER BY u.id), '[]'), 'next_after', "
+                      "max(u.id)) FROM (SELECT * FROM usage%s ORDER BY id LIMIT $%d::int) u",
+                      where.data, np);
+    }
+    run(a, sql.data, np, params, K_PLAIN);
+    tg_buf_free(&sql);
+    tg_buf_free(&where);
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+static int admin_authorized(tg_request_t *req) {
+    const char *token = req->worker->gw->cfg->admin_token;
+    if (!token || !*token)
+        return 0;
+    const tg_str_t *h = tg_request_header(req, "authorization");
+    if (!h || h->len < 8 || strncasecmp(h->p, "Bearer ", 7) != 0)
+        return 0;
+    /* Compare digests so neither the content nor the length leaks through timing. */
+    uint8_t a[32], b[32];
+    SHA256((const unsigned char *)h->p + 7, h->len - 7, a);
+    SHA256((const unsigned char *)token, strlen(token), b);
+    return CRYPTO_memcmp(a, b, 32) == 0;
+}
+
+void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
+    actx_t *a = calloc(1, sizeof(*a));
+    a->req = req;
+    snprintf(a->path, sizeof(a->path), "%s", path);
+    req->route = TG_ROUTE_ADMIN;
+    req->handler_data = a;
+    req->abort_cb = admin_abort;
+    req->drain_cb = NULL;
+    req->finish_cb = admin_finish;
+    if (!req->worker->gw->cfg->admin_token) {
+        reply_error(req, 403, "admin_disabled", "the admin API is disabled: set admin_token or TOLLGATE_ADMIN_TOKEN");
+        return;
+    }
+    if (!admin_authorized(req)) {
+        reply_error(req, 401, "invalid_admin_token", "missing or wrong admin token");
+        return;
+    }
+    const char *rest = path + strlen("/admin/api/v1");
+    if (*rest == '/')
+        rest++;
+    char seg[3][256] = {{0}};
+    int nseg = 0;
+    while (*rest && nseg < 3) {
+        const char *slash = strchr(rest, '/');
+        size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+        if (n >= sizeof(seg[0]) || n == 0) {
+            reply_error(req, 404, "not_found", "unknown admin route");
+            return;
+        }
+        memcpy(seg[nseg], rest, n);
+        /* percent-decode ids such as model names with slashes */
+        char dec[256];
+        size_t o = 0;
+        for (size_t i = 0; i < n && o + 1 < sizeof(dec); i++) {
+            if (seg[nseg][i] == '%' && i + 2 < n && unhex(seg[nseg][i + 1]) >= 0 && unhex(seg[nseg][i + 2]) >= 0) {
+                dec[o++] = (char)(unhex(seg[nseg][i + 1]) << 4 | unhex(seg[nseg][i + 2]));
+                i += 2;
+            } else {
+                dec[o++] = seg[nseg][i];
+            }
+        }
+        dec[o] = '\0';
+        memcpy(seg[nseg], dec, o + 1);
+        nseg++;
+        rest = slash ? slash + 1 : rest + n;
+    }
+    if (*rest) {
+        reply_error(req, 404, "not_found", "unknown admin route");
+        return;
+    }
+    int m = req->method;
+    if (!strcmp(seg[0], "plugins")) {
+        if (nseg == 1 && m == HTTP_GET) {
+            char *s = tg_plugins_status_json();
+            reply_json(req, 200, s ? s : "{}", s ? strlen(s) : 2);
+            free(s);
+        } else if (nseg == 2 && !strcmp(seg[1], "reload") && m == HTTP_POST) {
+            char err[512] = "";
+            long gen = tg_plugins_request_reload(err, sizeof(err));
+            tg_buf_t b;
+            tg_buf_init(&b);
+            if (gen > 0) {
+                tg_buf_printf(&b, "{\"ok\":true,\"generation\":%ld}", gen);
+                reply_json(req, 200, b.data, b.len);
+            } else {
+                tg_buf_appends(&b, "{\"error\":{\"message\":\"");
+                tg_buf_append_json_escaped(&b, err, strlen(err));
+                tg_buf_appends(&b, "\",\"type\":\"invalid_request_error\",\"code\":\"reload_failed\"}}");
+                reply_json(req, 422, b.data, b.len);
+            }
+            tg_buf_free(&b);
+        } else {
+            reply_error(req, 404, "not_found", "unknown admin route");
+        }
+        return;
+    }
+    if (!strcmp(seg[0], "usage")) {
+        if (m != HTTP_GET)
+            reply_error(req, 405, "method_not_allowed", "usage is read-only");
+        else if (nseg == 1)
+            usage_query(a, query, 0);
+        else if (nseg == 2 && !strcmp(seg[1], "summary"))
+            usage_query(a, query, 1);
+        else
+            reply_error(req, 404, "not_found", "unknown admin route");
+        return;
+    }
+    const resource_t *r = resources;
+    while (r->path && strcmp(r->path, seg[0]))
+        r++;
+    if (!r->path) {
+        reply_error(req, 404, "not_found", "unknown admin route");
+        return;
+    }
+    a->res = r;
+    if (nseg >= 2 && !r->text_id && !is_digits(seg[1])) {
+        reply_error(req, 404, "not_found", "ids are numbers");
+        return;
+    }
+    if (nseg == 1) {
+        if (m == HTTP_GET)
+            list_rows(a, query);
+        else if (m == HTTP_POST)
+            write_row(a, NULL, 1);
+        else
+            reply_error(req, 405, "method_not_allowed", "use GET or POST");
+    } else if (nseg == 2) {
+        if (m == HTTP_GET)
+            get_row(a, seg[1]);
+        else if (m == HTTP_PATCH || m == HTTP_PUT)
+            write_row(a, seg[1], 0);
+        else if (m == HTTP_DELETE)
+            delete_row(a, seg[1]);
+        else
+            reply_error(req, 405, "method_not_allowed", "use GET, PATCH or DELETE");
+    } else if (nseg == 3 && !strcmp(r->path, "tenants") && !strcmp(seg[2], "topup")) {
+        if (m == HTTP_POST)
+            topup(a, seg[1]);
+        else
+            reply_error(req, 405, "method_not_allowed", "use POST");
+    } else {
+        reply_error(req, 404, "not_found", "unknown admin route");
+    }
+}
