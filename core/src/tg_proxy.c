@@ -234,6 +234,26 @@ static int phase_route(proxy_req_t *p) {
         tg_buf_init(&b);
         tg_gateway_t *gw = req->worker->gw;
         tg_metrics_render(gw->metrics, gw->nworkers, &b);
+        /* The key cache's counters (each worker writes its own; read without locks). */
+        uint64_t hits = 0, misses = 0, lookups = 0, neg = 0;
+        for (int i = 0; i < gw->nworkers; i++) {
+            const tg_state_stats_t *ss = gw->workers[i]->state ? tg_state_stats(gw->workers[i]->state) : NULL;
+            if (!ss)
+                continue;
+            hits += __atomic_load_n(&ss->hits, __ATOMIC_RELAXED);
+            misses += __atomic_load_n(&ss->misses, __ATOMIC_RELAXED);
+            lookups += __atomic_load_n(&ss->db_lookups, __ATOMIC_RELAXED);
+            neg += __atomic_load_n(&ss->negative_hits, __ATOMIC_RELAXED);
+        }
+        tg_buf_printf(&b,
+                      "# HELP tollgate_auth_cache_total API-key cache lookups by result.\n"
+                      "# TYPE tollgate_auth_cache_total counter\n"
+                      "tollgate_auth_cache_total{result=\"hit\"} %llu\ntollgate_auth_cache_total{result=\"miss\"} %llu\n"
+                      "tollgate_auth_cache_total{result=\"negative_hit\"} %llu\n"
+                      "# HELP tollgate_auth_db_lookups_total Key lookups that reached Postgres.\n"
+                      "# TYPE tollgate_auth_db_lookups_total counter\ntollgate_auth_db_lookups_total %llu\n",
+                      (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)neg,
+                      (unsigned long long)lookups);
         tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
         tg_buf_free(&b);
         return TG_DONE;
