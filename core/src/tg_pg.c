@@ -457,9 +457,12 @@ static void conn_connect_step(tg_pg_conn_t *c) {
         return;
     }
     PQsetNoticeProcessor(c->db, pg_on_notice, c);
+    if (c->backoff_ms)
+        tg_log_info("pg: connection %d re-established (backend pid %d)", c->index, PQbackendPID(c->db));
+    else
+        tg_log_debug("pg: connection %d up (backend pid %d)", c->index, PQbackendPID(c->db));
     c->backoff_ms = 0;
     c->pg->stats.connects++;
-    tg_log_debug("pg: connection %d up (backend pid %d)", c->index, PQbackendPID(c->db));
     c->state = C_SETUP;
     conn_setup(c);
 }

@@ -88,7 +88,7 @@ typedef struct {
     char *channel;
     tg_redis_msg_cb cb;
     void *ud;
-    int gap; /* the subscriber connection dropped: notify once re-subscribed */
+    int gap; /* a connection attempt failed or the connection dropped: notify once subscribed */
 } tg__redis_sub_t;
 
 struct tg_redis_s {
@@ -236,8 +236,13 @@ static int conn_accepts(const tg__redis_conn_t *c) {
 
 static void conn_on_timer(uv_timer_t *t);
 
+/* Schedules the next connection attempt. Subscribers will hear that messages may have
+ * been missed once their channel is subscribed again. */
 static void conn_retry(tg__redis_conn_t *c) {
     tg_redis_t *r = c->r;
+    if (c->is_sub)
+        for (int i = 0; i < r->nsubs; i++)
+            r->subs[i].gap = 1;
     int base = c->backoff_ms ? c->backoff_ms : REDIS_BACKOFF_MIN_MS;
     c->backoff_ms = TG_MIN(base * 2, REDIS_BACKOFF_MAX_MS);
     c->state = S_DOWN;
@@ -269,9 +274,6 @@ static void conn_gone(tg__redis_conn_t *c) {
     if (was_up) {
         r->stats.disconnects++;
         tg_log_warn("redis: %s connection lost; reconnecting", c->name);
-        if (c->is_sub)
-            for (int i = 0; i < r->nsubs; i++)
-                r->subs[i].gap = 1;
     }
     conn_retry(c);
 }
@@ -287,36 +289,50 @@ static void conn_on_cleanup(void *privdata) {
     conn_gone(c);
 }
 
+static const char k_auth[] = "AUTH", k_select[] = "SELECT", k_setname[] = "CLIENT SETNAME";
+
 static void conn_on_connect(const redisAsyncContext *ac, int status) {
     tg__redis_conn_t *c = ac->data;
-    tg_redis_t *r = c->r;
     if (status != REDIS_OK) {
         /* hiredis frees the context after this returns; conn_gone schedules the retry. */
         conn_log_failure(c, ac->errstr);
         c->tried = 1;
-        return;
     }
+    /* Connected: the connection is up once its setup commands have succeeded. */
+}
+
+/* The setup commands succeeded: the connection takes commands. */
+static void conn_ready(tg__redis_conn_t *c) {
+    tg_redis_t *r = c->r;
     uv_timer_stop(&c->timer);
     c->state = S_UP;
     c->tried = 1;
+    if (c->backoff_ms)
+        tg_log_info("redis: %s connection re-established", c->name);
+    else
+        tg_log_debug("redis: %s connection up", c->name);
     c->backoff_ms = 0;
     c->last_io = uv_now(r->loop);
     r->stats.connects++;
-    tg_log_debug("redis: %s connection up", c->name);
     if (!c->is_sub)
         redis_arm(r);
 }
 
 static void conn_on_setup_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
-    redisReply *reply = reply_;
-    if (!reply || reply->type != REDIS_REPLY_ERROR)
-        return;
     tg__redis_conn_t *c = ac->data;
-    tg_log_error("redis: %s connection: %s failed: %s", c->name, (const char *)privdata, reply->str);
-    if (!c->freeing) {
+    redisReply *reply = reply_;
+    if (!reply || c->r->closing || c->freeing)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+        /* A wrong password or database: not "up", so the backoff keeps growing. */
+        tg_log_error("redis: %s connection: %s failed: %s", c->name, (const char *)privdata, reply->str);
+        c->tried = 1;
         c->freeing = 1;
         redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
+        return;
     }
+    if (privdata == k_setname) /* the last one */
+        conn_ready(c);
 }
 
 static void conn_on_sub_reply(redisAsyncContext *ac, void *reply_, void *privdata);
@@ -364,22 +380,23 @@ static void conn_connect(tg__redis_conn_t *c) {
     redisAsyncSetConnectCallback(ac, conn_on_connect);
     uv_timer_start(&c->timer, conn_on_timer, (uint64_t)r->connect_timeout_ms, 0);
 
-    /* Pipelined ahead of everything else on this connection. */
+    /* Pipelined ahead of everything else on this connection; SETNAME comes last and its
+     * reply makes the connection ready. */
     if (r->pass) {
         const char *argv[3] = {"AUTH", r->user ? r->user : r->pass, r->pass};
-        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)"AUTH", r->user ? 3 : 2, argv, NULL);
+        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)k_auth, r->user ? 3 : 2, argv, NULL);
+    }
+    if (r->db > 0 && !c->is_sub) {
+        char db[16];
+        snprintf(db, sizeof(db), "%d", r->db);
+        const char *argv[2] = {"SELECT", db};
+        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)k_select, 2, argv, NULL);
     }
     /* Named, so CLIENT LIST tells which gateway process owns which connection. */
     char name[64];
     snprintf(name, sizeof(name), "tollgate:%d:%s", (int)getpid(), c->is_sub ? "sub" : "cmd");
     const char *setname[3] = {"CLIENT", "SETNAME", name};
-    redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)"CLIENT SETNAME", 3, setname, NULL);
-    if (r->db > 0 && !c->is_sub) {
-        char db[16];
-        snprintf(db, sizeof(db), "%d", r->db);
-        const char *argv[2] = {"SELECT", db};
-        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)"SELECT", 2, argv, NULL);
-    }
+    redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)k_setname, 3, setname, NULL);
     if (c->is_sub) {
         for (int i = 0; i < r->nsubs; i++) {
             int dup = 0;

@@ -39,8 +39,9 @@ extern const char tg_redis_err_shutdown[];     /* "shutdown": tg_redis_destroy()
  */
 typedef void (*tg_redis_cb)(void *ud, redisReply *reply, const char *err);
 
-/** A Pub/Sub message. After the subscriber connection was lost and came back, each
- *  subscriber gets one call with msg NULL and len 0: messages may have been missed. */
+/** A Pub/Sub message. When the subscriber connection comes up after it was lost or
+ *  failed to connect, each subscriber gets one call with msg NULL and len 0 once its
+ *  channel is subscribed again: messages may have been missed (drop cached state). */
 typedef void (*tg_redis_msg_cb)(void *ud, const char *msg, size_t len);
 
 /** Counters for /metrics; read in the client's loop thread. */
@@ -56,9 +57,9 @@ typedef struct {
 /**
  * Creates the client and starts connecting. `url` is "redis://[[user]:password@]host
  * [:port][/db]" or "unix:///path/to.sock". Each connection starts with AUTH (when a
- * password is given), CLIENT SETNAME tollgate:<pid>:cmd|sub, and SELECT (db > 0).
- * `timeout_ms` bounds each command from submission to reply; the connect timeout is
- * max(timeout_ms, 1000). Returns NULL (logged) for a bad URL or arguments. Host names
+ * password is given), SELECT (db > 0) and CLIENT SETNAME tollgate:<pid>:cmd|sub, and is
+ * up once they have succeeded. `timeout_ms` bounds each command from submission to
+ * reply; connecting (setup included) may take max(timeout_ms, 1000). Returns NULL (logged) for a bad URL or arguments. Host names
  * are resolved with a blocking lookup on each connect: prefer an address or a socket.
  * Commands issued before the first connection attempt has finished wait for it (within
  * their timeout); later ones fail at once while the connection is down.
