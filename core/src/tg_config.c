@@ -261,6 +261,41 @@ static int sub_table(cfg_ctx *c, const char *key, int (*fn)(cfg_ctx *, void *), 
     return rc;
 }
 
+static int get_policy(cfg_ctx *c, const char *key, int *out) {
+    char *s = NULL;
+    if (get_str(c, key, &s) != TG_OK)
+        return TG_ERROR;
+    if (!s)
+        return TG_OK;
+    int rc = TG_OK;
+    if (!strcmp(s, "closed"))
+        *out = 0;
+    else if (!strcmp(s, "open"))
+        *out = 1;
+    else if (!strcmp(s, "local"))
+        *out = 2;
+    else
+        rc = fail(c, key, "must be \"closed\", \"open\" or \"local\", got \"%s\"", s);
+    free(s);
+    return rc;
+}
+
+static int load_limiter(cfg_ctx *c, tg_config_t *cfg) {
+    static const char *const keys[] = {"lease_ttl_ms", "queue_max", "queue_timeout_ms", "on_redis_down_rate",
+                                       "on_redis_down_concurrency", NULL};
+    c->prefix = "limiter.";
+    int rc = check_keys(c, keys);
+    rc = rc ?: get_int(c, "lease_ttl_ms", &cfg->limiter.lease_ttl_ms, 1000, 3600000);
+    rc = rc ?: get_int(c, "queue_max", &cfg->limiter.queue_max, 0, 100000);
+    rc = rc ?: get_int(c, "queue_timeout_ms", &cfg->limiter.queue_timeout_ms, 0, 600000);
+    rc = rc ?: get_policy(c, "on_redis_down_rate", &cfg->limiter.fail_rate);
+    rc = rc ?: get_policy(c, "on_redis_down_concurrency", &cfg->limiter.fail_concurrency);
+    if (rc == TG_OK)
+        c->prefix = "";
+    return rc;
+}
+
+static int limiter_fn(cfg_ctx *c, void *a) { return load_limiter(c, a); }
 static int upstream_fn(cfg_ctx *c, void *a) { return load_upstream(c, a); }
 static int limits_fn(cfg_ctx *c, void *a) { return load_limits(c, a); }
 static int tls_fn(cfg_ctx *c, void *a) { return load_tls(c, a); }
@@ -275,6 +310,11 @@ static void defaults(tg_config_t *cfg) {
     cfg->pg_pool_size = 4;
     cfg->pg_timeout_ms = 5000;
     cfg->redis_timeout_ms = 250;
+    cfg->limiter.lease_ttl_ms = 30000;
+    cfg->limiter.queue_max = 16;
+    cfg->limiter.queue_timeout_ms = 8000;
+    cfg->limiter.fail_rate = 2;        /* local */
+    cfg->limiter.fail_concurrency = 2; /* local */
     cfg->limits = (tg_limits_config_t){
         .max_header_bytes = 16384,
         .max_body_bytes = 4 * 1024 * 1024,
@@ -308,7 +348,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
-                                       "limits", "upstream", NULL};
+                                       "limits", "upstream", "limiter", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -341,6 +381,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: load_keys(&c, cfg);
         rc = rc ?: sub_table(&c, "limits", limits_fn, &cfg->limits);
         rc = rc ?: sub_table(&c, "upstream", upstream_fn, &cfg->upstream);
+        rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
         if (rc == TG_OK && tg_log_level_parse(cfg->log_level) < 0)
             rc = fail(&c, "log_level", "must be error, warn, info or debug, got \"%s\"", cfg->log_level);
         if (rc == TG_OK && !cfg->upstream.url)

@@ -18,6 +18,7 @@
 
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_admin.h"
+#include "tollgate/tg_limits.h"
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
@@ -30,6 +31,7 @@
 typedef struct {
     tg_upstream_t *upstream;   /* the static upstream of the config file */
     tg_accounts_t *accounts;   /* the account snapshot, with Postgres */
+    tg_limits_t *limits;       /* admission in Redis */
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;
@@ -63,6 +65,8 @@ struct proxy_req_s {
     tg_upstream_t *up;
     const char *credential;
     int json_dirty;               /* the body must be re-serialized */
+    tg_admit_t *admit;            /* held while admitted; released at the end */
+    int64_t est_tokens;
     char traceparent[56];
 };
 
@@ -79,6 +83,15 @@ void tg_proxy_worker_init(tg_worker_t *w) {
         tg_log_error("worker %d: %s", w->index, err);
     if (tg_state_pg(w->state))
         pw->accounts = tg_accounts_create(&w->loop, w->state, w->gw->cfg, w->gw->client_tls);
+    const tg_config_t *cfg = w->gw->cfg;
+    tg_admission_config_t ac = {
+        .lease_ttl_ms = cfg->limiter.lease_ttl_ms,
+        .queue_max = cfg->limiter.queue_max,
+        .queue_timeout_ms = cfg->limiter.queue_timeout_ms,
+        .fail_rate = (tg_fail_policy_t)cfg->limiter.fail_rate,
+        .fail_concurrency = (tg_fail_policy_t)cfg->limiter.fail_concurrency,
+    };
+    pw->limits = tg_limits_create(&w->loop, w->state, &ac);
     w->proxy = pw;
 }
 
@@ -88,6 +101,7 @@ void tg_proxy_worker_close(tg_worker_t *w) {
         return;
     tg_upstream_destroy(pw->upstream);
     tg_accounts_destroy(pw->accounts);
+    tg_limits_destroy(pw->limits);
     free(pw);
     w->proxy = NULL;
     tg_state_destroy(w->state);
@@ -98,6 +112,8 @@ void tg_proxy_worker_close(tg_worker_t *w) {
 
 static void preq_free(proxy_req_t *p) {
     tg_state_auth_cancel(p->auth_wait);
+    if (p->admit)
+        tg_admit_cancel(p->admit);
     tg_principal_release(p->principal);
     tg_snapshot_release(p->snap);
     if (p->json)
@@ -185,6 +201,13 @@ static void on_finish(tg_request_t *req, int aborted) {
         uint64_t up = (p->upstream_end_ns ? p->upstream_end_ns : now) - p->upstream_start_ns;
         uint64_t total = now - req->start_ns;
         tg_histogram_observe(&m->overhead, total > up ? (total - up) / 1000 : 0);
+    }
+    if (p->admit) {
+        int64_t actual = (p->usage.known & TG_USAGE_INPUT) && (p->usage.known & TG_USAGE_OUTPUT)
+                             ? p->usage.input + p->usage.output + p->usage.cache_read + p->usage.cache_write
+                             : -1;
+        tg_admit_release(p->admit, actual);
+        p->admit = NULL;
     }
     if (p->usage.known & TG_USAGE_INPUT)
         atomic_fetch_add_explicit(&m->tokens_input, (uint64_t)p->usage.input, memory_order_relaxed);
@@ -400,6 +423,79 @@ static int phase_parse(proxy_req_t *p) {
         }
     }
     return TG_OK;
+}
+
+/* ---- phase: admit ------------------------------------------------------------------- */
+
+static void admit_done(void *ud, const tg_admit_outcome_t *out) {
+    proxy_req_t *p = ud;
+    if (out->result == TG_ADMIT_OK) {
+        proxy_run(p);
+        return;
+    }
+    tg_admit_t *a = p->admit;
+    p->admit = NULL;
+    tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
+    if (out->result == TG_ADMIT_UNAVAILABLE) {
+        p->error = "limiter_unavailable";
+        tg_response_start(p->req, 503, "application/json", "Retry-After: 1\r\n", -1);
+        static const char body[] = "{\"error\":{\"message\":\"the rate limiter is unavailable and this limit fails closed; "
+                                   "try again shortly\",\"type\":\"server_error\",\"code\":\"limiter_unavailable\"}}";
+        tg_response_body(p->req, body, sizeof(body) - 1);
+        tg_response_end(p->req);
+        return;
+    }
+    const char *code = out->result == TG_ADMIT_TOKENS        ? "tokens_limit_exceeded"
+                       : out->result == TG_ADMIT_CONCURRENCY ? "concurrency_limit_exceeded"
+                       : out->result == TG_ADMIT_QUEUE_FULL  ? "concurrency_limit_exceeded"
+                                                             : "rate_limit_exceeded";
+    p->error = code;
+    char extra[64], msg[200];
+    long secs = (long)((out->retry_after_ms + 999) / 1000);
+    if (secs < 1)
+        secs = 1;
+    snprintf(extra, sizeof(extra), "Retry-After: %ld\r\n", secs);
+    snprintf(msg, sizeof(msg), "%s limit reached%s; retry after %ld s", out->which ? out->which : "a",
+             out->result == TG_ADMIT_QUEUE_FULL ? " and the wait queue is full" : "", secs);
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_appends(&b, "{\"error\":{\"message\":\"");
+    tg_buf_append_json_escaped(&b, msg, strlen(msg));
+    tg_buf_printf(&b, "\",\"type\":\"rate_limit_error\",\"code\":\"%s\"}}", code);
+    tg_response_start(p->req, 429, "application/json", extra, (int64_t)b.len);
+    tg_response_body(p->req, b.data, b.len);
+    tg_buf_free(&b);
+    tg_response_end(p->req);
+}
+
+static int phase_admit(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    if (!pr || !p->pw->limits || p->req->route != TG_ROUTE_CHAT)
+        return TG_OK;
+    if (pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
+        pr->tenant_concurrency < 0)
+        return TG_OK;
+    /* The token estimate: prompt bytes / 4 plus the output bound. */
+    json_t *mt = json_object_get(p->json, "max_completion_tokens");
+    if (!json_is_integer(mt))
+        mt = json_object_get(p->json, "max_tokens");
+    int64_t out_bound = json_is_integer(mt) ? json_integer_value(mt) : 1024;
+    p->est_tokens = (int64_t)(p->req->body.len / 4) + TG_MAX(out_bound, 0);
+    tg_limit_req_t lim = {
+        .tenant_id = pr->tenant_id,
+        .key_id = pr->key_id,
+        .key_rpm = pr->rpm,
+        .key_burst = pr->rpm_burst,
+        .tenant_rpm = pr->tenant_rpm,
+        .tenant_burst = pr->tenant_rpm_burst,
+        .key_tpm = pr->tpm,
+        .tenant_tpm = pr->tenant_tpm,
+        .key_conc = pr->concurrency,
+        .tenant_conc = pr->tenant_concurrency,
+        .est_tokens = p->est_tokens,
+    };
+    p->admit = tg_limits_admit(p->pw->limits, p->req->id, &lim, admit_done, p);
+    return TG_AGAIN;
 }
 
 /* ---- phase: select ------------------------------------------------------------------ */
@@ -644,7 +740,7 @@ static int phase_upstream(proxy_req_t *p) {
 
 /* ---- the pipeline ------------------------------------------------------------------- */
 
-static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_select, phase_upstream};
+static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_admit, phase_select, phase_upstream};
 
 static void proxy_run(proxy_req_t *p) {
     while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {

@@ -60,7 +60,9 @@ static const char AUTH_SQL[] =
     "SELECT k.id, k.tenant_id, coalesce(k.group_id, 0), (k.status = 'active' AND t.status = 'active'), "
     "coalesce((extract(epoch FROM k.expires_at) * 1000)::bigint, 0), to_json(k.allowed_models), "
     "to_json(k.ip_allow::text[]), coalesce(k.rpm, -1), coalesce(k.tpm, -1), coalesce(k.concurrency, -1), "
-    "coalesce(k.budget::text, ''), coalesce(g.name, ''), to_json(g.models), k.prefix "
+    "coalesce(k.budget::text, ''), coalesce(g.name, ''), to_json(g.models), k.prefix, "
+    "coalesce(k.rpm_burst, -1), coalesce(t.rpm, -1), coalesce(t.rpm_burst, -1), coalesce(t.tpm, -1), "
+    "coalesce(t.concurrency, -1) "
     "FROM api_keys k JOIN tenants t ON t.id = k.tenant_id LEFT JOIN groups g ON g.id = k.group_id "
     "WHERE k.key_hash = $1::bytea";
 
@@ -189,7 +191,9 @@ tg_state_t *tg_state_create(uv_loop_t *loop, const tg_config_t *cfg, const uint8
     st->nstatic = nstatic;
     st->static_principal.refs = 1 << 30; /* never freed */
     st->static_principal.active = 1;
-    st->static_principal.rpm = st->static_principal.tpm = st->static_principal.concurrency = -1;
+    tg_principal_t *sp = &st->static_principal;
+    sp->rpm = sp->tpm = sp->concurrency = sp->rpm_burst = -1;
+    sp->tenant_rpm = sp->tenant_rpm_burst = sp->tenant_tpm = sp->tenant_concurrency = -1;
     snprintf(st->static_principal.key_prefix, sizeof(st->static_principal.key_prefix), "static");
     if (cfg->pg_conninfo) {
         st->pg = tg_pg_create(loop, cfg->pg_conninfo, cfg->pg_pool_size, cfg->pg_timeout_ms);
@@ -289,6 +293,11 @@ static tg_principal_t *principal_from_row(const PGresult *res) {
     if (!PQgetisnull(res, 0, 12))
         p->group_models = json_strings(PQgetvalue(res, 0, 12), &p->ngroup_models);
     snprintf(p->key_prefix, sizeof(p->key_prefix), "%s", PQgetvalue(res, 0, 13));
+    p->rpm_burst = atoll(PQgetvalue(res, 0, 14));
+    p->tenant_rpm = atoll(PQgetvalue(res, 0, 15));
+    p->tenant_rpm_burst = atoll(PQgetvalue(res, 0, 16));
+    p->tenant_tpm = atoll(PQgetvalue(res, 0, 17));
+    p->tenant_concurrency = atoll(PQgetvalue(res, 0, 18));
     return p;
 }
 

@@ -53,6 +53,13 @@ typedef struct {
     int redis_timeout_ms; /* per command */
     char *log_level;
     int access_log;
+    struct {
+        int lease_ttl_ms;       /* concurrency lease TTL (renewed at a third) */
+        int queue_max;          /* requests waiting for a slot, per worker */
+        int queue_timeout_ms;   /* longest wait for a slot before 429 */
+        int fail_rate;          /* when Redis is down: 0 closed, 1 open, 2 local */
+        int fail_concurrency;
+    } limiter;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;
     tg_limits_config_t limits;

@@ -45,6 +45,8 @@ typedef struct tg_principal_s {
     tg_cidr_t *ip_allow;   /* NULL: any address */
     int nip;
     int64_t rpm, tpm, concurrency; /* -1: no limit */
+    int64_t rpm_burst;             /* -1: the rpm */
+    int64_t tenant_rpm, tenant_rpm_burst, tenant_tpm, tenant_concurrency;
     char budget[40];       /* "" when none; a decimal string otherwise */
     char group_name[128];
     char key_prefix[16];

@@ -1,0 +1,94 @@
+/*
+ * Admission control in Redis that holds across every gateway instance: one atomic
+ * script per admission (one round trip, EVALSHA) checks and charges, for the key and
+ * its tenant,
+ *
+ *   - the RPM token bucket: capacity B (burst), refill r per second, t = min(B, t + r·Δ)
+ *     with Δ from Redis's own clock (TIME), never negative, never above B;
+ *   - the TPM bucket, charged with the request's estimate and corrected once afterwards;
+ *   - the concurrency lease: a sorted set per key and per tenant (member = request id,
+ *     score = lease expiry), expired members removed first, renewed for long streams;
+ *
+ * and remembers the request id (marker key with TTL), so the same request is never
+ * charged twice: a retried admission of an already admitted id just refreshes its
+ * leases. Release is one script too. All keys of one script share the hash tag
+ * {t:<tenant id>}, so the scripts run unchanged on Redis Cluster.
+ *
+ * When Redis does not answer (timeout, disconnected), the on_limiter_down policy decides
+ * per limit: closed (refuse, 503), open (admit), or local (a per-instance bucket of the
+ * same limit). See README "Limits" for what each choice can over-admit.
+ */
+#ifndef TOLLGATE_TG_LIMITS_H
+#define TOLLGATE_TG_LIMITS_H
+
+#include "tollgate/tg_common.h"
+#include "tollgate/tg_state.h"
+
+typedef struct tg_limits_s tg_limits_t;
+typedef struct tg_admit_s tg_admit_t;
+
+/** Limits of one request, -1 = none. */
+typedef struct {
+    int64_t tenant_id, key_id;
+    int64_t key_rpm, key_burst, tenant_rpm, tenant_burst;
+    int64_t key_tpm, tenant_tpm;
+    int64_t key_conc, tenant_conc;
+    int64_t est_tokens;
+} tg_limit_req_t;
+
+typedef enum {
+    TG_ADMIT_OK = 0,
+    TG_ADMIT_RATE,        /* an RPM bucket is empty */
+    TG_ADMIT_TOKENS,      /* a TPM bucket is empty */
+    TG_ADMIT_CONCURRENCY, /* every slot is taken (after the wait queue gave up) */
+    TG_ADMIT_QUEUE_FULL,  /* the wait queue for a slot is full */
+    TG_ADMIT_UNAVAILABLE, /* Redis is down and the policy is closed */
+} tg_admit_result_t;
+
+typedef struct {
+    tg_admit_result_t result;
+    const char *which;     /* "key rpm", "tenant concurrency", ... */
+    int64_t retry_after_ms;
+    int degraded;          /* decided without Redis (open or local policy) */
+    int waited_ms;         /* time spent in the wait queue */
+} tg_admit_outcome_t;
+
+typedef void (*tg_admit_cb)(void *ud, const tg_admit_outcome_t *out);
+
+/** The failure policy for one limit kind when Redis is down. */
+typedef enum { TG_FAIL_CLOSED = 0, TG_FAIL_OPEN = 1, TG_FAIL_LOCAL = 2 } tg_fail_policy_t;
+
+typedef struct {
+    int lease_ttl_ms;        /* concurrency lease lifetime; renewed at a third of it */
+    int queue_max;           /* requests that may wait for a slot per worker (default 16) */
+    int queue_timeout_ms;    /* how long one may wait (default 8000) */
+    tg_fail_policy_t fail_rate, fail_concurrency;
+} tg_admission_config_t;
+
+tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admission_config_t *cfg);
+void tg_limits_destroy(tg_limits_t *l);
+
+/**
+ * Admits request `request_id` (NUL-terminated, ≤ 64 bytes) against `lim`. The callback
+ * runs exactly once, never synchronously. Returns a handle for tg_admit_cancel (client
+ * gone while waiting) and for release.
+ */
+tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_limit_req_t *lim, tg_admit_cb cb,
+                            void *ud);
+/** The client went away before the callback: no callback; any lease taken is released. */
+void tg_admit_cancel(tg_admit_t *a);
+/**
+ * The request ended: releases its concurrency leases and corrects the TPM buckets by
+ * (actual_tokens - estimate) once (actual < 0: unknown, no correction). Frees `a`.
+ */
+void tg_admit_release(tg_admit_t *a, int64_t actual_tokens);
+
+/** Counters for /metrics. */
+typedef struct {
+    uint64_t admitted, refused_rate, refused_tokens, refused_concurrency, queue_full, waited;
+    uint64_t redis_down_open, redis_down_local, redis_down_closed;
+    uint64_t round_trips;
+} tg_limits_stats_t;
+const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l);
+
+#endif
