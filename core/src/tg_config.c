@@ -310,6 +310,7 @@ static void defaults(tg_config_t *cfg) {
     cfg->pg_pool_size = 4;
     cfg->pg_timeout_ms = 5000;
     cfg->redis_timeout_ms = 250;
+    tg_plugins_config_defaults(&cfg->plugins);
     cfg->limiter.lease_ttl_ms = 30000;
     cfg->limiter.queue_max = 16;
     cfg->limiter.queue_timeout_ms = 8000;
@@ -348,7 +349,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
-                                       "limits", "upstream", "limiter", NULL};
+                                       "limits", "upstream", "limiter", "plugins", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -382,6 +383,14 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: sub_table(&c, "limits", limits_fn, &cfg->limits);
         rc = rc ?: sub_table(&c, "upstream", upstream_fn, &cfg->upstream);
         rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
+        if (rc == TG_OK) {
+            lua_getfield(L, -1, "plugins");
+            if (!lua_isnil(L, -1)) {
+                tg_plugins_config_free(&cfg->plugins);
+                rc = tg_plugins_config_from_lua(L, lua_gettop(L), &cfg->plugins, err, errlen);
+            }
+            lua_pop(L, 1);
+        }
         if (rc == TG_OK && tg_log_level_parse(cfg->log_level) < 0)
             rc = fail(&c, "log_level", "must be error, warn, info or debug, got \"%s\"", cfg->log_level);
         if (rc == TG_OK && !cfg->upstream.url)
@@ -414,5 +423,6 @@ void tg_config_free(tg_config_t *cfg) {
     free(cfg->upstream.api_key);
     free(cfg->upstream.provider);
     free(cfg->upstream.ca_file);
+    tg_plugins_config_free(&cfg->plugins);
     memset(cfg, 0, sizeof(*cfg));
 }

@@ -84,10 +84,18 @@ int main(int argc, char **argv) {
         char err[512];
         tg_gateway_t *gw = NULL;
         if (!strcmp(cmd, "check")) {
-            /* Validate what serve would build, without listening. */
-            printf("config ok: listen %s:%d, upstream %s\n", cfg.listen_host, cfg.listen_port, cfg.upstream.url);
+            /* Validate what serve would build, without listening: the config, then every
+             * enabled plugin (load, schema, a dry call). */
+            rc = tg_plugins_check(&cfg.plugins, stdout);
+            if (rc == 0)
+                printf("config ok: listen %s:%d, upstream %s\n", cfg.listen_host, cfg.listen_port, cfg.upstream.url);
             tg_config_free(&cfg);
-            return 0;
+            return rc ? 2 : 0;
+        }
+        if (tg_plugins_global_init(&cfg.plugins, err, sizeof(err)) != TG_OK) {
+            fprintf(stderr, "%s\n", err);
+            tg_config_free(&cfg);
+            return 2;
         }
         gw = tg_gateway_create(&cfg, err, sizeof(err));
         if (!gw) {
@@ -99,6 +107,7 @@ int main(int argc, char **argv) {
             tg_log_warn("no keys configured: every data-plane request will get 401");
         rc = tg_gateway_run(gw);
         tg_gateway_destroy(gw);
+        tg_plugins_global_shutdown();
         tg_config_free(&cfg);
         return rc;
     }

@@ -19,6 +19,7 @@
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_admin.h"
 #include "tollgate/tg_limits.h"
+#include "tollgate/tg_plugin.h"
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
@@ -32,6 +33,7 @@ typedef struct {
     tg_upstream_t *upstream;   /* the static upstream of the config file */
     tg_accounts_t *accounts;   /* the account snapshot, with Postgres */
     tg_limits_t *limits;       /* admission in Redis */
+    tg_plugins_t *plugins;     /* this worker's plugin runtime */
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;
@@ -67,6 +69,12 @@ struct proxy_req_s {
     int json_dirty;               /* the body must be re-serialized */
     tg_admit_t *admit;            /* held while admitted; released at the end */
     int64_t est_tokens;
+    int ctx_on;                   /* ctx holds a plugin generation */
+    tg_hookctx_t ctx;             /* what the plugin hooks see */
+    tg_ffi_header_t hdrs[TG_MAX_HEADERS];
+    tg_ffi_account_t accts[64];
+    const tg_account_t *cands[64];
+    char key_id_s[24], tenant_id_s[24];
     char traceparent[56];
 };
 
@@ -92,6 +100,7 @@ void tg_proxy_worker_init(tg_worker_t *w) {
         .fail_concurrency = (tg_fail_policy_t)cfg->limiter.fail_concurrency,
     };
     pw->limits = tg_limits_create(&w->loop, w->state, &ac);
+    pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers);
     w->proxy = pw;
 }
 
@@ -102,6 +111,8 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     tg_upstream_destroy(pw->upstream);
     tg_accounts_destroy(pw->accounts);
     tg_limits_destroy(pw->limits);
+    if (pw->plugins)
+        tg_plugins_destroy(pw->plugins);
     free(pw);
     w->proxy = NULL;
     tg_state_destroy(w->state);
@@ -115,6 +126,8 @@ static void preq_free(proxy_req_t *p) {
     if (p->admit)
         tg_admit_cancel(p->admit);
     tg_principal_release(p->principal);
+    if (p->ctx_on)
+        tg_plugins_end(p->pw->plugins, &p->ctx);
     tg_snapshot_release(p->snap);
     if (p->json)
         json_decref(p->json);
@@ -156,13 +169,13 @@ static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t 
     if (p->upstream_start_ns && p->up)
         tg_buf_printf(&b, ",\"upstream\":\"%s\",\"upstream_status\":%d", tg_upstream_name(p->up),
                       p->upstream_status);
+    else
+        tg_buf_appends(&b, ",\"upstream\":null,\"upstream_status\":null");
     if (p->account)
         tg_buf_printf(&b, ",\"account_id\":%lld", (long long)p->account->id);
     if (p->principal && p->principal->key_id)
         tg_buf_printf(&b, ",\"key_id\":%lld,\"tenant_id\":%lld", (long long)p->principal->key_id,
                       (long long)p->principal->tenant_id);
-    else
-        tg_buf_appends(&b, ",\"upstream\":null,\"upstream_status\":null");
     if (p->model[0]) {
         tg_buf_appends(&b, ",\"model\":\"");
         tg_buf_append_json_escaped(&b, p->model, strlen(p->model));
@@ -180,6 +193,8 @@ static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t 
     tg_usage_append_json(&p->usage, &b);
     if (p->traceparent[0])
         tg_buf_printf(&b, ",\"traceparent\":\"%s\"", p->traceparent);
+    if (p->ctx_on)
+        tg_plugins_log_json(&p->ctx, &b);
     if (p->error)
         tg_buf_printf(&b, ",\"error\":\"%s\"", p->error);
     tg_buf_appends(&b, "}");
@@ -213,6 +228,22 @@ static void on_finish(tg_request_t *req, int aborted) {
         atomic_fetch_add_explicit(&m->tokens_input, (uint64_t)p->usage.input, memory_order_relaxed);
     if (p->usage.known & TG_USAGE_OUTPUT)
         atomic_fetch_add_explicit(&m->tokens_output, (uint64_t)p->usage.output, memory_order_relaxed);
+    if (p->ctx_on) {
+        tg_hookctx_t *c = &p->ctx;
+        c->usage_input = p->usage.input;
+        c->usage_output = p->usage.output;
+        c->usage_cache_read = p->usage.cache_read;
+        c->usage_cache_write = p->usage.cache_write;
+        c->usage_reasoning = p->usage.reasoning;
+        c->usage_known = p->usage.known;
+        c->status = aborted && req->status < 400 ? 499 : req->status;
+        c->ttft_ms = p->first_byte_ns ? (double)(p->first_byte_ns - req->start_ns) / 1e6 : -1;
+        c->total_ms = (double)(now - req->start_ns) / 1e6;
+        if (p->usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE))
+            tg_plugins_run(p->pw->plugins, TG_HOOK_PRICE, c);
+        if (tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_ON_LOG))
+            tg_plugins_run(p->pw->plugins, TG_HOOK_ON_LOG, c);
+    }
     if (req->worker->gw->cfg->access_log && req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS)
         access_log(p, req, aborted, now);
     req->handler_data = NULL;
@@ -398,8 +429,6 @@ static int phase_parse(proxy_req_t *p) {
         json_string_length(model) >= sizeof(p->model))
         return fail(p, 400, "invalid_request_error", "invalid_model", "model must be a non-empty string");
     snprintf(p->model, sizeof(p->model), "%s", json_string_value(model));
-    if (p->principal && !tg_principal_allows_model(p->principal, p->model))
-        return fail(p, 403, "permission_error", "model_not_allowed", "this API key may not use this model");
     json_t *messages = json_object_get(p->json, "messages");
     if (!json_is_array(messages))
         return fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
@@ -422,6 +451,67 @@ static int phase_parse(proxy_req_t *p) {
             json_object_set_new(so, "include_usage", json_true());
         }
     }
+    return TG_OK;
+}
+
+/* ---- phase: plugins (on_request, map_model) ----------------------------------------- */
+
+static int plugin_reject(proxy_req_t *p) {
+    tg_hookctx_t *c = &p->ctx;
+    int status = c->reject_status >= 400 && c->reject_status < 600 ? c->reject_status : 403;
+    p->error = "rejected_by_plugin";
+    tg_response_error(p->req, status, status == 429 ? "rate_limit_error" : "invalid_request_error",
+                      c->reject_code[0] ? c->reject_code : "rejected", c->reject_message[0] ? c->reject_message : "rejected by policy");
+    return TG_DONE;
+}
+
+static int phase_plugins(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    tg_plugins_t *pl = p->pw->plugins;
+    if (!pl || req->route != TG_ROUTE_CHAT)
+        return TG_OK;
+    tg_hookctx_t *c = &p->ctx;
+    tg_plugins_begin(pl, c);
+    p->ctx_on = 1;
+    for (int i = 0; i < req->nheaders; i++)
+        p->hdrs[i] = (tg_ffi_header_t){req->headers[i].name.p, req->headers[i].name.len, req->headers[i].value.p,
+                                       req->headers[i].value.len};
+    c->headers = p->hdrs;
+    c->nheaders = req->nheaders;
+    c->request_id = req->id;
+    c->request_id_len = strlen(req->id);
+    c->route = "chat";
+    c->route_len = 4;
+    c->protocol = "openai_chat";
+    c->protocol_len = 11;
+    if (p->principal && p->principal->key_id) {
+        snprintf(p->key_id_s, sizeof(p->key_id_s), "%lld", (long long)p->principal->key_id);
+        snprintf(p->tenant_id_s, sizeof(p->tenant_id_s), "%lld", (long long)p->principal->tenant_id);
+        snprintf(c->group, sizeof(c->group), "%.63s", p->principal->group_name);
+        c->group_len = strlen(c->group);
+    }
+    c->key_id = p->key_id_s;
+    c->key_id_len = strlen(p->key_id_s);
+    c->tenant_id = p->tenant_id_s;
+    c->tenant_id_len = strlen(p->tenant_id_s);
+    c->stream = p->stream;
+    json_t *mt = json_object_get(p->json, "max_completion_tokens");
+    if (!json_is_integer(mt))
+        mt = json_object_get(p->json, "max_tokens");
+    c->max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    tg_plugins_ctx_set_model(c, p->model, strlen(p->model));
+    if (tg_plugins_has_hook(pl, c, TG_HOOK_ON_REQUEST) && tg_plugins_run(pl, TG_HOOK_ON_REQUEST, c) == TG_DONE)
+        return plugin_reject(p);
+    if (tg_plugins_has_hook(pl, c, TG_HOOK_MAP_MODEL) && tg_plugins_run(pl, TG_HOOK_MAP_MODEL, c) == TG_DONE)
+        return plugin_reject(p);
+    if (c->model_len && (c->model_len != strlen(p->model) || memcmp(c->model, p->model, c->model_len) != 0)) {
+        snprintf(p->model, sizeof(p->model), "%.*s", (int)c->model_len, c->model);
+        json_object_set_new(p->json, "model", json_string(p->model));
+        p->json_dirty = 1;
+    }
+    /* The key's model restrictions apply to the model that will be served. */
+    if (p->principal && !tg_principal_allows_model(p->principal, p->model))
+        return fail(p, 403, "permission_error", "model_not_allowed", "this API key may not use this model");
     return TG_OK;
 }
 
@@ -547,7 +637,35 @@ static int phase_select(proxy_req_t *p) {
         snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", model);
         return fail(p, 503, "server_error", "no_account_available", msg);
     }
-    p->account = tg_accounts_pick_default(cands, n);
+    p->account = NULL;
+    tg_plugins_t *pl = p->pw->plugins;
+    if (p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
+        /* The routing plugin scores the candidates the filters left. */
+        int m = TG_MIN(n, 64);
+        for (int i = 0; i < m; i++) {
+            const tg_account_t *acc = cands[i];
+            p->cands[i] = acc;
+            tg_ffi_account_t *fa = &p->accts[i];
+            memset(fa, 0, sizeof(*fa));
+            fa->id = acc->name;
+            fa->id_len = strlen(acc->name);
+            fa->region = "";
+            fa->priority = acc->priority;
+            fa->max_concurrency = acc->concurrency;
+            fa->ttft_ewma_ms = -1;
+            fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - (int64_t)tg_wall_ms()) : -1;
+            fa->cost = atof(acc->cost_multiplier);
+        }
+        p->ctx.accounts = p->accts;
+        p->ctx.naccounts = m;
+        p->ctx.selected = -1;
+        if (tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &p->ctx) == TG_DONE)
+            return plugin_reject(p);
+        if (p->ctx.selected >= 0 && p->ctx.selected < m)
+            p->account = p->cands[p->ctx.selected];
+    }
+    if (!p->account)
+        p->account = tg_accounts_pick_default(cands, n);
     p->up = p->account->upstream;
     p->credential = p->account->credential;
     if (p->json) {
@@ -612,6 +730,11 @@ static void up_head(void *ud, const tg_uphead_t *head) {
         snprintf(extra + n, sizeof(extra) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
     if (is_sse)
         strncat(extra, "Cache-Control: no-cache\r\n", sizeof(extra) - strlen(extra) - 1);
+    if (p->ctx_on) {
+        size_t el = strlen(extra);
+        snprintf(extra + el, sizeof(extra) - el, "x-tollgate-generation: %llu\r\n%.*s",
+                 (unsigned long long)p->ctx.generation, (int)p->ctx.resp_headers_len, p->ctx.resp_headers);
+    }
     tg_response_start(p->req, head->status, head->content_type ? head->content_type : "application/json",
                       extra, -1);
 }
@@ -740,7 +863,8 @@ static int phase_upstream(proxy_req_t *p) {
 
 /* ---- the pipeline ------------------------------------------------------------------- */
 
-static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_admit, phase_select, phase_upstream};
+static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_plugins, phase_admit, phase_select,
+                                  phase_upstream};
 
 static void proxy_run(proxy_req_t *p) {
     while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {

@@ -10,6 +10,7 @@
 #define TOLLGATE_TG_CONFIG_H
 
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_plugin.h"
 
 typedef struct {
     char *url;          /* e.g. "https://api.openai.com/v1" */
@@ -60,6 +61,7 @@ typedef struct {
         int fail_rate;          /* when Redis is down: 0 closed, 1 open, 2 local */
         int fail_concurrency;
     } limiter;
+    tg_plugins_config_t plugins; /* the `plugins` section (tg_plugin.h) */
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;
     tg_limits_config_t limits;
