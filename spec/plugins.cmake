@@ -38,3 +38,9 @@ if(TG_NODE)
       LABELS "plugins;integration" TIMEOUT 300)
   endforeach()
 endif()
+
+# The in-process hook benchmark (spec/bench/plugins_bench.sh runs it).
+add_executable(tg_plugins_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/plugins_bench.c)
+target_compile_options(tg_plugins_bench PRIVATE ${TG_WARN})
+target_link_libraries(tg_plugins_bench PRIVATE tollgate_core)
+set_target_properties(tg_plugins_bench PROPERTIES ENABLE_EXPORTS ON RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})

@@ -19,6 +19,13 @@ require("tg_cdef")
 local schema = require("tg_schema")
 
 local C = ffi.C
+-- tg_ffi_* functions, resolved on first use and kept: plugin code runs interpreted,
+-- where a plain table lookup is much cheaper than a lookup in the ffi.C namespace.
+local F = setmetatable({}, { __index = function(t, k)
+    local f = C[k]
+    rawset(t, k, f)
+    return f
+end })
 local ffi_string = ffi.string
 local ctx_ptr_t = ffi.typeof("tg_hookctx_t *")
 local strout_t = ffi.typeof("const char *[1]")
@@ -108,6 +115,7 @@ local function refresh_accounts(c)
 end
 
 local Ctx = {}
+local band = require("bit").band
 
 function Ctx:hook() return HOOKS[cur.hook + 1] end
 function Ctx:request_id() return ffi_string(cur.request_id, cur.request_id_len) end
@@ -115,7 +123,15 @@ function Ctx:route() return ffi_string(cur.route, cur.route_len) end
 function Ctx:protocol() return ffi_string(cur.protocol, cur.protocol_len) end
 function Ctx:key_id() return ffi_string(cur.key_id, cur.key_id_len) end
 function Ctx:tenant_id() return ffi_string(cur.tenant_id, cur.tenant_id_len) end
-function Ctx:model() return ffi_string(cur.model, cur.model_len) end
+local model_cache -- the model as a Lua string, valid for the hook call running now
+function Ctx:model()
+    local m = model_cache
+    if not m then
+        m = ffi_string(cur.model, cur.model_len)
+        model_cache = m
+    end
+    return m
+end
 function Ctx:original_model() return ffi_string(cur.original_model, cur.original_model_len) end
 function Ctx:group() return ffi_string(cur.group, cur.group_len) end
 function Ctx:stream() return cur.stream ~= 0 end
@@ -131,7 +147,7 @@ end
 
 function Ctx:header(name)
     str(name, "header")
-    if C.tg_ffi_header(cur, name, #name, hdr_val, hdr_len) ~= 0 then return nil end
+    if F.tg_ffi_header(cur, name, #name, hdr_val, hdr_len) ~= 0 then return nil end
     return ffi_string(hdr_val[0], hdr_len[0])
 end
 
@@ -163,23 +179,24 @@ function Ctx:deadline_ms()
 end
 
 function Ctx:limits()
-    local out, bits = {}, cur.limits
-    for name, bit in pairs(LIMIT_BITS) do
-        if math.floor(bits / bit) % 2 == 1 then out[name] = true end
-    end
-    return out
+    local bits = cur.limits
+    return {
+        rate = band(bits, LIMIT_BITS.rate) ~= 0 or nil,
+        tokens = band(bits, LIMIT_BITS.tokens) ~= 0 or nil,
+        concurrency = band(bits, LIMIT_BITS.concurrency) ~= 0 or nil,
+        money = band(bits, LIMIT_BITS.money) ~= 0 or nil,
+    }
 end
 
 function Ctx:usage()
-    local c, k = cur, cur.usage_known
-    local function f(bit, v)
-        if math.floor(k / bit) % 2 == 1 then return tonumber(v) end
-        return nil
-    end
+    local c = cur
+    local k = tonumber(c.usage_known)
     return {
-        input = f(1, c.usage_input), output = f(2, c.usage_output),
-        cache_read = f(4, c.usage_cache_read), cache_write = f(8, c.usage_cache_write),
-        reasoning = f(16, c.usage_reasoning),
+        input = band(k, 1) ~= 0 and tonumber(c.usage_input) or nil,
+        output = band(k, 2) ~= 0 and tonumber(c.usage_output) or nil,
+        cache_read = band(k, 4) ~= 0 and tonumber(c.usage_cache_read) or nil,
+        cache_write = band(k, 8) ~= 0 and tonumber(c.usage_cache_write) or nil,
+        reasoning = band(k, 16) ~= 0 and tonumber(c.usage_reasoning) or nil,
     }
 end
 function Ctx:cost_nanousd()
@@ -197,14 +214,15 @@ function Ctx:total_ms() return cur.total_ms end
 
 function Ctx:set_model(m)
     str(m, "set_model")
-    local rc = C.tg_ffi_set_model(cur, m, #m)
+    local rc = F.tg_ffi_set_model(cur, m, #m)
     if rc ~= 0 then return fail(rc, "set_model") end
+    model_cache = m
     return true
 end
 
 function Ctx:set_group(g)
     str(g, "set_group")
-    local rc = C.tg_ffi_set_group(cur, g, #g)
+    local rc = F.tg_ffi_set_group(cur, g, #g)
     if rc ~= 0 then return fail(rc, "set_group") end
     return true
 end
@@ -212,27 +230,32 @@ end
 function Ctx:reject(status, code, message)
     code = str(code or "rejected_by_policy", "reject")
     message = str(message or "rejected by policy", "reject")
-    local rc = C.tg_ffi_reject(cur, tonumber(status) or 0, code, #code, message, #message)
+    local rc = F.tg_ffi_reject(cur, tonumber(status) or 0, code, #code, message, #message)
     if rc ~= 0 then return fail(rc, "reject") end
     return true
 end
 
 function Ctx:exclude(i)
-    local rc = C.tg_ffi_exclude(cur, (tonumber(i) or 0) - 1)
+    local rc = F.tg_ffi_exclude(cur, (tonumber(i) or 0) - 1)
     if rc ~= 0 then return fail(rc, "exclude") end
     accounts[i].excluded = true
     return true
 end
 
+-- Scores stay in the Lua views while the hook runs (no FFI call per account); the
+-- dispatcher writes them back through tg_ffi_set_score once the plugins are done.
 function Ctx:set_score(i, s)
-    local rc = C.tg_ffi_set_score(cur, (tonumber(i) or 0) - 1, tonumber(s) or 0 / 0)
-    if rc ~= 0 then return fail(rc, "set_score") end
+    if cur.hook ~= 2 then return fail(-1, "set_score") end
+    s = tonumber(s)
+    if type(i) ~= "number" or i < 1 or i > naccounts or not s or s ~= s then
+        return nil, "bad argument"
+    end
     accounts[i].score = s
     return true
 end
 
 function Ctx:select(i)
-    local rc = C.tg_ffi_select(cur, (tonumber(i) or 0) - 1)
+    local rc = F.tg_ffi_select(cur, (tonumber(i) or 0) - 1)
     if rc ~= 0 then return fail(rc, "select") end
     return true
 end
@@ -241,7 +264,7 @@ local RETRY = { give_up = 0, same = 1, other = 2 }
 function Ctx:retry(action, delay_ms)
     local a = RETRY[action]
     if not a then error("retry: action must be 'same', 'other' or 'give_up'", 2) end
-    local rc = C.tg_ffi_retry(cur, a, math.floor(tonumber(delay_ms) or 0))
+    local rc = F.tg_ffi_retry(cur, a, math.floor(tonumber(delay_ms) or 0))
     if rc ~= 0 then return fail(rc, "retry") end
     return true
 end
@@ -250,13 +273,13 @@ function Ctx:give_up() return self:retry("give_up", 0) end
 function Ctx:limiter(decision)
     local d = decision == "open" and 1 or decision == "closed" and 0 or nil
     if not d then error("limiter: decision must be 'open' or 'closed'", 2) end
-    local rc = C.tg_ffi_limiter(cur, d)
+    local rc = F.tg_ffi_limiter(cur, d)
     if rc ~= 0 then return fail(rc, "limiter") end
     return true
 end
 
 function Ctx:set_cost(nanousd)
-    local rc = C.tg_ffi_set_cost(cur, tonumber(nanousd) or -1)
+    local rc = F.tg_ffi_set_cost(cur, tonumber(nanousd) or -1)
     if rc ~= 0 then return fail(rc, "set_cost") end
     return true
 end
@@ -264,7 +287,7 @@ end
 function Ctx:add_header(name, value)
     str(name, "add_header")
     value = tostring(value)
-    local rc = C.tg_ffi_add_header(cur, name, #name, value, #value)
+    local rc = F.tg_ffi_add_header(cur, name, #name, value, #value)
     if rc ~= 0 then return fail(rc, "add_header") end
     return true
 end
@@ -272,7 +295,7 @@ end
 function Ctx:log_field(key, value)
     str(key, "log_field")
     value = tostring(value)
-    local rc = C.tg_ffi_log_field(cur, key, #key, value, #value)
+    local rc = F.tg_ffi_log_field(cur, key, #key, value, #value)
     if rc ~= 0 then return fail(rc, "log_field") end
     return true
 end
@@ -281,7 +304,7 @@ function Ctx:log(level, msg)
     local l = LOG_LEVELS[level]
     if not l then error("log: level must be error, warn, info or debug", 2) end
     msg = tostring(msg)
-    C.tg_ffi_log(cur, l, msg, #msg)
+    F.tg_ffi_log(cur, l, msg, #msg)
     return true
 end
 
@@ -301,7 +324,7 @@ local api = {
     version = "0.1.0",
     hooks = HOOKS,
     now_ms = function() return cur and cur.now_ms or os.time() * 1000 end,
-    monotonic_ms = function() return C.tg_ffi_monotonic_ms() end,
+    monotonic_ms = function() return F.tg_ffi_monotonic_ms() end,
 }
 M.api = api
 
@@ -454,14 +477,25 @@ local function make_dispatch(hook_id, list)
     return function(ud)
         local c = ffi.cast(ctx_ptr_t, ud)
         cur = c
+        model_cache = nil
         if with_accounts then refresh_accounts(c) end
+        local failed, err = 0, nil
         for i = 1, n do
             -- Per-group configs arrive with the state issue: this is the seam.
-            local ok, err = pcall(fns[i], ctx, confs[i])
-            if not ok then return i, tostring(err) end
-            if c.decided ~= 0 then return 0 end
+            local ok, e = pcall(fns[i], ctx, confs[i])
+            if not ok then
+                failed, err = i, tostring(e)
+                break
+            end
+            if c.decided ~= 0 then break end
         end
-        return 0
+        if with_accounts then
+            for i = 1, naccounts do
+                local s = accounts[i].score
+                if c.accounts[i - 1].score ~= s then F.tg_ffi_set_score(c, i - 1, s) end
+            end
+        end
+        return failed, err
     end
 end
 

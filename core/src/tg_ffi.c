@@ -226,23 +226,42 @@ int tg_ffi_log_field(tg_hookctx_t *ctx, const char *key, size_t key_len, const c
         return TG_FFI_EPHASE;
     if (!token_ok(key, key_len))
         return TG_FFI_EARG;
-    tg_buf_t b;
-    tg_buf_init(&b);
-    tg_buf_appends(&b, ",\"");
-    tg_buf_append(&b, key, key_len);
-    tg_buf_appends(&b, "\":\"");
-    tg_buf_append_json_escaped(&b, value, value_len);
-    tg_buf_appends(&b, "\"");
-    int rc = TG_FFI_OK;
-    if (ctx->log_fields_len + b.len >= sizeof(ctx->log_fields)) {
-        rc = TG_FFI_ETOOLONG;
-    } else {
-        memcpy(ctx->log_fields + ctx->log_fields_len, b.data, b.len);
-        ctx->log_fields_len += b.len;
-        ctx->log_fields[ctx->log_fields_len] = '\0';
+    /* ,"key":"value" written in place; the value escaped for JSON. */
+    char *d = ctx->log_fields + ctx->log_fields_len;
+    size_t room = sizeof(ctx->log_fields) - ctx->log_fields_len - 1, n = 0;
+    if (key_len + 6 > room)
+        return TG_FFI_ETOOLONG;
+    d[n++] = ',';
+    d[n++] = '"';
+    memcpy(d + n, key, key_len);
+    n += key_len;
+    memcpy(d + n, "\":\"", 3);
+    n += 3;
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < value_len; i++) {
+        unsigned char c = (unsigned char)value[i];
+        char esc[6];
+        size_t m = 0;
+        if (c == '"' || c == '\\') {
+            esc[m++] = '\\';
+            esc[m++] = (char)c;
+        } else if (c < 0x20) {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            m = 6;
+        } else {
+            esc[m++] = (char)c;
+        }
+        if (n + m + 1 > room)
+            return TG_FFI_ETOOLONG;
+        memcpy(d + n, esc, m);
+        n += m;
     }
-    tg_buf_free(&b);
-    return rc;
+    d[n++] = '"';
+    ctx->log_fields_len += n;
+    ctx->log_fields[ctx->log_fields_len] = '\0';
+    return TG_FFI_OK;
 }
 
 int tg_ffi_log(const tg_hookctx_t *ctx, int level, const char *msg, size_t len) {

@@ -17,7 +17,10 @@
 #include <lua.h>
 #include <luajit.h>
 #include <lualib.h>
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,11 +29,26 @@
 
 #define TICK 1000
 
-/* The budget of the hook call running on this thread. */
+/*
+ * The budget of plugin code running on this thread.
+ *
+ * Two mechanisms, both relying on plugin code being interpreted (jit.off):
+ *  - max_hook_ms (always): a watchdog thread notices a call that has used more than
+ *    max_hook_ms of its thread's CPU time (CPU, not wall clock, so a worker that was
+ *    merely descheduled on a busy machine is not punished) and
+ *    sends its thread TG_PLUGINS_WATCHDOG_SIGNAL; the handler, on that thread, installs a
+ *    count hook with lua_sethook, which is what LuaJIT's own command line does on
+ *    Ctrl-C. The hook raises an error at the next interpreted instruction. Costs
+ *    nothing while plugins behave.
+ *  - max_instructions (optional, 0 = off): a count hook installed for good counts
+ *    every interpreted instruction; deterministic, but it halves the interpreter's speed.
+ */
 static __thread long tl_ticks, tl_tick_limit;
-static __thread uint64_t tl_deadline_ns;
+static __thread lua_State *volatile tl_L;
+static __thread volatile sig_atomic_t tl_in_call, tl_expired;
+static __thread int tl_expired_ms;
 
-static void budget_hook(lua_State *L, lua_Debug *ar) {
+static void count_hook(lua_State *L, lua_Debug *ar) {
     TG_UNUSED(ar);
     if (++tl_ticks > tl_tick_limit) {
         char msg[96];
@@ -38,14 +56,65 @@ static void budget_hook(lua_State *L, lua_Debug *ar) {
         lua_pushstring(L, msg);
         lua_error(L);
     }
-    if (tg_now_ns() > tl_deadline_ns)
-        luaL_error(L, "plugin budget exceeded: ran longer than its time limit");
 }
 
-static void budget_start(const tg_plugins_t *pl, long mult) {
+static void expired_hook(lua_State *L, lua_Debug *ar) {
+    TG_UNUSED(ar);
+    char msg[96];
+    snprintf(msg, sizeof(msg), "plugin budget exceeded: ran longer than %d ms", tl_expired_ms);
+    /* Fire again every TICK instructions until the call has unwound. */
+    lua_sethook(L, expired_hook, LUA_MASKCOUNT, TICK);
+    lua_pushstring(L, msg);
+    lua_error(L);
+}
+
+static void on_watchdog_signal(int sig) {
+    TG_UNUSED(sig);
+    int saved = errno;
+    if (tl_in_call && tl_L && !tl_expired) {
+        tl_expired = 1;
+        lua_sethook(tl_L, expired_hook, LUA_MASKCOUNT, 1);
+    }
+    errno = saved;
+}
+
+/* Runs lua_pcall under the budget; `mult` scales it (loading gets more than a hook). */
+static int guarded_pcall(tg_plugins_t *pl, int nargs, int nresults, long mult) {
+    lua_State *L = pl->L;
+    if (!pl->thread_known) {
+        pl->thread = pthread_self();
+        if (pthread_getcpuclockid(pl->thread, &pl->cpu_clock) != 0)
+            pl->cpu_clock = CLOCK_MONOTONIC;
+        atomic_store(&pl->thread_known, 1);
+    }
     tl_ticks = 0;
     tl_tick_limit = TG_MAX(1, pl->max_instructions * mult / TICK);
-    tl_deadline_ns = tg_now_ns() + (uint64_t)pl->max_hook_ms * (uint64_t)mult * 1000000u;
+    tl_expired_ms = (int)(pl->max_hook_ms * mult);
+    tl_L = L;
+    atomic_store_explicit(&pl->call_limit_ns, (uint64_t)pl->max_hook_ms * (uint64_t)mult * 1000000u,
+                          memory_order_relaxed);
+    atomic_store_explicit(&pl->call_start_ns, tg_now_ns(), memory_order_release);
+    tl_in_call = 1;
+    int rc = lua_pcall(L, nargs, nresults, 0);
+    tl_in_call = 0;
+    atomic_store_explicit(&pl->call_start_ns, 0, memory_order_release);
+    if (tl_expired) {
+        tl_expired = 0;
+        if (pl->max_instructions > 0)
+            lua_sethook(L, count_hook, LUA_MASKCOUNT, TICK);
+        else
+            lua_sethook(L, NULL, 0, 0);
+    }
+    return rc;
+}
+
+void tg__plugins_install_signal(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_watchdog_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(TG_PLUGINS_WATCHDOG_SIGNAL, &sa, NULL);
 }
 
 static inline void counter_inc(_Atomic uint64_t *c) {
@@ -76,7 +145,7 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
     pl->loop = loop;
     pl->worker = worker;
     pl->nworkers = nworkers;
-    pl->max_instructions = max_instructions > 0 ? max_instructions : 1000000;
+    pl->max_instructions = max_instructions > 0 ? max_instructions : 0;
     pl->max_hook_ms = max_hook_ms > 0 ? max_hook_ms : 50;
     pl->runtime_ref = LUA_NOREF;
     lua_State *L = luaL_newstate();
@@ -103,14 +172,14 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
         lua_setfield(L, -2, f->name);
     }
     lua_pop(L, 2);
-    lua_sethook(L, budget_hook, LUA_MASKCOUNT, TICK);
-    budget_start(pl, 100);
+    if (pl->max_instructions > 0)
+        lua_sethook(L, count_hook, LUA_MASKCOUNT, TICK);
+    tg__plugins_register(pl);
     lua_getglobal(L, "require");
     lua_pushstring(L, "tg_runtime");
-    if (lua_pcall(L, 1, 1, 0) != 0) {
+    if (guarded_pcall(pl, 1, 1, 100) != 0) {
         snprintf(err, errlen, "plugins: runtime: %s", lua_tostring(L, -1));
-        lua_close(L);
-        free(pl);
+        tg__plugins_free(pl);
         return NULL;
     }
     pl->runtime_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -123,8 +192,7 @@ static void gen_free(tg_plugin_gen_t *g) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, pl->runtime_ref);
     lua_getfield(L, -1, "destroy");
     lua_rawgeti(L, LUA_REGISTRYINDEX, g->gen_ref);
-    budget_start(pl, 1);
-    if (lua_pcall(L, 1, 0, 0) != 0) {
+    if (guarded_pcall(pl, 1, 0, 1) != 0) {
         tg_log_warn("plugins: worker %d: generation %llu destroy: %s", pl->worker, (unsigned long long)g->number,
                     lua_tostring(L, -1));
         lua_pop(L, 1);
@@ -171,8 +239,7 @@ static tg_plugin_gen_t *gen_build(tg_plugins_t *pl, const tg_plugin_src_t *src, 
         lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "plugins");
-    budget_start(pl, 10);
-    if (lua_pcall(L, 1, 2, 0) != 0) {
+    if (guarded_pcall(pl, 1, 2, 10) != 0) {
         snprintf(err, errlen, "%s", lua_tostring(L, -1));
         lua_settop(L, top);
         return NULL;
@@ -225,6 +292,7 @@ int tg__plugins_install(tg_plugins_t *pl, tg_plugin_src_t *src, char *err, size_
 void tg__plugins_free(tg_plugins_t *pl) {
     if (!pl)
         return;
+    tg__plugins_unregister(pl);
     if (pl->current)
         gen_unref(pl->current);
     pl->current = NULL;
@@ -393,10 +461,9 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
         counter_inc(&pl->calls[hook]);
         lua_rawgeti(L, LUA_REGISTRYINDEX, g->dispatch_ref[hook]);
         lua_pushlightuserdata(L, ctx);
-        budget_start(pl, 1);
         int idx = 0;
         const char *err = NULL;
-        if (lua_pcall(L, 1, 2, 0) != 0) {
+        if (guarded_pcall(pl, 1, 2, 1) != 0) {
             err = lua_tostring(L, -1);
             if (!err)
                 err = "(error object is not a string)";
@@ -689,7 +756,6 @@ tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers) {
         if (cfg->watch)
             start_watches(pl, cfg);
     }
-    tg__plugins_register(pl);
     /* A reload may have been published between reading src and registering. */
     uv_async_send(&pl->async);
     return pl;
@@ -698,7 +764,6 @@ tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers) {
 void tg_plugins_destroy(tg_plugins_t *pl) {
     if (!pl)
         return;
-    tg__plugins_unregister(pl);
     pl->destroyed = 1;
     if (!pl->open_handles) {
         maybe_free(pl);

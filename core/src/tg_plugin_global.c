@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "tg_plugin_internal.h"
 
@@ -26,7 +27,7 @@ void tg_plugins_config_defaults(tg_plugins_config_t *out) {
     out->dirs[1] = strdup("policies");
     out->ndirs = 2;
     out->watch = 1;
-    out->max_instructions = 1000000;
+    out->max_instructions = 0;
     out->max_hook_ms = 50;
 }
 
@@ -273,8 +274,8 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     lua_getfield(L, t, "max_instructions");
     if (!lua_isnil(L, -1)) {
         double v = lua_tonumber(L, -1);
-        if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(long)v || v < 1000 || v > 1e10)
-            rc = cfail(err, errlen, "plugins.max_instructions", "expected a whole number from 1000 to 1e10");
+        if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(long)v || (v != 0 && v < 1000) || v > 1e10)
+            rc = cfail(err, errlen, "plugins.max_instructions", "expected 0 (off) or a whole number from 1000 to 1e10");
         out->max_instructions = (long)v;
     }
     lua_pop(L, 1);
@@ -407,14 +408,19 @@ tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, char *err, 
 
 /* ---- global state ------------------------------------------------------------------- */
 
+/* Registry, published source and last result; statically initialised because
+ * offline runtimes (tollgate check, the workbench) register without global init. */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t reload_mu = PTHREAD_MUTEX_INITIALIZER; /* serializes reloads */
+static pthread_cond_t wd_cond = PTHREAD_COND_INITIALIZER;
+static int wd_started;
+static tg_plugins_t *registry; /* every runtime: workers and offline ones */
+
 static struct {
-    uv_mutex_t mu;        /* registry, current, last result */
-    uv_mutex_t reload_mu; /* serializes reloads */
     int inited;
     tg_plugins_config_t cfg;
     tg_plugin_src_t *current;
     uint64_t next_number;
-    tg_plugins_t *workers;
     /* The last reload. */
     int last_ok;
     uint64_t last_at_ms;
@@ -429,36 +435,91 @@ const tg_plugins_config_t *tg__plugins_global_cfg(void) { return G.inited ? &G.c
 tg_plugin_src_t *tg__plugins_current_src(void) {
     if (!G.inited)
         return NULL;
-    uv_mutex_lock(&G.mu);
+    pthread_mutex_lock(&mu);
     tg_plugin_src_t *s = G.current;
     if (s)
         tg__plugin_src_ref(s);
-    uv_mutex_unlock(&G.mu);
+    pthread_mutex_unlock(&mu);
     return s;
 }
 
+/*
+ * The watchdog: a detached thread that, while any runtime exists, looks every few
+ * milliseconds for a Lua call that has run past its limit and signals its thread
+ * (see guarded_pcall in tg_plugin.c). It sleeps on a condition while none exists.
+ */
+static void *watchdog_main(void *arg) {
+    TG_UNUSED(arg);
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (!registry)
+            pthread_cond_wait(&wd_cond, &mu);
+        long interval_ms = 25;
+        for (tg_plugins_t *pl = registry; pl; pl = pl->next) {
+            interval_ms = TG_MIN(interval_ms, TG_MAX(1, pl->max_hook_ms / 4));
+            uint64_t start = atomic_load_explicit(&pl->call_start_ns, memory_order_acquire);
+            if (!start || !atomic_load(&pl->thread_known) || pl->signalled_start == start)
+                continue;
+            /* CPU time the call has used since the watchdog first saw it running. */
+            struct timespec ts;
+            if (clock_gettime(pl->cpu_clock, &ts) != 0)
+                continue;
+            uint64_t cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+            if (pl->seen_start != start) {
+                pl->seen_start = start;
+                pl->seen_cpu_ns = cpu;
+                continue;
+            }
+            uint64_t limit = atomic_load_explicit(&pl->call_limit_ns, memory_order_relaxed);
+            if (cpu - pl->seen_cpu_ns > limit) {
+                pl->signalled_start = start;
+                pthread_kill(pl->thread, TG_PLUGINS_WATCHDOG_SIGNAL);
+            }
+        }
+        pthread_mutex_unlock(&mu);
+        struct timespec ts = {0, interval_ms * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&mu);
+    }
+    return NULL;
+}
+
 void tg__plugins_register(tg_plugins_t *pl) {
-    uv_mutex_lock(&G.mu);
-    pl->next = G.workers;
-    G.workers = pl;
-    uv_mutex_unlock(&G.mu);
+    pthread_mutex_lock(&mu);
+    if (!wd_started) {
+        tg__plugins_install_signal();
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* The watchdog must never take the signal it sends. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&t, &attr, watchdog_main, NULL) == 0)
+            wd_started = 1;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+    }
+    pl->next = registry;
+    registry = pl;
+    pthread_cond_signal(&wd_cond);
+    pthread_mutex_unlock(&mu);
 }
 
 void tg__plugins_unregister(tg_plugins_t *pl) {
-    if (!G.inited)
-        return;
-    uv_mutex_lock(&G.mu);
-    for (tg_plugins_t **pp = &G.workers; *pp; pp = &(*pp)->next) {
+    pthread_mutex_lock(&mu);
+    for (tg_plugins_t **pp = &registry; *pp; pp = &(*pp)->next) {
         if (*pp == pl) {
             *pp = pl->next;
             break;
         }
     }
-    uv_mutex_unlock(&G.mu);
+    pthread_mutex_unlock(&mu);
 }
 
 static void record(const char *trigger, int ok, uint64_t number, const char *err) {
-    uv_mutex_lock(&G.mu);
+    pthread_mutex_lock(&mu);
     G.last_ok = ok;
     G.last_at_ms = tg_wall_ms();
     G.last_generation = number;
@@ -467,7 +528,7 @@ static void record(const char *trigger, int ok, uint64_t number, const char *err
     G.reloads++;
     if (!ok)
         G.reload_failures++;
-    uv_mutex_unlock(&G.mu);
+    pthread_mutex_unlock(&mu);
 }
 
 /* Reads and validates; on success publishes as the next generation. */
@@ -478,13 +539,14 @@ static long load_generation(const char *trigger, char *err, size_t errlen) {
         record(trigger, 0, 0, err);
         return TG_ERROR;
     }
-    uv_mutex_lock(&G.mu);
+    pthread_mutex_lock(&mu);
     src->number = ++G.next_number;
     tg_plugin_src_t *old = G.current;
     G.current = src;
-    for (tg_plugins_t *w = G.workers; w; w = w->next)
-        uv_async_send(&w->async);
-    uv_mutex_unlock(&G.mu);
+    for (tg_plugins_t *w = registry; w; w = w->next)
+        if (w->has_async)
+            uv_async_send(&w->async);
+    pthread_mutex_unlock(&mu);
     tg__plugin_src_unref(old);
     record(trigger, 1, src->number, NULL);
     return (long)src->number;
@@ -493,8 +555,6 @@ static long load_generation(const char *trigger, char *err, size_t errlen) {
 int tg_plugins_global_init(const tg_plugins_config_t *cfg, char *err, size_t errlen) {
     if (G.inited)
         tg_plugins_global_shutdown();
-    uv_mutex_init(&G.mu);
-    uv_mutex_init(&G.reload_mu);
     config_copy(&G.cfg, cfg);
     G.inited = 1;
     if (load_generation("startup", err, errlen) < 0) {
@@ -509,8 +569,6 @@ void tg_plugins_global_shutdown(void) {
         return;
     tg__plugin_src_unref(G.current);
     tg_plugins_config_free(&G.cfg);
-    uv_mutex_destroy(&G.mu);
-    uv_mutex_destroy(&G.reload_mu);
     memset(&G, 0, sizeof(G));
 }
 
@@ -519,9 +577,9 @@ long tg__plugins_reload(const char *trigger, char *err, size_t errlen) {
         snprintf(err, errlen, "plugins are not initialised");
         return TG_ERROR;
     }
-    uv_mutex_lock(&G.reload_mu);
+    pthread_mutex_lock(&reload_mu);
     long n = load_generation(trigger, err, errlen);
-    uv_mutex_unlock(&G.reload_mu);
+    pthread_mutex_unlock(&reload_mu);
     if (n < 0)
         tg_log_error("plugins: reload (%s) refused, the current generation keeps serving: %s", trigger, err);
     return n;
@@ -539,7 +597,7 @@ char *tg_plugins_status_json(void) {
         json_decref(root);
         return s;
     }
-    uv_mutex_lock(&G.mu);
+    pthread_mutex_lock(&mu);
     json_object_set_new(root, "enabled", json_true());
     json_object_set_new(root, "generation", json_integer(G.current ? (json_int_t)G.current->number : 0));
     json_t *plugins = json_array();
@@ -572,7 +630,9 @@ char *tg_plugins_status_json(void) {
     json_object_set_new(root, "reload_failures", json_integer((json_int_t)G.reload_failures));
     uint64_t calls[TG_HOOK__COUNT] = {0}, errors[TG_HOOK__COUNT] = {0};
     json_t *workers = json_array();
-    for (tg_plugins_t *w = G.workers; w; w = w->next) {
+    for (tg_plugins_t *w = registry; w; w = w->next) {
+        if (!w->loop)
+            continue;
         for (int h = 0; h < TG_HOOK__COUNT; h++) {
             calls[h] += atomic_load_explicit(&w->calls[h], memory_order_relaxed);
             errors[h] += atomic_load_explicit(&w->errors[h], memory_order_relaxed);
@@ -593,7 +653,7 @@ char *tg_plugins_status_json(void) {
     json_object_set_new(root, "hooks", hooks);
     json_object_set_new(root, "max_instructions", json_integer(G.cfg.max_instructions));
     json_object_set_new(root, "max_hook_ms", json_integer(G.cfg.max_hook_ms));
-    uv_mutex_unlock(&G.mu);
+    pthread_mutex_unlock(&mu);
     char *s = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     return s;

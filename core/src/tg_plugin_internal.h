@@ -6,7 +6,10 @@
 #ifndef TOLLGATE_TG_PLUGIN_INTERNAL_H
 #define TOLLGATE_TG_PLUGIN_INTERNAL_H
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "tollgate/tg_plugin.h"
 
@@ -76,6 +79,15 @@ struct tg_plugins_s {
     int destroyed; /* tg_plugins_destroy was called */
     int has_async, has_signal, has_timer;
     struct tg_plugins_s *next; /* global registry */
+    /* Watchdog: when the running Lua call started (0: none) and its limit. */
+    _Atomic uint64_t call_start_ns;
+    _Atomic uint64_t call_limit_ns;
+    uint64_t seen_start;      /* watchdog's: the call it is timing */
+    uint64_t seen_cpu_ns;     /* watchdog's: the thread's CPU time when it first saw it */
+    uint64_t signalled_start; /* watchdog's: the call it already signalled */
+    clockid_t cpu_clock;      /* the thread's CPU-time clock */
+    pthread_t thread;         /* the thread that runs this state's calls */
+    _Atomic int thread_known;
     /* The last hook failure, for callers that want it (dry run, workbench). */
     char last_hook_error[512];
 };
@@ -95,7 +107,11 @@ int tg__plugins_validate(tg_plugin_src_t *src, char *err, size_t errlen);
 /** Fills a sample context (3 accounts) for dry runs; `accts` must hold 3. */
 void tg__plugins_sample_ctx(tg_hookctx_t *ctx, tg_ffi_account_t *accts);
 
-/** Global registry of worker runtimes (for reload fan-out and status). */
+/** The signal the watchdog sends a thread whose plugin call overran. */
+#define TG_PLUGINS_WATCHDOG_SIGNAL (SIGRTMIN + 5)
+void tg__plugins_install_signal(void);
+
+/** Global registry of runtimes (reload fan-out and status: those with a loop; watchdog: all). */
 void tg__plugins_register(tg_plugins_t *pl);
 void tg__plugins_unregister(tg_plugins_t *pl);
 /** The published source (a new reference), or NULL. */

@@ -23,6 +23,7 @@
 #endif
 
 static char dir[256];
+static const char *budget = "max_instructions = 100000";
 
 static void write_file(const char *rel, const char *text) {
     char path[512];
@@ -61,8 +62,7 @@ static int parse(const char *lua, tg_plugins_config_t *cfg, char *err, size_t er
 /* A config with the temp dir and the given enabled list (a Lua expression). */
 static void init_with(const char *enabled, tg_plugins_config_t *cfg) {
     char lua[4096], err[512];
-    snprintf(lua, sizeof(lua), "{dirs = {\"%s\"}, watch = false, max_instructions = 100000, enabled = %s}", dir,
-             enabled);
+    snprintf(lua, sizeof(lua), "{dirs = {\"%s\"}, watch = false, %s, enabled = %s}", dir, budget, enabled);
     if (parse(lua, cfg, err, sizeof(err)) != TG_OK) {
         fprintf(stderr, "%s\n", err);
         ASSERT(0);
@@ -267,6 +267,49 @@ TG_TEST(plugin, endless_loop_is_stopped_by_the_budget) {
         tg_plugins_end(pl, &ctx);
     }
     stop(pl, &loop);
+}
+
+/* Without instruction counting, the watchdog stops the loop after max_hook_ms. */
+TG_TEST(plugin, endless_loop_is_stopped_by_the_watchdog) {
+    make_dir();
+    budget = "max_instructions = 0, max_hook_ms = 20";
+    write_file("spin.lua",
+               "return { name = 'spin', priority = 1, version = '1',\n"
+               "  on_request = function(ctx)\n"
+               "    if ctx:header('x-spin') then\n"
+               "      while true do pcall(function() while true do end end) end\n"
+               "    end\n"
+               "  end,\n"
+               "  map_model = function(ctx) ctx:set_model('after') end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'spin'}", &loop);
+    tg_ffi_header_t h = {"x-spin", 6, "1", 1};
+    for (int i = 0; i < 3; i++) {
+        tg_hookctx_t ctx;
+        begin(pl, &ctx, "m");
+        ctx.headers = &h;
+        ctx.nheaders = 1;
+        uint64_t t0 = tg_now_ns();
+        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_OK);
+        uint64_t took_ms = (tg_now_ns() - t0) / 1000000;
+        ASSERT(took_ms >= 20 && took_ms < 1000);
+        ASSERT_EQ_INT(ctx.plugin_errors, 1);
+        /* The state is usable afterwards, at full speed (no hook left behind). */
+        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &ctx), TG_OK);
+        ASSERT_EQ_STR(ctx.model, "after");
+        ASSERT_EQ_INT(ctx.plugin_errors, 1);
+        tg_plugins_end(pl, &ctx);
+    }
+    stop(pl, &loop);
+
+    /* A loop at load time: the generation is refused, nothing hangs. */
+    write_file("spin.lua", "while true do end");
+    tg_plugins_config_t cfg;
+    init_with("{'spin'}", &cfg);
+    char err[1024];
+    ASSERT_EQ_INT(tg_plugins_global_init(&cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT(strstr(err, "plugin budget exceeded: ran longer than") != NULL);
+    tg_plugins_config_free(&cfg);
 }
 
 TG_TEST(plugin, sandbox_has_no_io_os_ffi_or_require) {

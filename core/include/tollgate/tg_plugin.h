@@ -61,8 +61,8 @@ typedef struct {
     tg_plugin_enable_t *enabled;
     size_t nenabled;
     int watch;               /* reload when a file in dirs changes (default 1) */
-    long max_instructions;   /* per hook call, Lua VM instructions (default 1000000) */
-    int max_hook_ms;         /* per hook call, wall clock (default 50) */
+    long max_instructions;   /* per hook call, Lua VM instructions; 0 = not counted (default) */
+    int max_hook_ms;         /* per hook call, wall clock, enforced by a watchdog (default 50) */
 } tg_plugins_config_t;
 
 /**

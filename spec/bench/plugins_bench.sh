@@ -1,0 +1,31 @@
+#!/bin/sh
+# The cost of the plugin hooks per request, measured in-process: builds
+# tg_plugins_bench, runs every hook once per simulated request with the shipped
+# plugins (and again with the example policies added), and writes the table to
+# spec/bench/RESULTS-plugins.md.
+#
+#   spec/bench/plugins_bench.sh [BUILD_DIR] [REQUESTS]
+set -eu
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$repo/build}
+n=${2:-50000}
+cmake --build "$build" --target tg_plugins_bench >/dev/null
+out=$repo/spec/bench/RESULTS-plugins.md
+table=$("$build/tg_plugins_bench" "$repo" "$n")
+echo "$table"
+{
+  echo "# Plugin hook cost"
+  echo
+  echo "Measured by \`spec/bench/plugins_bench.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores"
+  echo "($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')), load average $(cut -d' ' -f1 /proc/loadavg)."
+  echo "One simulated request = tg_plugins_begin, the 7 hooks once each (on_request,"
+  echo "map_model, select_account over 8 candidate accounts, on_upstream_error,"
+  echo "on_limiter_down, price, on_log), tg_plugins_end; thread CPU time, best of 5 runs."
+  echo "Goal: under 10 µs per request."
+  echo
+  echo "$table"
+  echo
+  echo "With the policies added, cheapest-fast (priority 600) decides select_account before"
+  echo "the router runs, so that row can be the cheaper one."
+} > "$out"
+echo "wrote $out"
