@@ -1,0 +1,35 @@
+# Integration tests of the state and limits issues: spec/integration/state_*.test.mjs and
+# limits_*.test.mjs, the real binary against real Postgres and Redis. Included by
+# spec/CMakeLists.txt.
+#
+# Each file is one ctest test, `integration.<file>`, labelled with its issue (state or
+# limits) and `integration`. spec/run.sh exports TOLLGATE_PG and TOLLGATE_REDIS for its
+# private servers; without them the tests are skipped (exit 77). Each file makes its own
+# database on that Postgres (see spec/integration/lib/db.mjs). They share one Redis and
+# several measure timing (token buckets, lease TTLs, one database lookup per cold key),
+# so they hold RESOURCE_LOCK redis and run one at a time even under ctest -j.
+
+find_program(TG_NODE node)
+if(NOT TG_NODE)
+  message(WARNING "node not found: state/limits integration tests not registered")
+  return()
+endif()
+
+file(GLOB TG_STATE_LIMITS_IT CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/integration/state_*.test.mjs
+  ${CMAKE_CURRENT_SOURCE_DIR}/integration/limits_*.test.mjs)
+foreach(file ${TG_STATE_LIMITS_IT})
+  get_filename_component(name ${file} NAME)
+  string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
+  string(REGEX REPLACE "_.*$" "" issue ${name})
+
+  add_test(NAME integration.${name}
+    COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+            ${TG_NODE} ${file})
+  set_tests_properties(integration.${name} PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+    LABELS "${issue};integration"
+    TIMEOUT 180
+    SKIP_RETURN_CODE 77
+    RESOURCE_LOCK redis)
+endforeach()
