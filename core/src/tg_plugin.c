@@ -81,12 +81,9 @@ static void on_watchdog_signal(int sig) {
 /* Runs lua_pcall under the budget; `mult` scales it (loading gets more than a hook). */
 static int guarded_pcall(tg_plugins_t *pl, int nargs, int nresults, long mult) {
     lua_State *L = pl->L;
-    if (!pl->thread_known) {
-        pl->thread = pthread_self();
-        if (pthread_getcpuclockid(pl->thread, &pl->cpu_clock) != 0)
-            pl->cpu_clock = CLOCK_MONOTONIC;
-        atomic_store(&pl->thread_known, 1);
-    }
+    /* A worker's state is built on the main thread, then used on the worker's. */
+    if (!pl->thread_known || !pthread_equal(pl->thread, pthread_self()))
+        tg__plugins_set_thread(pl);
     tl_ticks = 0;
     tl_tick_limit = TG_MAX(1, pl->max_instructions * mult / TICK);
     tl_expired_ms = (int)(pl->max_hook_ms * mult);

@@ -484,6 +484,16 @@ static void *watchdog_main(void *arg) {
     return NULL;
 }
 
+void tg__plugins_set_thread(tg_plugins_t *pl) {
+    pthread_mutex_lock(&mu);
+    pl->thread = pthread_self();
+    if (pthread_getcpuclockid(pl->thread, &pl->cpu_clock) != 0)
+        pl->cpu_clock = CLOCK_MONOTONIC;
+    pl->seen_start = 0;
+    atomic_store(&pl->thread_known, 1);
+    pthread_mutex_unlock(&mu);
+}
+
 void tg__plugins_register(tg_plugins_t *pl) {
     pthread_mutex_lock(&mu);
     if (!wd_started) {

@@ -110,6 +110,8 @@ void tg__plugins_sample_ctx(tg_hookctx_t *ctx, tg_ffi_account_t *accts);
 /** The signal the watchdog sends a thread whose plugin call overran. */
 #define TG_PLUGINS_WATCHDOG_SIGNAL (SIGRTMIN + 5)
 void tg__plugins_install_signal(void);
+/** Records the calling thread as the one running pl's Lua calls (for the watchdog). */
+void tg__plugins_set_thread(tg_plugins_t *pl);
 
 /** Global registry of runtimes (reload fan-out and status: those with a loop; watchdog: all). */
 void tg__plugins_register(tg_plugins_t *pl);
