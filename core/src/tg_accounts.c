@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_tls.h"
@@ -18,8 +19,15 @@ typedef struct {
     int n;
 } group_t;
 
+typedef struct {
+    char *model;
+    tg_price_t price;
+} model_price_t;
+
 struct tg_snapshot_s {
     int refs;
+    model_price_t *prices; /* sorted by model */
+    size_t nprices;
     uint64_t generation;
     tg_account_t *accounts;
     size_t naccounts;
@@ -44,6 +52,8 @@ struct tg_accounts_s {
     upstream_entry_t *upstreams;
     tg_pg_req_t *loading;
     int reload_again;
+    model_price_t *pending_prices;
+    size_t npending_prices;
     uint64_t generation;
     uv_timer_t retry;
 };
@@ -74,6 +84,9 @@ static void snapshot_free(tg_snapshot_t *s) {
     for (size_t i = 0; i < s->ngroups; i++)
         free(s->groups[i].accounts);
     free(s->groups);
+    for (size_t i = 0; i < s->nprices; i++)
+        free(s->prices[i].model);
+    free(s->prices);
     free(s);
 }
 
@@ -150,6 +163,10 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
     tg_snapshot_t *s = calloc(1, sizeof(*s));
     s->refs = 1;
     s->generation = ++a->generation;
+    s->prices = a->pending_prices;
+    s->nprices = a->npending_prices;
+    a->pending_prices = NULL;
+    a->npending_prices = 0;
     int rows = PQntuples(res);
     s->accounts = calloc((size_t)rows + 1, sizeof(tg_account_t));
     json_t *memberships = json_array();
@@ -237,6 +254,40 @@ static void schedule_retry(tg_accounts_t *a) {
         uv_timer_start(&a->retry, retry_cb, 1000, 0);
 }
 
+static int price_cmp(const void *x, const void *y) {
+    return strcmp(((const model_price_t *)x)->model, ((const model_price_t *)y)->model);
+}
+
+static void prices_cb(void *ud, const PGresult *res, const char *err) {
+    tg_accounts_t *a = ud;
+    a->loading = NULL;
+    if (err) {
+        tg_log_warn("accounts: loading model prices failed: %s", err);
+        schedule_retry(a);
+        return;
+    }
+    int rows = PQntuples(res);
+    model_price_t *p = calloc((size_t)rows + 1, sizeof(*p));
+    size_t n = 0;
+    for (int r = 0; r < rows; r++) {
+        model_price_t *m = &p[n];
+        if (tg_money_parse(PQgetvalue(res, r, 1), &m->price.input) || tg_money_parse(PQgetvalue(res, r, 2), &m->price.output) ||
+            tg_money_parse(PQgetvalue(res, r, 3), &m->price.cache_read) ||
+            tg_money_parse(PQgetvalue(res, r, 4), &m->price.cache_write) ||
+            tg_money_parse(PQgetvalue(res, r, 5), &m->price.reasoning))
+            continue;
+        m->model = strdup(PQgetvalue(res, r, 0));
+        n++;
+    }
+    qsort(p, n, sizeof(*p), price_cmp);
+    for (size_t i = 0; i < a->npending_prices; i++)
+        free(a->pending_prices[i].model);
+    free(a->pending_prices);
+    a->pending_prices = p;
+    a->npending_prices = n;
+    a->loading = tg_pg_query(tg_state_pg(a->st), LOAD_SQL, 0, NULL, load_cb, a);
+}
+
 void tg_accounts_refresh(tg_accounts_t *a) {
     tg_pg_t *pg = tg_state_pg(a->st);
     if (!pg)
@@ -245,7 +296,21 @@ void tg_accounts_refresh(tg_accounts_t *a) {
         a->reload_again = 1;
         return;
     }
-    a->loading = tg_pg_query(pg, LOAD_SQL, 0, NULL, load_cb, a);
+    a->loading = tg_pg_query(pg,
+                             "SELECT model, input::text, output::text, cache_read::text, cache_write::text, "
+                             "coalesce(reasoning, output)::text FROM model_prices",
+                             0, NULL, prices_cb, a);
+}
+
+int tg_snapshot_price(const tg_snapshot_t *s, const char *model, tg_price_t *out) {
+    if (!s || !s->nprices)
+        return 0;
+    model_price_t key = {(char *)model, {0}};
+    const model_price_t *m = bsearch(&key, s->prices, s->nprices, sizeof(key), price_cmp);
+    if (!m)
+        return 0;
+    *out = m->price;
+    return 1;
 }
 
 static void on_invalidate(void *ud) { tg_accounts_refresh(ud); }
@@ -270,6 +335,9 @@ void tg_accounts_destroy(tg_accounts_t *a) {
         tg_pg_cancel(a->loading);
     uv_close((uv_handle_t *)&a->retry, NULL);
     tg_snapshot_release(a->current);
+    for (size_t i = 0; i < a->npending_prices; i++)
+        free(a->pending_prices[i].model);
+    free(a->pending_prices);
     upstream_entry_t *e = a->upstreams;
     while (e) {
         upstream_entry_t *next = e->next;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
@@ -178,6 +179,7 @@ typedef struct {
     int kind; /* what the callback answers */
     int status_ok;
     char new_key[64];
+    int64_t topup_tenant, topup_nano; /* applied to the live Redis balance once committed */
     char *account_groups; /* JSON array text of group ids to set after an account write */
     char path[256];
 } actx_t;
@@ -338,6 +340,8 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
         if (PQntuples(res) == 0)
             reply_error(req, 404, "not_found", "no such object");
         else {
+            if (a->topup_tenant)
+                tg_billing_topup(st, a->topup_tenant, a->topup_nano);
             if (a->status_ok)
                 tg_state_publish_invalidation(st, "*");
             reply_json(req, a->status_ok ? a->status_ok : 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
@@ -744,6 +748,9 @@ static void topup(actx_t *a, const char *id) {
     }
     const char *params[3] = {id, amt, note ? json_string_value(note) : NULL};
     a->status_ok = 200;
+    a->topup_tenant = atoll(id);
+    if (tg_money_parse(amt, &a->topup_nano) != TG_OK)
+        a->topup_nano = 0;
     run(a,
         "WITH t AS (UPDATE tenants SET balance = balance + $2::numeric, updated_at = now() WHERE id = $1::bigint "
         "RETURNING *), l AS (INSERT INTO ledger (tenant_id, kind, amount, note) SELECT id, 'topup', $2::numeric, $3 "

@@ -296,6 +296,32 @@ static int load_limiter(cfg_ctx *c, tg_config_t *cfg) {
 }
 
 static int limiter_fn(cfg_ctx *c, void *a) { return load_limiter(c, a); }
+
+static int load_billing(cfg_ctx *c, void *arg) {
+    tg_config_t *cfg = arg;
+    static const char *const keys[] = {"enabled", "default_max_tokens", "spool_dir", "reconcile_after_ms",
+                                       "unknown_usage", NULL};
+    c->prefix = "billing.";
+    int rc = check_keys(c, keys);
+    rc = rc ?: get_bool(c, "enabled", &cfg->billing.enabled);
+    rc = rc ?: get_int(c, "default_max_tokens", &cfg->billing.default_max_tokens, 1, 10000000);
+    rc = rc ?: get_str(c, "spool_dir", &cfg->billing.spool_dir);
+    rc = rc ?: get_int(c, "reconcile_after_ms", &cfg->billing.reconcile_after_ms, 100, 86400000);
+    char *u = NULL;
+    rc = rc ?: get_str(c, "unknown_usage", &u);
+    if (rc == TG_OK && u) {
+        if (!strcmp(u, "charge"))
+            cfg->billing.charge_unknown = 1;
+        else if (!strcmp(u, "release"))
+            cfg->billing.charge_unknown = 0;
+        else
+            rc = fail(c, "unknown_usage", "must be \"charge\" or \"release\", got \"%s\"", u);
+    }
+    free(u);
+    if (rc == TG_OK)
+        c->prefix = "";
+    return rc;
+}
 static int upstream_fn(cfg_ctx *c, void *a) { return load_upstream(c, a); }
 static int limits_fn(cfg_ctx *c, void *a) { return load_limits(c, a); }
 static int tls_fn(cfg_ctx *c, void *a) { return load_tls(c, a); }
@@ -311,6 +337,11 @@ static void defaults(tg_config_t *cfg) {
     cfg->pg_timeout_ms = 5000;
     cfg->redis_timeout_ms = 250;
     tg_plugins_config_defaults(&cfg->plugins);
+    cfg->billing.enabled = 1;
+    cfg->billing.default_max_tokens = 4096;
+    cfg->billing.spool_dir = strdup("var/spool");
+    cfg->billing.reconcile_after_ms = 600000;
+    cfg->billing.charge_unknown = 1;
     cfg->limiter.lease_ttl_ms = 30000;
     cfg->limiter.queue_max = 16;
     cfg->limiter.queue_timeout_ms = 8000;
@@ -349,7 +380,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
-                                       "limits", "upstream", "limiter", "plugins", NULL};
+                                       "limits", "upstream", "limiter", "plugins", "billing", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -383,6 +414,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: sub_table(&c, "limits", limits_fn, &cfg->limits);
         rc = rc ?: sub_table(&c, "upstream", upstream_fn, &cfg->upstream);
         rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
+        rc = rc ?: sub_table(&c, "billing", load_billing, cfg);
         if (rc == TG_OK) {
             lua_getfield(L, -1, "plugins");
             if (!lua_isnil(L, -1)) {
@@ -424,5 +456,6 @@ void tg_config_free(tg_config_t *cfg) {
     free(cfg->upstream.provider);
     free(cfg->upstream.ca_file);
     tg_plugins_config_free(&cfg->plugins);
+    free(cfg->billing.spool_dir);
     memset(cfg, 0, sizeof(*cfg));
 }

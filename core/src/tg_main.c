@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tollgate/tg_billing.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_db.h"
 #include "tollgate/tg_mock.h"
@@ -20,6 +21,9 @@ static void usage(FILE *f) {
                "  migrate -c FILE                apply the sql/ migrations (embedded in the binary)\n"
                "  apply -c FILE STATE.lua [--dry-run]\n"
                "                                 upsert tenants, groups, accounts, keys, prices\n"
+               "  ledger verify -c FILE          check the billing invariants (exit 1 naming each problem)\n"
+               "  ledger reconcile -c FILE [--older-than-ms N]\n"
+               "                                 settle reservations whose usage is unknown now\n"
                "  mock-upstream --listen H:P     run the fake OpenAI/Anthropic provider\n"
                "  version                        print the version\n");
 }
@@ -62,6 +66,32 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "mock-upstream"))
         return tg_mock_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ledger")) {
+        if (argc < 3 || (strcmp(argv[2], "verify") && strcmp(argv[2], "reconcile"))) {
+            fprintf(stderr, "usage: tollgate ledger verify|reconcile -c FILE\n");
+            return 2;
+        }
+        tg_config_t cfg;
+        int rc = load(argc, argv, &cfg);
+        if (rc)
+            return rc;
+        if (!cfg.pg_conninfo) {
+            fprintf(stderr, "ledger: no database: set postgres in the config or TOLLGATE_PG\n");
+            tg_config_free(&cfg);
+            return 2;
+        }
+        if (!strcmp(argv[2], "verify")) {
+            rc = tg_ledger_verify_main(cfg.pg_conninfo, cfg.redis_url);
+        } else {
+            int older = 0;
+            for (int i = 3; i < argc - 1; i++)
+                if (!strcmp(argv[i], "--older-than-ms"))
+                    older = atoi(argv[i + 1]);
+            rc = tg_ledger_reconcile_main(cfg.pg_conninfo, cfg.redis_url, older, cfg.billing.charge_unknown);
+        }
+        tg_config_free(&cfg);
+        return rc;
+    }
     if (!strcmp(cmd, "migrate") || !strcmp(cmd, "apply")) {
         for (int i = 2; i < argc; i++)
             if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {

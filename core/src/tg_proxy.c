@@ -18,6 +18,7 @@
 
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_admin.h"
+#include "tollgate/tg_billing.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_server.h"
@@ -34,6 +35,7 @@ typedef struct {
     tg_accounts_t *accounts;   /* the account snapshot, with Postgres */
     tg_limits_t *limits;       /* admission in Redis */
     tg_plugins_t *plugins;     /* this worker's plugin runtime */
+    tg_billing_t *billing;     /* metering, with Postgres and Redis */
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;
@@ -75,6 +77,12 @@ struct proxy_req_s {
     tg_ffi_account_t accts[64];
     const tg_account_t *cands[64];
     char key_id_s[24], tenant_id_s[24];
+    tg_reserve_t *reserve;        /* in flight */
+    int reserved;                 /* attempts that reserved */
+    int64_t reserved_amount;      /* nano-USD, all attempts */
+    int64_t est_input;
+    int64_t stream_chunks;        /* content events streamed to the client */
+    int up_err;                   /* tg_uperr_t of a failed upstream call, 0 none */
     char traceparent[56];
 };
 
@@ -101,6 +109,16 @@ void tg_proxy_worker_init(tg_worker_t *w) {
     };
     pw->limits = tg_limits_create(&w->loop, w->state, &ac);
     pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers);
+    if (cfg->billing.enabled && tg_state_pg(w->state) && tg_state_redis(w->state)) {
+        tg_billing_config_t bc = {
+            .spool_dir = cfg->billing.spool_dir,
+            .reconcile_after_ms = cfg->billing.reconcile_after_ms,
+            .charge_unknown = cfg->billing.charge_unknown,
+            .worker = w->index,
+            .reconciler = w->index == 0,
+        };
+        pw->billing = tg_billing_create(&w->loop, w->state, &bc);
+    }
     w->proxy = pw;
 }
 
@@ -109,6 +127,7 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     if (!pw)
         return;
     tg_upstream_destroy(pw->upstream);
+    tg_billing_destroy(pw->billing);
     tg_accounts_destroy(pw->accounts);
     tg_limits_destroy(pw->limits);
     if (pw->plugins)
@@ -123,6 +142,7 @@ void tg_proxy_worker_close(tg_worker_t *w) {
 
 static void preq_free(proxy_req_t *p) {
     tg_state_auth_cancel(p->auth_wait);
+    tg_reserve_detach(p->reserve);
     if (p->admit)
         tg_admit_cancel(p->admit);
     tg_principal_release(p->principal);
@@ -228,6 +248,22 @@ static void on_finish(tg_request_t *req, int aborted) {
         atomic_fetch_add_explicit(&m->tokens_input, (uint64_t)p->usage.input, memory_order_relaxed);
     if (p->usage.known & TG_USAGE_OUTPUT)
         atomic_fetch_add_explicit(&m->tokens_output, (uint64_t)p->usage.output, memory_order_relaxed);
+    int64_t cost = -1;
+    int estimated = 0;
+    tg_usage_t billed = p->usage;
+    if (p->reserved) {
+        /* What the client got is what is billed: the upstream's numbers, or an estimate
+         * from what was streamed when the client left before the upstream reported. */
+        int known = (p->usage.known & TG_USAGE_INPUT) && (p->usage.known & TG_USAGE_OUTPUT);
+        if (!known && aborted) {
+            if (!(billed.known & TG_USAGE_INPUT))
+                billed.input = p->est_input;
+            if (!(billed.known & TG_USAGE_OUTPUT))
+                billed.output = p->stream_chunks;
+            billed.known |= TG_USAGE_INPUT | TG_USAGE_OUTPUT;
+            estimated = 1;
+        }
+    }
     if (p->ctx_on) {
         tg_hookctx_t *c = &p->ctx;
         c->usage_input = p->usage.input;
@@ -239,10 +275,48 @@ static void on_finish(tg_request_t *req, int aborted) {
         c->status = aborted && req->status < 400 ? 499 : req->status;
         c->ttft_ms = p->first_byte_ns ? (double)(p->first_byte_ns - req->start_ns) / 1e6 : -1;
         c->total_ms = (double)(now - req->start_ns) / 1e6;
-        if (p->usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE))
+        if (p->usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE)) {
+            c->usage_input = billed.input;
+            c->usage_output = billed.output;
+            c->usage_known = billed.known;
             tg_plugins_run(p->pw->plugins, TG_HOOK_PRICE, c);
+            if (c->cost_nanousd >= 0)
+                cost = c->cost_nanousd;
+        }
         if (tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_ON_LOG))
             tg_plugins_run(p->pw->plugins, TG_HOOK_ON_LOG, c);
+    }
+    if (p->reserved && p->pw->billing) {
+        int unknown = !((billed.known & TG_USAGE_INPUT) && (billed.known & TG_USAGE_OUTPUT));
+        int sent = p->up_err == TG_UPERR_TIMEOUT_FIRST_BYTE || p->up_err == TG_UPERR_TIMEOUT_IDLE ||
+                   p->up_err == TG_UPERR_RESET || p->up_err == TG_UPERR_PROTOCOL;
+        if (unknown && sent) {
+            /* The upstream may have run it: never assume it did not. */
+            tg_billing_unknown(p->pw->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved);
+        } else {
+            if (cost < 0) {
+                tg_price_t price;
+                cost = 0;
+                if (!unknown && p->snap && tg_snapshot_price(p->snap, p->model, &price))
+                    cost = tg_price_usage(&price, &billed, p->principal->rate_multiplier_micro);
+            }
+            tg_settlement_t s = {
+                .request_id = req->id,
+                .tenant_id = p->principal->tenant_id,
+                .key_id = p->principal->key_id,
+                .group_id = p->principal->group_id,
+                .account_id = p->account ? p->account->id : 0,
+                .model = p->model,
+                .usage = billed,
+                .cost = cost,
+                .estimated = estimated,
+                .attempts = p->reserved,
+                .status = aborted && req->status < 400 ? 499 : req->status,
+                .ttft_ms = p->first_byte_ns ? (double)(p->first_byte_ns - req->start_ns) / 1e6 : -1,
+                .total_ms = (double)(now - req->start_ns) / 1e6,
+            };
+            tg_billing_settle(p->pw->billing, &s);
+        }
     }
     if (req->worker->gw->cfg->access_log && req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS)
         access_log(p, req, aborted, now);
@@ -678,11 +752,66 @@ static int phase_select(proxy_req_t *p) {
     return TG_OK;
 }
 
+/* ---- phase: reserve ----------------------------------------------------------------- */
+
+static void reserve_done(void *ud, int status, const char *code, const char *msg) {
+    proxy_req_t *p = ud;
+    p->reserve = NULL;
+    if (status == 0) {
+        p->reserved = 1;
+        proxy_run(p);
+        return;
+    }
+    fail(p, status, status == 402 ? "insufficient_quota" : "server_error", code, msg);
+}
+
+static int phase_reserve(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    proxy_worker_t *pw = p->pw;
+    if (!pw->billing || !pr || !pr->key_id || p->req->route != TG_ROUTE_CHAT)
+        return TG_OK;
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    /* The reservation must be a real bound: a request without an output limit gets the
+     * configured cap, and the upstream is told so. */
+    json_t *mt = json_object_get(p->json, "max_completion_tokens");
+    if (!json_is_integer(mt))
+        mt = json_object_get(p->json, "max_tokens");
+    int64_t max_out = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    if (max_out <= 0) {
+        max_out = cfg->billing.default_max_tokens;
+        json_object_set_new(p->json, "max_tokens", json_integer(max_out));
+        p->json_dirty = 1;
+    }
+    /* Input bound: JSON bytes / 3 (over-counts English text, which is ~4 bytes a token). */
+    p->est_input = (int64_t)(p->req->body.len / 3) + 1;
+    tg_price_t price;
+    int64_t amount = 0;
+    if (tg_snapshot_price(p->snap, p->model, &price)) {
+        tg_usage_t bound = {.input = p->est_input, .output = max_out, .known = TG_USAGE_INPUT | TG_USAGE_OUTPUT};
+        amount = tg_price_usage(&price, &bound, pr->rate_multiplier_micro);
+    } else {
+        tg_log_warn("request %s: model \"%s\" has no price: metered at 0 (add it under prices)", p->req->id, p->model);
+    }
+    p->reserved_amount = amount;
+    tg_reserve_req_t r = {
+        .request_id = p->req->id,
+        .attempt = 1,
+        .tenant_id = pr->tenant_id,
+        .key_id = pr->key_id,
+        .model = p->model,
+        .amount = amount,
+    };
+    p->reserve = tg_billing_reserve(pw->billing, &r, reserve_done, p);
+    return TG_AGAIN;
+}
+
 /* ---- phase: upstream ---------------------------------------------------------------- */
 
 static void sse_event(void *ud, const char *event, size_t event_len, const char *data, size_t data_len) {
     proxy_req_t *p = ud;
     int usage_found = 0;
+    if (data_len && memmem(data, data_len, "\"content\"", 9))
+        p->stream_chunks++;
     if (data_len && memmem(data, data_len, "usage", 5))
         usage_found = tg_usage_merge_json(&p->usage, p->proto, data, data_len) == 1;
     if (!p->strip_usage_chunk)
@@ -781,6 +910,7 @@ static void up_error(void *ud, tg_uperr_t err, const char *msg) {
     proxy_req_t *p = ud;
     tg_request_t *req = p->req;
     p->call = NULL;
+    p->up_err = (int)err;
     p->upstream_end_ns = tg_now_ns();
     atomic_fetch_add_explicit(&req->worker->metrics.upstream_errors, 1, memory_order_relaxed);
     tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->up), msg);
@@ -863,8 +993,8 @@ static int phase_upstream(proxy_req_t *p) {
 
 /* ---- the pipeline ------------------------------------------------------------------- */
 
-static const phase_fn phases[] = {phase_route, phase_auth, phase_parse, phase_plugins, phase_admit, phase_select,
-                                  phase_upstream};
+static const phase_fn phases[] = {phase_route, phase_auth,   phase_parse,   phase_plugins,
+                                  phase_admit, phase_select, phase_reserve, phase_upstream};
 
 static void proxy_run(proxy_req_t *p) {
     while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {

@@ -62,7 +62,7 @@ static const char AUTH_SQL[] =
     "to_json(k.ip_allow::text[]), coalesce(k.rpm, -1), coalesce(k.tpm, -1), coalesce(k.concurrency, -1), "
     "coalesce(k.budget::text, ''), coalesce(g.name, ''), to_json(g.models), k.prefix, "
     "coalesce(k.rpm_burst, -1), coalesce(t.rpm, -1), coalesce(t.rpm_burst, -1), coalesce(t.tpm, -1), "
-    "coalesce(t.concurrency, -1) "
+    "coalesce(t.concurrency, -1), coalesce(g.rate_multiplier, 1)::text "
     "FROM api_keys k JOIN tenants t ON t.id = k.tenant_id LEFT JOIN groups g ON g.id = k.group_id "
     "WHERE k.key_hash = $1::bytea";
 
@@ -194,6 +194,7 @@ tg_state_t *tg_state_create(uv_loop_t *loop, const tg_config_t *cfg, const uint8
     tg_principal_t *sp = &st->static_principal;
     sp->rpm = sp->tpm = sp->concurrency = sp->rpm_burst = -1;
     sp->tenant_rpm = sp->tenant_rpm_burst = sp->tenant_tpm = sp->tenant_concurrency = -1;
+    sp->rate_multiplier_micro = 1000000;
     snprintf(st->static_principal.key_prefix, sizeof(st->static_principal.key_prefix), "static");
     if (cfg->pg_conninfo) {
         st->pg = tg_pg_create(loop, cfg->pg_conninfo, cfg->pg_pool_size, cfg->pg_timeout_ms);
@@ -298,6 +299,19 @@ static tg_principal_t *principal_from_row(const PGresult *res) {
     p->tenant_rpm_burst = atoll(PQgetvalue(res, 0, 16));
     p->tenant_tpm = atoll(PQgetvalue(res, 0, 17));
     p->tenant_concurrency = atoll(PQgetvalue(res, 0, 18));
+    {
+        /* numeric(12,6) as text: at most 6 fractional digits, so millionths are exact. */
+        const char *m = PQgetvalue(res, 0, 19);
+        int64_t whole = atoll(m), frac = 0;
+        const char *dot = strchr(m, '.');
+        int digits = 0;
+        if (dot)
+            for (const char *d = dot + 1; *d >= '0' && *d <= '9' && digits < 6; d++, digits++)
+                frac = frac * 10 + (*d - '0');
+        while (digits++ < 6)
+            frac *= 10;
+        p->rate_multiplier_micro = whole * 1000000 + frac;
+    }
     return p;
 }
 

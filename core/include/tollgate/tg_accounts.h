@@ -24,6 +24,7 @@
 
 typedef struct tg_accounts_s tg_accounts_t;
 typedef struct tg_snapshot_s tg_snapshot_t;
+struct tg_price_s;
 
 typedef struct {
     int64_t id;
@@ -64,6 +65,10 @@ int tg_snapshot_candidates(const tg_snapshot_t *s, int64_t group_id, const char 
                            const tg_account_t **out, int max);
 /** The model name to send upstream for this account (the mapping, or `model`). */
 const char *tg_account_map_model(const tg_account_t *acc, const char *model);
+/** The list price of `model` (nano-USD per million tokens, from model_prices). Returns 1
+ *  if the model has a price, 0 otherwise. */
+int tg_snapshot_price(const tg_snapshot_t *s, const char *model, struct tg_price_s *out);
+
 /** The default choice: highest priority, then weighted random by weight. NULL if n == 0. */
 const tg_account_t *tg_accounts_pick_default(const tg_account_t *const *c, int n);
 

@@ -62,6 +62,13 @@ typedef struct {
         int fail_concurrency;
     } limiter;
     tg_plugins_config_t plugins; /* the `plugins` section (tg_plugin.h) */
+    struct {
+        int enabled;             /* meter DB keys (needs Postgres and Redis); default on */
+        int default_max_tokens;  /* output cap sent upstream when the client sets none */
+        char *spool_dir;         /* settlements Postgres could not take wait here */
+        int reconcile_after_ms;  /* unknown-usage reservations are settled after this */
+        int charge_unknown;      /* 1: at the reserved bound (default); 0: released */
+    } billing;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;
     tg_limits_config_t limits;

@@ -47,6 +47,7 @@ typedef struct tg_principal_s {
     int64_t rpm, tpm, concurrency; /* -1: no limit */
     int64_t rpm_burst;             /* -1: the rpm */
     int64_t tenant_rpm, tenant_rpm_burst, tenant_tpm, tenant_concurrency;
+    int64_t rate_multiplier_micro; /* the group's price multiplier, 1000000 = 1x */
     char budget[40];       /* "" when none; a decimal string otherwise */
     char group_name[128];
     char key_prefix[16];

@@ -1,0 +1,107 @@
+/*
+ * Two-phase metering and idempotent settlement.
+ *
+ * Before the upstream call a request reserves the upper bound of its cost (estimated
+ * input + max output, priced) twice: in Redis, atomically against the tenant's live
+ * available balance and the key's budget (one script, hash tag {t:<tenant>}), and
+ * durably in Postgres as a `reserved` row. A balance that cannot cover the bound
+ * refuses the request (402), so concurrent requests can never overspend.
+ *
+ * After the response, the exact usage is priced and settled: the Redis reservation's
+ * unused part is returned exactly once (the reservation key is deleted by the same
+ * script that credits it back), and the Postgres settlement (tg_settle_batch: dedup row
+ * first, and only if it was inserted: debit, usage row, ledger row, reservation
+ * reconciled) is queued, grouped with others into one transaction per batch, and on
+ * failure appended to a local fsync'd spool that is replayed until it succeeds.
+ *
+ * Money is handled in C as integer nano-USD (1e-9 USD) and in Postgres as NUMERIC;
+ * never as a float.
+ */
+#ifndef TOLLGATE_TG_BILLING_H
+#define TOLLGATE_TG_BILLING_H
+
+#include <uv.h>
+
+#include "tollgate/tg_common.h"
+#include "tollgate/tg_state.h"
+#include "tollgate/tg_usage.h"
+
+typedef struct tg_billing_s tg_billing_t;
+typedef struct tg_reserve_s tg_reserve_t;
+
+/** Prices in nano-USD per one million tokens. */
+typedef struct tg_price_s {
+    int64_t input, output, cache_read, cache_write, reasoning;
+} tg_price_t;
+
+/** Parses a decimal string ("0.15") as nano-units (150000000). TG_ERROR if malformed. */
+int tg_money_parse(const char *s, int64_t *nano);
+/** Formats nano-units as a decimal string with 9 fractional digits. */
+void tg_money_format(int64_t nano, char out[32]);
+/** The cost of `u` at price `p` times multiplier (millionths: 1000000 = 1x), rounded
+ *  half up to whole nano-USD. Unknown fields count as 0. */
+int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multiplier_micro);
+
+typedef struct {
+    const char *spool_dir;
+    int reconcile_after_ms; /* a `reserved` row older than this, or `pending_reconciliation`, is settled by the reconciler */
+    int charge_unknown;     /* 1: unknown usage is charged at the reserved bound; 0: released */
+    int worker;             /* index, for the spool file name */
+    int reconciler;         /* this worker competes for the reconciler lock */
+} tg_billing_config_t;
+
+tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billing_config_t *cfg);
+void tg_billing_destroy(tg_billing_t *b);
+
+/** The outcome of a reservation: 0 reserved; 402 the balance or budget cannot cover it;
+ *  503 it could not be checked (Redis or Postgres down: money fails closed). */
+typedef void (*tg_reserve_cb)(void *ud, int status, const char *code, const char *msg);
+
+typedef struct {
+    const char *request_id;
+    int attempt;
+    int64_t tenant_id, key_id;
+    const char *model;
+    int64_t amount; /* nano-USD */
+} tg_reserve_req_t;
+
+/** Reserves; the callback runs exactly once, never synchronously. */
+tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_reserve_cb cb, void *ud);
+/** The caller is gone: no callback; what was reserved is kept for settlement. */
+void tg_reserve_detach(tg_reserve_t *r);
+
+typedef struct {
+    const char *request_id;
+    int64_t tenant_id, key_id, group_id, account_id;
+    const char *model;
+    tg_usage_t usage;
+    int64_t cost;        /* nano-USD */
+    int estimated;       /* usage (partly) estimated: client gone, no usage from upstream */
+    int attempts;
+    int status;
+    double ttft_ms, total_ms;
+} tg_settlement_t;
+
+/**
+ * Settles request `s` whose attempts 1..attempts reserved (the Redis reservations of every
+ * attempt are returned, the unused part exactly once). Asynchronous; never fails from the
+ * caller's point of view (spooled when Postgres is unreachable).
+ */
+void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s);
+/** Usage is unknown (upstream timed out after the request was sent): the reservations
+ *  become pending_reconciliation and keep holding the money. */
+void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts);
+/** Adds a top-up to the tenant's live balance in Redis (after Postgres committed it). */
+void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano);
+
+typedef struct {
+    uint64_t reserved, refused, settled, duplicates, conflicts, batches, spooled, replayed, reconciled;
+} tg_billing_stats_t;
+const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b);
+
+/** `tollgate ledger verify -c CFG`: checks the invariants; prints each problem; exit 0/1. */
+int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url);
+/** `tollgate ledger reconcile -c CFG`: runs one reconciliation pass now (operators, tests). */
+int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int older_than_ms, int charge_unknown);
+
+#endif

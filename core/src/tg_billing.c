@@ -1,0 +1,879 @@
+/*
+ * Two-phase metering (see tg_billing.h): reservations in Redis and Postgres, batched
+ * idempotent settlement, the local spool, and the reconciler.
+ */
+#include "tollgate/tg_billing.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tollgate/tg_crypto.h"
+#include "tollgate/tg_pg.h"
+#include "tollgate/tg_redis.h"
+
+#define RES_TTL_S "604800" /* a Redis reservation outlives any reconciliation delay */
+#define BATCH_MAX 200
+
+/* KEYS 1 {t:T}:money, 2 {t:T}:res:<id>:<attempt>, 3 {t:T}:kmoney:<key>
+ * ARGV 1 amount, 2 tenant avail to initialise with ('' unknown), 3 key avail ('-1' no
+ * budget, '' unknown), 4 ttl. Returns {1,'ok'|'duplicate'} / {0,'balance'|'key budget'} /
+ * {-1,'init'} when the live balance must first be loaded from Postgres. */
+static const char RESERVE_LUA[] =
+    "if redis.call('EXISTS', KEYS[2]) == 1 then return {1, 'duplicate'} end\n"
+    "local amt = tonumber(ARGV[1])\n"
+    "local av = redis.call('HGET', KEYS[1], 'avail')\n"
+    "if not av then\n"
+    "  if ARGV[2] == '' then return {-1, 'init'} end\n"
+    "  redis.call('HSETNX', KEYS[1], 'avail', ARGV[2])\n"
+    "  redis.call('HSETNX', KEYS[1], 'reserved', 0)\n"
+    "  av = redis.call('HGET', KEYS[1], 'avail')\n"
+    "end\n"
+    "local kav = nil\n"
+    "if ARGV[3] ~= '-1' then\n"
+    "  kav = redis.call('HGET', KEYS[3], 'avail')\n"
+    "  if not kav then\n"
+    "    if ARGV[3] == '' then return {-1, 'init'} end\n"
+    "    redis.call('HSETNX', KEYS[3], 'avail', ARGV[3])\n"
+    "    kav = redis.call('HGET', KEYS[3], 'avail')\n"
+    "  end\n"
+    "  if tonumber(kav) < amt then return {0, 'key budget'} end\n"
+    "end\n"
+    "if tonumber(av) < amt then return {0, 'balance'} end\n"
+    "redis.call('HINCRBY', KEYS[1], 'avail', -amt)\n"
+    "redis.call('HINCRBY', KEYS[1], 'reserved', amt)\n"
+    "if kav then redis.call('HINCRBY', KEYS[3], 'avail', -amt) end\n"
+    "redis.call('SET', KEYS[2], amt, 'EX', tonumber(ARGV[4]))\n"
+    "return {1, 'ok'}\n";
+
+/* KEYS 1 money, 2 res, 3 kmoney. ARGV 1 actual cost of this attempt.
+ * Returns the amount credited back, or nil when already settled (exactly once). */
+static const char SETTLE_LUA[] =
+    "local amt = redis.call('GET', KEYS[2])\n"
+    "if not amt then return false end\n"
+    "redis.call('DEL', KEYS[2])\n"
+    "amt = tonumber(amt)\n"
+    "local back = amt - tonumber(ARGV[1])\n"
+    "redis.call('HINCRBY', KEYS[1], 'avail', back)\n"
+    "redis.call('HINCRBY', KEYS[1], 'reserved', -amt)\n"
+    "if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'avail', back) end\n"
+    "return back\n";
+
+static const char INIT_SQL[] =
+    "SELECT ((t.balance - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.tenant_id = t.id AND "
+    "r.state IN ('reserved', 'pending_reconciliation')), 0)) * 1000000000)::bigint, "
+    "coalesce(((k.budget - k.spend - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.api_key_id = k.id "
+    "AND r.state IN ('reserved', 'pending_reconciliation')), 0)) * 1000000000)::bigint, -1) "
+    "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
+
+static const char RESERVE_SQL[] =
+    "INSERT INTO reservations (request_id, attempt, tenant_id, api_key_id, amount, model) "
+    "VALUES ($1, $2::int, $3::bigint, $4::bigint, $5::numeric, $6) ON CONFLICT DO NOTHING";
+
+typedef struct pending_s {
+    json_t *obj;
+    struct pending_s *next;
+} pending_t;
+
+struct tg_billing_s {
+    uv_loop_t *loop;
+    tg_state_t *st;
+    tg_billing_config_t cfg;
+    char *spool_dir;
+    char spool_path[512];
+    int reserve_script, settle_script;
+    json_t *queue;          /* settlements waiting for the next batch */
+    int inflight_batches;
+    uv_timer_t flush_timer;
+    uv_timer_t spool_timer;
+    uv_timer_t reconcile_timer;
+    int replaying;
+    tg_billing_stats_t stats;
+};
+
+struct tg_reserve_s {
+    tg_billing_t *b;
+    tg_reserve_req_t r;
+    char request_id[72];
+    char model[128];
+    tg_reserve_cb cb;
+    void *ud;
+    int detached;
+    int inits;
+    char tenant_init[32], key_init[32];
+    char keys[3][128];
+};
+
+/* ---- money ---------------------------------------------------------------------------- */
+
+int tg_money_parse(const char *s, int64_t *nano) {
+    int neg = 0;
+    if (*s == '-') {
+        neg = 1;
+        s++;
+    }
+    int64_t whole = 0, frac = 0;
+    int digits = 0, fd = 0;
+    while (*s >= '0' && *s <= '9') {
+        if (whole > INT64_MAX / 10 / 1000000000)
+            return TG_ERROR;
+        whole = whole * 10 + (*s++ - '0');
+        digits++;
+    }
+    if (*s == '.') {
+        s++;
+        while (*s >= '0' && *s <= '9') {
+            if (fd < 9) {
+                frac = frac * 10 + (*s - '0');
+                fd++;
+            }
+            s++;
+            digits++;
+        }
+    }
+    if (*s || !digits)
+        return TG_ERROR;
+    while (fd < 9) {
+        frac *= 10;
+        fd++;
+    }
+    *nano = (whole * 1000000000 + frac) * (neg ? -1 : 1);
+    return TG_OK;
+}
+
+void tg_money_format(int64_t nano, char out[32]) {
+    const char *sign = nano < 0 ? "-" : "";
+    uint64_t a = nano < 0 ? (uint64_t)(-(nano + 1)) + 1 : (uint64_t)nano;
+    snprintf(out, 32, "%s%llu.%09llu", sign, (unsigned long long)(a / 1000000000ull),
+             (unsigned long long)(a % 1000000000ull));
+}
+
+int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multiplier_micro) {
+    __int128 sum = 0;
+    if (u->known & TG_USAGE_INPUT)
+        sum += (__int128)u->input * p->input;
+    if (u->known & TG_USAGE_OUTPUT) {
+        /* Reasoning tokens are part of output; priced apart when a reasoning price exists. */
+        int64_t reasoning = (u->known & TG_USAGE_REASONING) ? u->reasoning : 0;
+        sum += (__int128)(u->output - reasoning) * p->output + (__int128)reasoning * p->reasoning;
+    }
+    if (u->known & TG_USAGE_CACHE_READ)
+        sum += (__int128)u->cache_read * p->cache_read;
+    if (u->known & TG_USAGE_CACHE_WRITE)
+        sum += (__int128)u->cache_write * p->cache_write;
+    /* sum is nano-USD per million tokens * tokens; times multiplier / 1e6; / 1e6 tokens. */
+    __int128 scaled = sum * multiplier_micro;
+    __int128 div = (__int128)1000000 * 1000000;
+    return (int64_t)((scaled + div / 2) / div);
+}
+
+/* ---- reservation ---------------------------------------------------------------------- */
+
+static void reserve_send(tg_reserve_t *x);
+
+static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
+    if (!x->detached)
+        x->cb(x->ud, status, code, msg);
+    free(x);
+}
+
+static void pg_reserved(void *ud, const PGresult *res, const char *err) {
+    tg_reserve_t *x = ud;
+    TG_UNUSED(res);
+    if (err) {
+        /* Not durable: give the Redis hold back and refuse (money fails closed). */
+        tg_log_warn("billing: reservation %s not recorded in Postgres (%s); refused", x->request_id, err);
+        tg_redis_t *redis = tg_state_redis(x->b->st);
+        if (redis) {
+            const char *argv[4] = {x->keys[0], x->keys[1], x->keys[2], "0"};
+            tg_redis_eval(redis, x->b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+        }
+        reserve_finish(x, 503, "billing_unavailable", "the request could not be reserved against the balance; try again");
+        return;
+    }
+    x->b->stats.reserved++;
+    reserve_finish(x, 0, NULL, NULL);
+}
+
+static void init_loaded(void *ud, const PGresult *res, const char *err) {
+    tg_reserve_t *x = ud;
+    if (err || PQntuples(res) != 1) {
+        reserve_finish(x, 503, "billing_unavailable", "the balance could not be loaded; try again");
+        return;
+    }
+    snprintf(x->tenant_init, sizeof(x->tenant_init), "%s", PQgetvalue(res, 0, 0));
+    snprintf(x->key_init, sizeof(x->key_init), "%s", PQgetvalue(res, 0, 1));
+    reserve_send(x);
+}
+
+static void redis_reserved(void *ud, redisReply *r, const char *err) {
+    tg_reserve_t *x = ud;
+    tg_billing_t *b = x->b;
+    if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
+        reserve_finish(x, 503, "billing_unavailable",
+                       "the balance could not be checked (the limiter store is unavailable); try again");
+        return;
+    }
+    long long ok = r->element[0]->integer;
+    const char *what = r->element[1]->str ? r->element[1]->str : "";
+    if (ok == -1) {
+        if (x->inits++ > 2) {
+            reserve_finish(x, 503, "billing_unavailable", "the balance could not be initialised");
+            return;
+        }
+        char t[24], k[24];
+        snprintf(t, sizeof(t), "%lld", (long long)x->r.tenant_id);
+        snprintf(k, sizeof(k), "%lld", (long long)x->r.key_id);
+        const char *params[2] = {t, k};
+        tg_pg_query(tg_state_pg(b->st), INIT_SQL, 2, params, init_loaded, x);
+        return;
+    }
+    if (ok == 0) {
+        b->stats.refused++;
+        if (!strcmp(what, "key budget"))
+            reserve_finish(x, 402, "budget_exceeded", "this API key's budget cannot cover the request's maximum cost");
+        else
+            reserve_finish(x, 402, "insufficient_balance", "the balance cannot cover the request's maximum cost");
+        return;
+    }
+    /* Durable record of the hold, before the upstream is called. */
+    char attempt[16], tenant[24], key[24], amount[32];
+    snprintf(attempt, sizeof(attempt), "%d", x->r.attempt);
+    snprintf(tenant, sizeof(tenant), "%lld", (long long)x->r.tenant_id);
+    snprintf(key, sizeof(key), "%lld", (long long)x->r.key_id);
+    tg_money_format(x->r.amount, amount);
+    const char *params[6] = {x->request_id, attempt, tenant, key, amount, x->model};
+    tg_pg_query(tg_state_pg(b->st), RESERVE_SQL, 6, params, pg_reserved, x);
+}
+
+static void reserve_send(tg_reserve_t *x) {
+    tg_redis_t *redis = tg_state_redis(x->b->st);
+    char amt[24];
+    snprintf(amt, sizeof(amt), "%lld", (long long)x->r.amount);
+    const char *argv[7] = {x->keys[0], x->keys[1], x->keys[2], amt, x->tenant_init, x->key_init, RES_TTL_S};
+    tg_redis_eval(redis, x->b->reserve_script, 3, 7, argv, NULL, redis_reserved, x);
+}
+
+static void fmt_keys(char keys[3][128], int64_t tenant, int64_t key, const char *id, int attempt) {
+    snprintf(keys[0], 128, "{t:%lld}:money", (long long)tenant);
+    snprintf(keys[1], 128, "{t:%lld}:res:%s:%d", (long long)tenant, id, attempt);
+    snprintf(keys[2], 128, "{t:%lld}:kmoney:%lld", (long long)tenant, (long long)key);
+}
+
+static void fail_async_cb(uv_timer_t *t) {
+    tg_reserve_t *x = t->data;
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    reserve_finish(x, 503, "billing_unavailable", "billing needs Postgres and Redis");
+}
+
+tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_reserve_cb cb, void *ud) {
+    tg_reserve_t *x = calloc(1, sizeof(*x));
+    x->b = b;
+    x->r = *r;
+    snprintf(x->request_id, sizeof(x->request_id), "%s", r->request_id);
+    snprintf(x->model, sizeof(x->model), "%s", r->model ? r->model : "");
+    x->r.request_id = x->request_id;
+    x->r.model = x->model;
+    x->cb = cb;
+    x->ud = ud;
+    snprintf(x->key_init, sizeof(x->key_init), "%s", "");
+    fmt_keys(x->keys, r->tenant_id, r->key_id, x->request_id, r->attempt);
+    if (!tg_state_redis(b->st) || !tg_state_pg(b->st)) {
+        uv_timer_t *t = malloc(sizeof(*t));
+        uv_timer_init(b->loop, t);
+        t->data = x;
+        uv_timer_start(t, fail_async_cb, 0, 0);
+        return x;
+    }
+    reserve_send(x);
+    return x;
+}
+
+void tg_reserve_detach(tg_reserve_t *r) {
+    if (r)
+        r->detached = 1;
+}
+
+void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
+    tg_redis_t *redis = tg_state_redis(st);
+    if (!redis)
+        return;
+    char key[64], amt[24];
+    snprintf(key, sizeof(key), "{t:%lld}:money", (long long)tenant_id);
+    snprintf(amt, sizeof(amt), "%lld", (long long)nano);
+    /* Only a balance already live in Redis is adjusted; otherwise it loads from Postgres. */
+    static const char lua[] = "if redis.call('HEXISTS', KEYS[1], 'avail') == 1 then "
+                              "return redis.call('HINCRBY', KEYS[1], 'avail', ARGV[1]) end return false";
+    const char *argv[6] = {"EVAL", lua, "1", key, amt, NULL};
+    tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
+}
+
+/* ---- settlement ----------------------------------------------------------------------- */
+
+static void flush(tg_billing_t *b);
+
+static void spool_append(tg_billing_t *b, json_t *batch) {
+    char *text = json_dumps(batch, JSON_COMPACT);
+    int fd = open(b->spool_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        tg_log_error("billing: cannot open the spool %s: %s — settlements kept in memory only", b->spool_path,
+                     strerror(errno));
+        json_array_extend(b->queue, batch);
+        free(text);
+        return;
+    }
+    size_t n = strlen(text);
+    text[n] = '\n';
+    ssize_t w = write(fd, text, n + 1);
+    text[n] = '\0';
+    if (w != (ssize_t)(n + 1) || fsync(fd) != 0) {
+        tg_log_error("billing: spool write failed: %s", strerror(errno));
+        json_array_extend(b->queue, batch);
+    } else {
+        b->stats.spooled += json_array_size(batch);
+        tg_log_warn("billing: Postgres unreachable: %zu settlement(s) spooled to %s", json_array_size(batch),
+                    b->spool_path);
+    }
+    close(fd);
+    free(text);
+}
+
+typedef struct {
+    tg_billing_t *b;
+    json_t *batch;
+    int from_spool;
+} batch_ctx_t;
+
+static void batch_done(void *ud, const PGresult *res, const char *err) {
+    batch_ctx_t *c = ud;
+    tg_billing_t *b = c->b;
+    b->inflight_batches--;
+    if (err) {
+        if (!c->from_spool)
+            spool_append(b, c->batch);
+        else
+            b->replaying = 0;
+        json_decref(c->batch);
+        free(c);
+        return;
+    }
+    b->stats.batches++;
+    for (int i = 0; i < PQntuples(res); i++) {
+        const char *outcome = PQgetvalue(res, i, 1);
+        if (!strcmp(outcome, "settled"))
+            b->stats.settled++;
+        else if (!strcmp(outcome, "duplicate"))
+            b->stats.duplicates++;
+        else {
+            b->stats.conflicts++;
+            tg_log_error("billing: CONFLICT: request %s was already settled with a different fingerprint; "
+                         "not billed again — investigate",
+                         PQgetvalue(res, i, 0));
+        }
+    }
+    if (c->from_spool) {
+        b->stats.replayed += json_array_size(c->batch);
+        b->replaying = 0;
+        /* The spool was replayed whole: remove it (a newer append made while we ran goes
+         * into a fresh file because we renamed it before replaying). */
+    }
+    json_decref(c->batch);
+    free(c);
+    if (json_array_size(b->queue))
+        flush(b);
+}
+
+static void send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
+    tg_pg_t *pg = tg_state_pg(b->st);
+    batch_ctx_t *c = calloc(1, sizeof(*c));
+    c->b = b;
+    c->batch = batch;
+    c->from_spool = from_spool;
+    char *text = json_dumps(batch, JSON_COMPACT);
+    const char *params[1] = {text};
+    b->inflight_batches++;
+    if (!pg || !tg_pg_query(pg, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, params, batch_done, c)) {
+        b->inflight_batches--;
+        if (!from_spool)
+            spool_append(b, batch);
+        json_decref(batch);
+        free(c);
+    }
+    free(text);
+}
+
+static void flush(tg_billing_t *b) {
+    /* Few transactions under load: everything queued goes in one (bounded) batch, with at
+     * most two batches in flight per worker. */
+    while (json_array_size(b->queue) && b->inflight_batches < 2) {
+        json_t *batch = json_array();
+        size_t n = TG_MIN(json_array_size(b->queue), (size_t)BATCH_MAX);
+        for (size_t i = 0; i < n; i++)
+            json_array_append(batch, json_array_get(b->queue, i));
+        for (size_t i = 0; i < n; i++)
+            json_array_remove(b->queue, 0);
+        send_batch(b, batch, 0);
+    }
+}
+
+static void flush_cb(uv_timer_t *t) { flush(t->data); }
+
+static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (!redis)
+        return;
+    for (int a = 1; a <= TG_MAX(s->attempts, 1); a++) {
+        char keys[3][128], actual[24];
+        fmt_keys(keys, s->tenant_id, s->key_id, s->request_id, a);
+        /* Failed earlier attempts produced nothing billable; the last one carries the cost. */
+        snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s->attempts, 1) ? cost_last : 0));
+        const char *argv[4] = {keys[0], keys[1], keys[2], actual};
+        tg_redis_eval(redis, b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+    }
+}
+
+static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
+    return (u->known & bit) ? json_integer(v) : json_null();
+}
+
+static json_t *settlement_json(const tg_settlement_t *s) {
+    char cost[32], fp_src[512], fp[65];
+    tg_money_format(s->cost, cost);
+    const tg_usage_t *u = &s->usage;
+    /* The fingerprint identifies what was billed: the same request settled again with
+     * different numbers is a conflict, not a second charge. */
+    snprintf(fp_src, sizeof(fp_src), "%lld|%s|%lld|%lld|%lld|%lld|%lld|%s", (long long)s->key_id, s->model,
+             (long long)u->input, (long long)u->output, (long long)u->cache_read, (long long)u->cache_write,
+             (long long)u->reasoning, cost);
+    tg_sha256_hex(fp_src, strlen(fp_src), fp);
+    json_t *o = json_object();
+    json_object_set_new(o, "request_id", json_string(s->request_id));
+    json_object_set_new(o, "fingerprint", json_string(fp));
+    json_object_set_new(o, "tenant_id", json_integer(s->tenant_id));
+    json_object_set_new(o, "api_key_id", json_integer(s->key_id));
+    json_object_set_new(o, "group_id", s->group_id ? json_integer(s->group_id) : json_null());
+    json_object_set_new(o, "account_id", s->account_id ? json_integer(s->account_id) : json_null());
+    json_object_set_new(o, "model", json_string(s->model ? s->model : ""));
+    json_object_set_new(o, "attempts", json_integer(TG_MAX(s->attempts, 1)));
+    json_object_set_new(o, "input", usage_field(u, TG_USAGE_INPUT, u->input));
+    json_object_set_new(o, "output", usage_field(u, TG_USAGE_OUTPUT, u->output));
+    json_object_set_new(o, "cache_read", usage_field(u, TG_USAGE_CACHE_READ, u->cache_read));
+    json_object_set_new(o, "cache_write", usage_field(u, TG_USAGE_CACHE_WRITE, u->cache_write));
+    json_object_set_new(o, "reasoning", usage_field(u, TG_USAGE_REASONING, u->reasoning));
+    json_object_set_new(o, "cost", json_string(cost));
+    json_object_set_new(o, "estimated", json_boolean(s->estimated));
+    json_object_set_new(o, "status", json_integer(s->status));
+    json_object_set_new(o, "ttft_ms", s->ttft_ms >= 0 ? json_real(s->ttft_ms) : json_null());
+    json_object_set_new(o, "total_ms", json_real(s->total_ms));
+    return o;
+}
+
+void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
+    release_attempts(b, s, s->cost);
+    json_array_append_new(b->queue, settlement_json(s));
+    if (json_array_size(b->queue) >= BATCH_MAX)
+        flush(b);
+    else if (!uv_is_active((uv_handle_t *)&b->flush_timer))
+        uv_timer_start(&b->flush_timer, flush_cb, 1, 0);
+}
+
+static void noop_cb(void *ud, const PGresult *res, const char *err) {
+    TG_UNUSED(ud);
+    TG_UNUSED(res);
+    if (err)
+        tg_log_warn("billing: marking a reservation pending_reconciliation failed: %s (the reconciler finds it)", err);
+}
+
+void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts) {
+    TG_UNUSED(tenant_id);
+    TG_UNUSED(key_id);
+    TG_UNUSED(attempts);
+    tg_pg_t *pg = tg_state_pg(b->st);
+    if (!pg)
+        return;
+    const char *params[1] = {request_id};
+    tg_pg_query(pg,
+                "UPDATE reservations SET state = 'pending_reconciliation', updated_at = now(), "
+                "note = 'usage unknown' WHERE request_id = $1 AND state = 'reserved'",
+                1, params, noop_cb, NULL);
+}
+
+/* ---- spool replay --------------------------------------------------------------------- */
+
+static void spool_cb(uv_timer_t *t) {
+    tg_billing_t *b = t->data;
+    if (b->replaying || !tg_state_pg(b->st) || !tg_pg_connected(tg_state_pg(b->st)))
+        return;
+    /* Take the file over by renaming it, so appends made meanwhile start a new one. */
+    char taking[600];
+    snprintf(taking, sizeof(taking), "%s.replay", b->spool_path);
+    struct stat sb;
+    if (stat(taking, &sb) != 0) {
+        if (stat(b->spool_path, &sb) != 0)
+            return;
+        if (rename(b->spool_path, taking) != 0)
+            return;
+    }
+    FILE *f = fopen(taking, "r");
+    if (!f)
+        return;
+    json_t *all = json_array();
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        json_t *batch = json_loadb(line, (size_t)n, 0, NULL);
+        if (json_is_array(batch))
+            json_array_extend(all, batch);
+        json_decref(batch);
+    }
+    free(line);
+    fclose(f);
+    if (!json_array_size(all)) {
+        json_decref(all);
+        unlink(taking);
+        return;
+    }
+    /* Replayed synchronously-in-order as one batch; the .replay file goes once Postgres
+     * confirmed it (tg_settle_batch is idempotent, so a crash in between is harmless). */
+    b->replaying = 1;
+    tg_log_info("billing: replaying %zu spooled settlement(s)", json_array_size(all));
+    batch_ctx_t *c = calloc(1, sizeof(*c));
+    c->b = b;
+    c->batch = all;
+    c->from_spool = 1;
+    char *text = json_dumps(all, JSON_COMPACT);
+    const char *params[1] = {text};
+    b->inflight_batches++;
+    if (!tg_pg_query(tg_state_pg(b->st), "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, params,
+                     batch_done, c)) {
+        b->inflight_batches--;
+        b->replaying = 0;
+        json_decref(all);
+        free(c);
+    } else {
+        unlink(taking); /* re-spooled by batch_done if this attempt fails */
+    }
+    free(text);
+}
+
+/* ---- reconciler ----------------------------------------------------------------------- */
+
+static void reconcile_cb(uv_timer_t *t);
+
+tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billing_config_t *cfg) {
+    tg_billing_t *b = calloc(1, sizeof(*b));
+    b->loop = loop;
+    b->st = st;
+    b->cfg = *cfg;
+    b->spool_dir = strdup(cfg->spool_dir ? cfg->spool_dir : "var/spool");
+    b->cfg.spool_dir = b->spool_dir;
+    mkdir(b->spool_dir, 0700);
+    snprintf(b->spool_path, sizeof(b->spool_path), "%s/settlements-w%d.jsonl", b->spool_dir, cfg->worker);
+    b->queue = json_array();
+    tg_redis_t *redis = tg_state_redis(st);
+    if (redis) {
+        b->reserve_script = tg_redis_script_register(redis, RESERVE_LUA);
+        b->settle_script = tg_redis_script_register(redis, SETTLE_LUA);
+    }
+    uv_timer_init(loop, &b->flush_timer);
+    b->flush_timer.data = b;
+    uv_timer_init(loop, &b->spool_timer);
+    b->spool_timer.data = b;
+    uv_timer_start(&b->spool_timer, spool_cb, 200, 2000);
+    uv_unref((uv_handle_t *)&b->spool_timer);
+    uv_timer_init(loop, &b->reconcile_timer);
+    b->reconcile_timer.data = b;
+    if (cfg->reconciler) {
+        uint64_t every = (uint64_t)TG_MAX(cfg->reconcile_after_ms / 4, 500);
+        uv_timer_start(&b->reconcile_timer, reconcile_cb, every, every);
+        uv_unref((uv_handle_t *)&b->reconcile_timer);
+    }
+    return b;
+}
+
+void tg_billing_destroy(tg_billing_t *b) {
+    if (!b)
+        return;
+    /* Whatever is still queued goes to the spool: replayed at the next start. */
+    if (json_array_size(b->queue))
+        spool_append(b, b->queue);
+    json_decref(b->queue);
+    uv_close((uv_handle_t *)&b->flush_timer, NULL);
+    uv_close((uv_handle_t *)&b->spool_timer, NULL);
+    uv_close((uv_handle_t *)&b->reconcile_timer, NULL);
+    free(b->spool_dir);
+    /* b itself is freed with the loop's last iteration: the timers reference it. */
+    b->loop = NULL;
+}
+
+const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b) { return &b->stats; }
+
+/*
+ * The reconciler: one per deployment, elected with a Redis lock (SET NX PX, renewed by
+ * its holder). Each pass settles the reservations whose usage will never be reported:
+ * `pending_reconciliation` rows (upstream timed out after the request was sent) and
+ * `reserved` rows older than reconcile_after (the gateway that held them died). The
+ * rule: unknown usage is charged at the reserved upper bound, marked estimated
+ * (charge_unknown = 1, the default: the provider most likely billed it), or released
+ * at no cost (charge_unknown = 0). Either way through tg_settle_batch, so a request
+ * that was settled meanwhile is never billed twice.
+ */
+static const char DUE_SQL[] =
+    "SELECT r.request_id, max(r.attempt), min(r.tenant_id), min(r.api_key_id), "
+    "(sum(r.amount) * 1000000000)::bigint, coalesce(min(r.model), '') FROM reservations r "
+    "WHERE (r.state = 'pending_reconciliation' OR r.state = 'reserved') "
+    "AND r.created_at < now() - $1::int * interval '1 millisecond' "
+    "AND NOT EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.request_id) "
+    "GROUP BY r.request_id LIMIT 500";
+
+static const char LOCK_LUA[] =
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if v == false then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end\n"
+    "if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\n"
+    "return 0\n";
+
+static void due_cb(void *ud, const PGresult *res, const char *err) {
+    tg_billing_t *b = ud;
+    if (err || !b->loop)
+        return;
+    for (int i = 0; i < PQntuples(res); i++) {
+        int64_t amount = atoll(PQgetvalue(res, i, 4));
+        tg_settlement_t s = {
+            .request_id = PQgetvalue(res, i, 0),
+            .attempts = atoi(PQgetvalue(res, i, 1)),
+            .tenant_id = atoll(PQgetvalue(res, i, 2)),
+            .key_id = atoll(PQgetvalue(res, i, 3)),
+            .model = PQgetvalue(res, i, 5),
+            .cost = b->cfg.charge_unknown ? amount : 0,
+            .estimated = 1,
+            .status = 0,
+            .ttft_ms = -1,
+        };
+        tg_billing_settle(b, &s);
+        b->stats.reconciled++;
+    }
+    if (PQntuples(res))
+        tg_log_info("billing: reconciler settled %d request(s) with unknown usage (%s)", PQntuples(res),
+                    b->cfg.charge_unknown ? "charged the reserved bound" : "released");
+}
+
+static char instance_id[40];
+
+static void lock_cb(void *ud, redisReply *r, const char *err) {
+    tg_billing_t *b = ud;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER || r->integer != 1 || !b->loop)
+        return;
+    char ms[16];
+    snprintf(ms, sizeof(ms), "%d", b->cfg.reconcile_after_ms);
+    const char *params[1] = {ms};
+    tg_pg_query(tg_state_pg(b->st), DUE_SQL, 1, params, due_cb, b);
+}
+
+static void reconcile_cb(uv_timer_t *t) {
+    tg_billing_t *b = t->data;
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (!redis || !tg_state_pg(b->st))
+        return;
+    if (!instance_id[0])
+        tg_random_id(instance_id);
+    char ttl[16];
+    snprintf(ttl, sizeof(ttl), "%d", TG_MAX(b->cfg.reconcile_after_ms, 2000));
+    const char *argv[6] = {"EVAL", LOCK_LUA, "1", "tollgate:reconciler", instance_id, ttl};
+    tg_redis_command(redis, lock_cb, b, 6, argv, NULL);
+}
+
+/* ---- `tollgate ledger verify|reconcile` (blocking clients: a one-shot command) -------- */
+
+#include <hiredis/hiredis.h>
+
+static redisContext *redis_connect_sync(const char *url) {
+    if (!url)
+        return NULL;
+    struct timeval tv = {2, 0};
+    redisContext *c = NULL;
+    if (!strncmp(url, "unix://", 7)) {
+        c = redisConnectUnixWithTimeout(url + 7, tv);
+    } else if (!strncmp(url, "redis://", 8)) {
+        char host[256] = "127.0.0.1";
+        int port = 6379;
+        const char *hp = strrchr(url + 8, '@') ? strrchr(url + 8, '@') + 1 : url + 8;
+        sscanf(hp, "%255[^:/]:%d", host, &port);
+        c = redisConnectWithTimeout(host, port, tv);
+    }
+    if (c && c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
+static int check(PGconn *c, const char *what, const char *sql, int *problems) {
+    PGresult *r = PQexec(c, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        fprintf(stderr, "ledger verify: %s: %s", what, PQerrorMessage(c));
+        PQclear(r);
+        (*problems)++;
+        return TG_ERROR;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        printf("PROBLEM %s:", what);
+        for (int k = 0; k < PQnfields(r); k++)
+            printf(" %s=%s", PQfname(r, k), PQgetisnull(r, i, k) ? "null" : PQgetvalue(r, i, k));
+        printf("\n");
+        (*problems)++;
+    }
+    if (PQntuples(r) == 0)
+        printf("ok   %s\n", what);
+    PQclear(r);
+    return TG_OK;
+}
+
+int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
+    PGconn *c = PQconnectdb(pg_conninfo);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "ledger verify: cannot connect to Postgres: %s", PQerrorMessage(c));
+        PQfinish(c);
+        return 2;
+    }
+    int problems = 0;
+    check(c, "each balance = opening balance + top-ups - usage (ledger)",
+          "SELECT t.id AS tenant_id, t.balance, t.opening_balance + coalesce(sum(l.amount) FILTER (WHERE l.kind <> "
+          "'opening'), 0) AS from_ledger FROM tenants t LEFT JOIN ledger l ON l.tenant_id = t.id GROUP BY t.id "
+          "HAVING t.balance <> t.opening_balance + coalesce(sum(l.amount) FILTER (WHERE l.kind <> 'opening'), 0)",
+          &problems);
+    check(c, "usage debits in the ledger = usage costs",
+          "SELECT u.tenant_id, sum(u.cost) AS usage_cost, (SELECT -coalesce(sum(l.amount), 0) FROM ledger l WHERE "
+          "l.tenant_id = u.tenant_id AND l.kind = 'usage') AS ledger_debits FROM usage u GROUP BY u.tenant_id "
+          "HAVING sum(u.cost) <> (SELECT -coalesce(sum(l.amount), 0) FROM ledger l WHERE l.tenant_id = u.tenant_id "
+          "AND l.kind = 'usage')",
+          &problems);
+    check(c, "no request id billed twice",
+          "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' GROUP BY request_id HAVING count(*) > 1",
+          &problems);
+    check(c, "every usage row has its dedup row",
+          "SELECT u.request_id FROM usage u LEFT JOIN billing_dedup d ON d.request_id = u.request_id WHERE "
+          "d.request_id IS NULL",
+          &problems);
+    check(c, "each key's spend = its usage",
+          "SELECT k.id AS key_id, k.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM api_keys k LEFT JOIN usage u "
+          "ON u.api_key_id = k.id GROUP BY k.id HAVING k.spend <> coalesce(sum(u.cost), 0)",
+          &problems);
+    check(c, "every reservation is reconciled or pending (none left reserved for over a minute)",
+          "SELECT request_id, attempt, state, created_at FROM reservations WHERE state = 'reserved' AND created_at < "
+          "now() - interval '1 minute'",
+          &problems);
+    check(c, "every settled request's reservations are reconciled",
+          "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN billing_dedup d ON d.request_id = "
+          "r.request_id WHERE r.state <> 'reconciled'",
+          &problems);
+    redisContext *rc = redis_connect_sync(redis_url);
+    if (redis_url && !rc) {
+        printf("PROBLEM Redis: cannot connect to %s to compare reserved totals\n", redis_url);
+        problems++;
+    }
+    if (rc) {
+        PGresult *r = PQexec(c, "SELECT t.id, ((t.balance - coalesce(sum(r.amount), 0)) * 1000000000)::bigint, "
+                                "(coalesce(sum(r.amount), 0) * 1000000000)::bigint FROM tenants t LEFT JOIN "
+                                "reservations r ON r.tenant_id = t.id AND r.state IN ('reserved', "
+                                "'pending_reconciliation') GROUP BY t.id");
+        int bad = 0;
+        for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+            redisReply *rep = redisCommand(rc, "HMGET {t:%s}:money avail reserved", PQgetvalue(r, i, 0));
+            if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->str) {
+                long long avail = atoll(rep->element[0]->str);
+                long long reserved = rep->element[1]->str ? atoll(rep->element[1]->str) : 0;
+                if (avail != atoll(PQgetvalue(r, i, 1)) || reserved != atoll(PQgetvalue(r, i, 2))) {
+                    printf("PROBLEM Redis reserved totals match Postgres: tenant_id=%s redis_avail=%lld "
+                           "pg_avail=%s redis_reserved=%lld pg_reserved=%s (nano-USD)\n",
+                           PQgetvalue(r, i, 0), avail, PQgetvalue(r, i, 1), reserved, PQgetvalue(r, i, 2));
+                    bad++;
+                }
+            }
+            if (rep)
+                freeReplyObject(rep);
+        }
+        PQclear(r);
+        if (!bad)
+            printf("ok   Redis reserved totals match Postgres\n");
+        problems += bad;
+        redisFree(rc);
+    }
+    PQfinish(c);
+    if (problems) {
+        printf("ledger verify: %d problem(s)\n", problems);
+        return 1;
+    }
+    printf("ledger verify: all invariants hold\n");
+    return 0;
+}
+
+int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int older_than_ms, int charge_unknown) {
+    PGconn *c = PQconnectdb(pg_conninfo);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "ledger reconcile: cannot connect to Postgres: %s", PQerrorMessage(c));
+        PQfinish(c);
+        return 2;
+    }
+    redisContext *rc = redis_connect_sync(redis_url);
+    char ms[16];
+    snprintf(ms, sizeof(ms), "%d", older_than_ms);
+    const char *params[1] = {ms};
+    PGresult *due = PQexecParams(c, DUE_SQL, 1, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(due) != PGRES_TUPLES_OK) {
+        fprintf(stderr, "ledger reconcile: %s", PQerrorMessage(c));
+        PQclear(due);
+        PQfinish(c);
+        return 1;
+    }
+    int settled = 0;
+    for (int i = 0; i < PQntuples(due); i++) {
+        int64_t amount = atoll(PQgetvalue(due, i, 4));
+        tg_settlement_t s = {
+            .request_id = PQgetvalue(due, i, 0),
+            .attempts = atoi(PQgetvalue(due, i, 1)),
+            .tenant_id = atoll(PQgetvalue(due, i, 2)),
+            .key_id = atoll(PQgetvalue(due, i, 3)),
+            .model = PQgetvalue(due, i, 5),
+            .cost = charge_unknown ? amount : 0,
+            .estimated = 1,
+            .ttft_ms = -1,
+        };
+        json_t *batch = json_array();
+        json_array_append_new(batch, settlement_json(&s));
+        char *text = json_dumps(batch, JSON_COMPACT);
+        const char *p[1] = {text};
+        PGresult *r = PQexecParams(c, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, NULL, p, NULL,
+                                   NULL, 0);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+            printf("%s %s (%s)\n", PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1),
+                   charge_unknown ? "charged the reserved bound" : "released");
+            settled++;
+            for (int a = 1; rc && a <= TG_MAX(s.attempts, 1); a++) {
+                char keys[3][128], actual[24];
+                fmt_keys(keys, s.tenant_id, s.key_id, s.request_id, a);
+                snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s.attempts, 1) ? s.cost : 0));
+                redisReply *rep = redisCommand(rc, "EVAL %s 3 %s %s %s %s", SETTLE_LUA, keys[0], keys[1], keys[2], actual);
+                if (rep)
+                    freeReplyObject(rep);
+            }
+        } else {
+            fprintf(stderr, "ledger reconcile: %s: %s", s.request_id, PQerrorMessage(c));
+        }
+        PQclear(r);
+        free(text);
+        json_decref(batch);
+    }
+    PQclear(due);
+    if (rc)
+        redisFree(rc);
+    PQfinish(c);
+    printf("ledger reconcile: %d request(s) settled\n", settled);
+    return 0;
+}
