@@ -180,6 +180,18 @@ export function stateFile(state) {
   return p;
 }
 
+/** Applies `state` to db; throws with the command's output unless it exits 0. */
+export async function applyState(db, state, opts = {}) {
+  const r = await tool(['apply', stateFile(state)], { db, ...opts });
+  if (r.code !== 0) throw new Error(`apply failed (${r.code}): ${r.stderr}${r.stdout}`);
+  return r;
+}
+
+/** The id of api key `name` (of any tenant) in db. */
+export async function keyId(db, name) {
+  return Number(await db.scalar(`SELECT id FROM api_keys WHERE name = ${lit(name)}`));
+}
+
 // ---- gateways ---------------------------------------------------------------------------
 
 /** The environment of a gateway that uses db and Redis (the suite's unless given). */

@@ -1,0 +1,141 @@
+// Two gateway instances share one Postgres and one Redis. A key that instance B has
+// cached is revoked through instance A's admin API: B refuses it within 1 s (A
+// publishes the change on Redis, every worker of every instance drops its cache). The
+// same holds for re-activating, expiring and deleting a key; a wrong key gets the
+// OpenAI-shaped 401 everywhere.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { MODEL, sleep, startMock, stopAll } from './lib/harness.mjs';
+import { adminClient, applyState, chat, chatReq, createDb, keyId, metrics, plainKey, startStateGateway } from './lib/db.mjs';
+
+const KEY = plainKey('revoke');
+const CRED = 'sk-revoke-account';
+let db;
+let mock;
+let gwA;
+let gwB;
+let adminA;
+let id;
+
+before(async () => {
+  mock = await startMock();
+  db = await createDb();
+  await applyState(db, {
+    tenants: [{ name: 'acme', balance: '10' }],
+    groups: [{ name: 'main', models: [] }],
+    accounts: [{ name: 'acct', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, groups: ['main'] }],
+    keys: [{ name: 'k', tenant: 'acme', group: 'main', key: KEY }],
+  });
+  id = await keyId(db, 'k');
+  // Two workers each: the key must be refused by every worker of B, not just one.
+  [gwA, gwB] = await Promise.all([startStateGateway(db, { workers: 2 }, { mock }), startStateGateway(db, { workers: 2 }, { mock })]);
+  adminA = adminClient(gwA);
+});
+
+after(async () => {
+  await stopAll();
+  await db?.drop();
+});
+
+/** n requests to gw with KEY, each on a fresh connection (so both workers answer). */
+async function statuses(gw, n, key = KEY) {
+  const rs = await Promise.all(Array.from({ length: n }, () => chat(gw, key, chatReq(MODEL))));
+  return rs.map((r) => r.status);
+}
+
+/**
+ * Polls B until `n` requests in a row (fresh connections) all get `want`; resolves with
+ * the ms since `t0`, or throws after `limit` ms.
+ */
+async function msUntil(gw, want, t0, limit) {
+  for (let i = 0; i < 400; i++) {
+    const s = await statuses(gw, 6);
+    if (s.every((x) => x === want)) return Date.now() - t0;
+    if (Date.now() - t0 > limit) throw new Error(`still ${JSON.stringify(s)} after ${Date.now() - t0} ms (want all ${want})`);
+    await sleep(20);
+  }
+  throw new Error('unreachable');
+}
+
+async function warm(gw) {
+  const s = await statuses(gw, 12);
+  assert.deepEqual(s, Array(12).fill(200), 'the key works before the change');
+  const m = await metrics(gw);
+  assert.ok(m['tollgate_auth_cache_total{result="hit"}'] > 0, 'B serves the key from its cache');
+}
+
+test('a key revoked on instance A is refused by instance B within 1 s', async () => {
+  await warm(gwB);
+  const lookupsBefore = (await metrics(gwB)).tollgate_auth_db_lookups_total;
+  assert.ok(lookupsBefore <= 2, `at most one lookup per worker while warming (${lookupsBefore})`);
+
+  const t0 = Date.now();
+  const r = await adminA.patch(`/keys/${id}`, { status: 'revoked' });
+  assert.equal(r.status, 200, r.text);
+  const ms = await msUntil(gwB, 401, t0, 1000);
+  assert.ok(ms <= 1000, `B refused the revoked key after ${ms} ms`);
+
+  // Every worker of B refuses it, now and later (nothing serves it from a stale cache).
+  const s = await statuses(gwB, 20);
+  assert.deepEqual(s, Array(20).fill(401));
+  const res = await chat(gwB, KEY, chatReq(MODEL));
+  assert.equal(res.json?.error?.code, 'invalid_api_key');
+  assert.equal(res.json?.error?.type, 'invalid_request_error');
+  assert.match(res.json?.error?.message, /revoked/);
+  assert.deepEqual(await statuses(gwA, 6), Array(6).fill(401), 'A refuses it too');
+});
+
+test('re-activating the key on A is seen by B within 1 s', async () => {
+  const t0 = Date.now();
+  const r = await adminA.patch(`/keys/${id}`, { status: 'active' });
+  assert.equal(r.status, 200, r.text);
+  const ms = await msUntil(gwB, 200, t0, 1000);
+  assert.ok(ms <= 1000, `B accepted the key again after ${ms} ms`);
+});
+
+test('an expiry set on A in the past is enforced by B within 1 s', async () => {
+  await warm(gwB);
+  const t0 = Date.now();
+  const r = await adminA.patch(`/keys/${id}`, { expires_at: new Date(Date.now() - 60000).toISOString() });
+  assert.equal(r.status, 200, r.text);
+  const ms = await msUntil(gwB, 401, t0, 1000);
+  assert.ok(ms <= 1000, `B refused the expired key after ${ms} ms`);
+  const res = await chat(gwB, KEY, chatReq(MODEL));
+  assert.match(res.json?.error?.message, /expired/);
+  assert.equal((await adminA.patch(`/keys/${id}`, { expires_at: null })).status, 200);
+  await msUntil(gwB, 200, Date.now(), 1000);
+});
+
+test('suspending the tenant on A refuses its keys on B within 1 s', async () => {
+  await warm(gwB);
+  const tenant = Number(await db.scalar("SELECT id FROM tenants WHERE name = 'acme'"));
+  const t0 = Date.now();
+  assert.equal((await adminA.patch(`/tenants/${tenant}`, { status: 'suspended' })).status, 200);
+  const ms = await msUntil(gwB, 401, t0, 1000);
+  assert.ok(ms <= 1000, `after ${ms} ms`);
+  assert.equal((await adminA.patch(`/tenants/${tenant}`, { status: 'active' })).status, 200);
+  await msUntil(gwB, 200, Date.now(), 1000);
+});
+
+test('a key deleted on A is refused by B within 1 s', async () => {
+  await warm(gwB);
+  const t0 = Date.now();
+  assert.equal((await adminA.del(`/keys/${id}`)).status, 204);
+  const ms = await msUntil(gwB, 401, t0, 1000);
+  assert.ok(ms <= 1000, `B refused the deleted key after ${ms} ms`);
+  const upstream = (await mock.stats()).credentials[CRED]?.requests ?? 0;
+  await statuses(gwB, 10);
+  assert.equal((await mock.stats()).credentials[CRED]?.requests ?? 0, upstream, 'refused requests never reach the upstream');
+});
+
+test('unknown keys get the OpenAI-shaped 401 on both instances', async () => {
+  for (const gw of [gwA, gwB]) {
+    for (const key of [plainKey('nope'), '', 'x'.repeat(300)]) {
+      const r = await chat(gw, key, chatReq(MODEL));
+      assert.equal(r.status, 401, `key ${JSON.stringify(key.slice(0, 20))}: ${r.text}`);
+      assert.equal(r.json?.error?.code, 'invalid_api_key');
+    }
+  }
+});
