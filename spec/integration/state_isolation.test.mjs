@@ -1,0 +1,121 @@
+// Tenant isolation on the data plane: tenant A's key can neither use tenant B's
+// group's models (403) nor spend through B's upstream account. Every request of A
+// reaches the upstream with A's account credential only (the mock counts requests per
+// credential), the client's own key never goes upstream, and A sees only its models.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { startMock, stopAll } from './lib/harness.mjs';
+import { adminClient, applyState, chat, chatReq, createDb, plainKey, request, startStateGateway } from './lib/db.mjs';
+
+const KEY_A = plainKey('tenant-a');
+const KEY_B = plainKey('tenant-b');
+const KEY_A2 = plainKey('tenant-a-narrow');
+const CRED_A = 'sk-account-of-tenant-a';
+const CRED_B = 'sk-account-of-tenant-b';
+let db;
+let mock;
+let gw;
+
+before(async () => {
+  mock = await startMock();
+  db = await createDb();
+  await applyState(db, {
+    tenants: [{ name: 'tenant-a', balance: '10' }, { name: 'tenant-b', balance: '10' }],
+    groups: [{ name: 'group-a', models: ['model-a', 'model-shared'] }, { name: 'group-b', models: ['model-b', 'model-shared'] }],
+    accounts: [
+      { name: 'acct-a', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED_A, groups: ['group-a'] },
+      { name: 'acct-b', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED_B, groups: ['group-b'] },
+    ],
+    keys: [
+      { name: 'a', tenant: 'tenant-a', group: 'group-a', key: KEY_A },
+      { name: 'b', tenant: 'tenant-b', group: 'group-b', key: KEY_B },
+      { name: 'a-narrow', tenant: 'tenant-a', group: 'group-a', key: KEY_A2, allowed_models: ['model-shared'] },
+    ],
+  });
+  gw = await startStateGateway(db, {}, { mock });
+});
+
+after(async () => {
+  await stopAll();
+  await db?.drop();
+});
+
+const credStats = async () => {
+  const c = (await mock.stats()).credentials;
+  return { a: c[CRED_A]?.requests ?? 0, b: c[CRED_B]?.requests ?? 0, total: Object.values(c).reduce((n, x) => n + x.requests, 0) };
+};
+
+test("tenant A's key gets 403 for tenant B's models, and nothing reaches any upstream", async () => {
+  await mock.reset();
+  for (const [key, model] of [[KEY_A, 'model-b'], [KEY_B, 'model-a'], [KEY_A2, 'model-a'], [KEY_A, 'gpt-4o']]) {
+    const r = await chat(gw, key, chatReq(model));
+    assert.equal(r.status, 403, `${model}: ${r.text}`);
+    assert.equal(r.json?.error?.code, 'model_not_allowed');
+    assert.equal(r.json?.error?.type, 'permission_error');
+  }
+  const streamed = await chat(gw, KEY_A, chatReq('model-b', 'hi', { stream: true }));
+  assert.equal(streamed.status, 403);
+  assert.deepEqual(await credStats(), { a: 0, b: 0, total: 0 });
+});
+
+test("A's requests reach only A's account credential, B's only B's", async () => {
+  await mock.reset();
+  for (let i = 0; i < 6; i++) {
+    const ra = await chat(gw, KEY_A, chatReq(i % 2 ? 'model-a' : 'model-shared', `a ${i} [mock chunks=2]`));
+    assert.equal(ra.status, 200, ra.text);
+    const last = await mock.last();
+    assert.equal(last.headers.authorization, `Bearer ${CRED_A}`);
+    assert.ok(!JSON.stringify(last).includes(KEY_A), "A's own key is never sent upstream");
+  }
+  for (let i = 0; i < 4; i++) {
+    const rb = await chat(gw, KEY_B, chatReq('model-shared', `b ${i}`));
+    assert.equal(rb.status, 200, rb.text);
+    assert.equal((await mock.last()).headers.authorization, `Bearer ${CRED_B}`);
+  }
+  const narrow = await chat(gw, KEY_A2, chatReq('model-shared'));
+  assert.equal(narrow.status, 200, narrow.text);
+  assert.deepEqual(await credStats(), { a: 7, b: 4, total: 11 });
+});
+
+test('concurrent traffic of both tenants never crosses accounts', async () => {
+  await mock.reset();
+  const jobs = [];
+  for (let i = 0; i < 40; i++) {
+    jobs.push(chat(gw, i % 2 ? KEY_A : KEY_B, chatReq(i % 2 ? 'model-a' : 'model-b', `mix ${i} [mock chunks=3 interval_ms=5]`, { stream: true })));
+  }
+  const rs = await Promise.all(jobs);
+  assert.ok(rs.every((r) => r.status === 200), rs.map((r) => r.status).join(','));
+  assert.deepEqual(await credStats(), { a: 20, b: 20, total: 40 });
+});
+
+test("each tenant's key lists only its own group's models", async () => {
+  const list = async (key) => {
+    const r = await request(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${key}` } });
+    assert.equal(r.status, 200, r.text);
+    return r.json.data.map((m) => m.id).sort();
+  };
+  assert.deepEqual(await list(KEY_A), ['model-a', 'model-shared']);
+  assert.deepEqual(await list(KEY_B), ['model-b', 'model-shared']);
+  assert.deepEqual(await list(KEY_A2), ['model-shared']);
+});
+
+test("suspending tenant B stops B's keys and leaves A's untouched", async () => {
+  const admin = adminClient(gw);
+  const b = Number(await db.scalar("SELECT id FROM tenants WHERE name = 'tenant-b'"));
+  assert.equal((await admin.patch(`/tenants/${b}`, { status: 'suspended' })).status, 200);
+  const rb = await chat(gw, KEY_B, chatReq('model-b'));
+  assert.equal(rb.status, 401, rb.text);
+  const ra = await chat(gw, KEY_A, chatReq('model-a'));
+  assert.equal(ra.status, 200, ra.text);
+  assert.equal((await admin.patch(`/tenants/${b}`, { status: 'active' })).status, 200);
+});
+
+test("a client key is not an admin token: A cannot read B's data through the admin API", async () => {
+  for (const p of ['/tenants', '/keys', '/accounts', '/usage', `/keys?tenant_id=1`]) {
+    const r = await request(`${gw.url}/admin/api/v1${p}`, { headers: { authorization: `Bearer ${KEY_A}` } });
+    assert.equal(r.status, 401, `${p}: ${r.text}`);
+    assert.ok(!r.text.includes('tenant-b'));
+  }
+});
