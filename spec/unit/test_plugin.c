@@ -467,3 +467,58 @@ TG_TEST(plugin, shipped_plugins_and_policies_validate) {
     ASSERT_EQ_INT(n, 8);
     tg_plugins_config_free(&cfg);
 }
+
+/* Runs `tollgate policy test ...` with stdout captured; returns the exit code. */
+static int workbench(char *out, size_t outlen, const char *const *args, int nargs) {
+    char *argv[16] = {"policy", "test"};
+    for (int i = 0; i < nargs; i++)
+        argv[2 + i] = (char *)args[i];
+    char path[300];
+    snprintf(path, sizeof(path), "%s/out.txt", dir);
+    fflush(stdout);
+    int saved = dup(1);
+    FILE *f = fopen(path, "w");
+    ASSERT(f);
+    dup2(fileno(f), 1);
+    int rc = tg_policy_test_main(2 + nargs, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fclose(f);
+    f = fopen(path, "r");
+    size_t n = fread(out, 1, outlen - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    return rc;
+}
+
+TG_TEST(plugin, workbench_replays_requests_through_a_policy) {
+    make_dir();
+    write_file("reqs.jsonl",
+               "# comment\n"
+               "{\"id\":\"r1\",\"model\":\"gpt-4o\",\"tenant_id\":\"acme\",\"accounts\":["
+               "{\"id\":\"us-1\",\"region\":\"us\",\"priority\":5},{\"id\":\"eu-1\",\"region\":\"eu\"}]}\n"
+               "{\"id\":\"r2\",\"model\":\"gpt-4o\",\"tenant_id\":\"acme\",\"accounts\":[{\"id\":\"us-1\",\"region\":\"us\"}]}\n");
+    char reqs[300], policy[300], out[8192];
+    snprintf(reqs, sizeof(reqs), "%s/reqs.jsonl", dir);
+    snprintf(policy, sizeof(policy), "%s/policies/tenant-region.lua", TG_SOURCE_DIR);
+    const char *args[] = {policy, "--config", "{tenants = {acme = 'eu'}}", "--requests", reqs};
+    ASSERT_EQ_INT(workbench(out, sizeof(out), args, 5), 0);
+    ASSERT(strstr(out, "r1  model gpt-4o\n  select_account     eu-1 (built-in pick)  [us-1 excluded, eu-1]") != NULL);
+    ASSERT(strstr(out, "r2  model gpt-4o\n  select_account     reject 503 no_account_in_region") != NULL);
+    ASSERT(strstr(out, "2 requests, 0 plugin errors, 0 bad lines") != NULL);
+
+    /* A policy that throws: its error and fallback are shown, and the exit code is 1. */
+    write_file("thrower.lua", "return { name = 'thrower', priority = 1, version = '1',\n"
+                              "  map_model = function(ctx) if ctx:tenant_id() == 'acme' then error('oops') end end }\n");
+    snprintf(policy, sizeof(policy), "%s/thrower.lua", dir);
+    const char *args2[] = {policy, "--requests", reqs};
+    ASSERT_EQ_INT(workbench(out, sizeof(out), args2, 3), 1);
+    ASSERT(strstr(out, "map_model          ERROR plugins.thrower.map_model:") != NULL);
+    ASSERT(strstr(out, "oops; fallback: pass") != NULL);
+
+    /* A bad config is refused before any request runs. */
+    snprintf(policy, sizeof(policy), "%s/policies/tenant-region.lua", TG_SOURCE_DIR);
+    const char *args3[] = {policy, "--config", "{strict = 'yes'}", "--requests", reqs};
+    ASSERT_EQ_INT(workbench(out, sizeof(out), args3, 5), 2);
+}
