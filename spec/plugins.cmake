@@ -36,6 +36,16 @@ if(TG_NODE)
     set_tests_properties(integration.${name} PROPERTIES
       ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
       LABELS "plugins;integration" TIMEOUT 300)
+    # Again against the sanitizer build, when there is one (see spec/tests.cmake).
+    if(NOT TG_SANITIZE AND TG_ASAN_BUILD)
+      add_test(NAME integration-asan.${name}
+        COMMAND sh -c "if [ ! -x \"$TG_BIN\" ]; then echo \"skipped: no asan build at $TG_BIN\"; exit 77; fi; exec \"$0\" --test \"$1\""
+                ${TG_NODE} ${file})
+      set_tests_properties(integration-asan.${name} PROPERTIES
+        ENVIRONMENT "TG_BIN=${TG_ASAN_BUILD}/tollgate"
+        SKIP_RETURN_CODE 77
+        LABELS "plugins;integration;asan" TIMEOUT 400)
+    endif()
   endforeach()
 endif()
 
