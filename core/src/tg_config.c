@@ -297,6 +297,23 @@ static int load_limiter(cfg_ctx *c, tg_config_t *cfg) {
 
 static int limiter_fn(cfg_ctx *c, void *a) { return load_limiter(c, a); }
 
+static int load_routing(cfg_ctx *c, void *arg) {
+    tg_config_t *cfg = arg;
+    static const char *const keys[] = {"max_attempts", "deadline_ms", "cooldown_429_ms", "cooldown_529_ms",
+                                       "cooldown_auth_ms", "cooldown_5xx_ms", NULL};
+    c->prefix = "routing.";
+    int rc = check_keys(c, keys);
+    rc = rc ?: get_int(c, "max_attempts", &cfg->routing.max_attempts, 1, 8);
+    rc = rc ?: get_int(c, "deadline_ms", &cfg->routing.deadline_ms, 1, 3600000);
+    rc = rc ?: get_int(c, "cooldown_429_ms", &cfg->routing.cooldown_429_ms, 0, 86400000);
+    rc = rc ?: get_int(c, "cooldown_529_ms", &cfg->routing.cooldown_529_ms, 0, 86400000);
+    rc = rc ?: get_int(c, "cooldown_auth_ms", &cfg->routing.cooldown_auth_ms, 0, 86400000);
+    rc = rc ?: get_int(c, "cooldown_5xx_ms", &cfg->routing.cooldown_5xx_ms, 0, 86400000);
+    if (rc == TG_OK)
+        c->prefix = "";
+    return rc;
+}
+
 static int load_billing(cfg_ctx *c, void *arg) {
     tg_config_t *cfg = arg;
     static const char *const keys[] = {"enabled", "default_max_tokens", "spool_dir", "reconcile_after_ms",
@@ -337,6 +354,12 @@ static void defaults(tg_config_t *cfg) {
     cfg->pg_timeout_ms = 5000;
     cfg->redis_timeout_ms = 250;
     tg_plugins_config_defaults(&cfg->plugins);
+    cfg->routing.max_attempts = 3;
+    cfg->routing.deadline_ms = 120000;
+    cfg->routing.cooldown_429_ms = 30000;
+    cfg->routing.cooldown_529_ms = 10000;
+    cfg->routing.cooldown_auth_ms = 300000;
+    cfg->routing.cooldown_5xx_ms = 15000;
     cfg->billing.enabled = 1;
     cfg->billing.default_max_tokens = 4096;
     cfg->billing.spool_dir = strdup("var/spool");
@@ -380,7 +403,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
-                                       "limits", "upstream", "limiter", "plugins", "billing", NULL};
+                                       "limits", "upstream", "limiter", "plugins", "billing", "routing", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -415,6 +438,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: sub_table(&c, "upstream", upstream_fn, &cfg->upstream);
         rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
         rc = rc ?: sub_table(&c, "billing", load_billing, cfg);
+        rc = rc ?: sub_table(&c, "routing", load_routing, cfg);
         if (rc == TG_OK) {
             lua_getfield(L, -1, "plugins");
             if (!lua_isnil(L, -1)) {

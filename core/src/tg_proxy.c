@@ -11,6 +11,7 @@
  *   route -> auth -> parse -> upstream (stream back) -> finish (access log, metrics)
  */
 #include <jansson.h>
+#include <libpq-fe.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 #include <stdio.h>
@@ -19,6 +20,10 @@
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_admin.h"
 #include "tollgate/tg_billing.h"
+#include "tollgate/tg_crypto.h"
+#include "tollgate/tg_health.h"
+#include "tollgate/tg_pg.h"
+#include "tollgate/tg_redis.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_server.h"
@@ -36,9 +41,25 @@ typedef struct {
     tg_limits_t *limits;       /* admission in Redis */
     tg_plugins_t *plugins;     /* this worker's plugin runtime */
     tg_billing_t *billing;     /* metering, with Postgres and Redis */
+    tg_health_t *health;       /* per-account EWMAs, cooldowns, trials */
+    int slot_script;           /* account slot lease (Redis) */
+    int slot_release_script;
 } proxy_worker_t;
 
+/* The account's own concurrency slot: KEYS[1] {a:<id>}:conc; ARGV id, limit, ttl_ms. */
+static const char SLOT_LUA[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
+    "if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end\n"
+    "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])\n"
+    "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)\n"
+    "return 1\n";
+static const char SLOT_RELEASE_LUA[] = "return redis.call('ZREM', KEYS[1], ARGV[1])\n";
+
 typedef struct proxy_req_s proxy_req_t;
+/* The index of phase_select in phases[] below: where a retry resumes. */
+enum { PHASE_SELECT = 6 };
 typedef int (*phase_fn)(proxy_req_t *p);
 
 struct proxy_req_s {
@@ -52,6 +73,7 @@ struct proxy_req_s {
     char model[128];
     int stream;
     int strip_usage_chunk; /* the client did not ask for the usage chunk we requested */
+    int strip_usage_orig;  /* as decided from the request (reset on retry) */
     int upstream_status;
     tg_proto_t proto;
     tg_sse_parser_t sse;
@@ -83,6 +105,25 @@ struct proxy_req_s {
     int64_t est_input;
     int64_t stream_chunks;        /* content events streamed to the client */
     int up_err;                   /* tg_uperr_t of a failed upstream call, 0 none */
+    /* Routing and retries. */
+    int attempt;                  /* 1-based */
+    int64_t tried[8];             /* accounts already tried */
+    int ntried;
+    int retry_other;              /* the next attempt must use another account if any */
+    const tg_account_t *order[64]; /* candidates in order of preference */
+    int norder, next_order;
+    tg_redis_req_t *slot_rq;
+    int64_t slot_account;         /* holds a slot lease on this account */
+    tg_health_entry_t *health;    /* of the current account, while a call runs */
+    int held;                     /* this attempt's error response is held back for a retry */
+    int held_status;
+    char held_ctype[128];
+    char held_extra[1024];
+    tg_buf_t held_body;
+    uv_timer_t *retry_timer;
+    char sticky_key[96];          /* Redis key of the sticky binding, "" none */
+    int64_t sticky_account;       /* bound account (0 none) */
+    tg_redis_req_t *sticky_rq;
     char traceparent[56];
 };
 
@@ -109,6 +150,11 @@ void tg_proxy_worker_init(tg_worker_t *w) {
     };
     pw->limits = tg_limits_create(&w->loop, w->state, &ac);
     pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers);
+    pw->health = tg_health_create();
+    if (tg_state_redis(w->state)) {
+        pw->slot_script = tg_redis_script_register(tg_state_redis(w->state), SLOT_LUA);
+        pw->slot_release_script = tg_redis_script_register(tg_state_redis(w->state), SLOT_RELEASE_LUA);
+    }
     if (cfg->billing.enabled && tg_state_pg(w->state) && tg_state_redis(w->state)) {
         tg_billing_config_t bc = {
             .spool_dir = cfg->billing.spool_dir,
@@ -128,6 +174,7 @@ void tg_proxy_worker_close(tg_worker_t *w) {
         return;
     tg_upstream_destroy(pw->upstream);
     tg_billing_destroy(pw->billing);
+    tg_health_destroy(pw->health);
     tg_accounts_destroy(pw->accounts);
     tg_limits_destroy(pw->limits);
     if (pw->plugins)
@@ -140,8 +187,20 @@ void tg_proxy_worker_close(tg_worker_t *w) {
 
 /* ---- request lifecycle -------------------------------------------------------------- */
 
+static void slot_release(proxy_req_t *p);
+
 static void preq_free(proxy_req_t *p) {
     tg_state_auth_cancel(p->auth_wait);
+    if (p->slot_rq)
+        tg_redis_cancel(p->slot_rq);
+    if (p->sticky_rq)
+        tg_redis_cancel(p->sticky_rq);
+    slot_release(p);
+    if (p->retry_timer) {
+        uv_timer_stop(p->retry_timer);
+        uv_close((uv_handle_t *)p->retry_timer, (uv_close_cb)free);
+    }
+    tg_buf_free(&p->held_body);
     tg_reserve_detach(p->reserve);
     if (p->admit)
         tg_admit_cancel(p->admit);
@@ -158,8 +217,19 @@ static void preq_free(proxy_req_t *p) {
     free(p);
 }
 
+static void health_detach(proxy_req_t *p) {
+    /* The client left: not the account's fault, so no EWMA change. */
+    if (p->health) {
+        if (p->health->inflight > 0)
+            p->health->inflight--;
+        p->health->probing = 0;
+        p->health = NULL;
+    }
+}
+
 static void on_abort(tg_request_t *req) {
     proxy_req_t *p = req->handler_data;
+    health_detach(p);
     if (p->call) {
         tg_upcall_abort(p->call);
         p->call = NULL;
@@ -224,6 +294,7 @@ static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t 
 
 static void on_finish(tg_request_t *req, int aborted) {
     proxy_req_t *p = req->handler_data;
+    health_detach(p);
     if (p->call) {
         tg_upcall_abort(p->call);
         p->call = NULL;
@@ -521,7 +592,7 @@ static int phase_parse(proxy_req_t *p) {
             json_object_set_new(p->json, "stream_options", so);
         }
         if (!json_is_true(json_object_get(so, "include_usage"))) {
-            p->strip_usage_chunk = 1;
+            p->strip_usage_chunk = p->strip_usage_orig = 1;
             json_object_set_new(so, "include_usage", json_true());
         }
     }
@@ -634,7 +705,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
 
 static int phase_admit(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
-    if (!pr || !p->pw->limits || p->req->route != TG_ROUTE_CHAT)
+    if (!pr || !p->pw->limits || p->req->route != TG_ROUTE_CHAT || p->admit)
         return TG_OK;
     if (pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
         pr->tenant_concurrency < 0)
@@ -680,6 +751,100 @@ static void models_from_group(proxy_req_t *p) {
     json_decref(doc);
 }
 
+/* ---- phase: sticky ------------------------------------------------------------------ */
+
+/*
+ * A conversation stays on the account that holds its prompt cache. The binding's source,
+ * first found: the x-session-id header, the body's prompt_cache_key, previous_response_id,
+ * or — for a conversation of two messages or more — the hash of its first two messages
+ * (the same opening means the same conversation). The binding lives in Redis for an hour
+ * and is left at once when the bound account is cooling, saturated, failing (error EWMA
+ * ≥ 0.5) or slow (TTFT EWMA over 30 s).
+ */
+static void sticky_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->sticky_rq = NULL;
+    if (!err && r && r->type == REDIS_REPLY_STRING)
+        p->sticky_account = atoll(r->str);
+    proxy_run(p);
+}
+
+static int phase_sticky(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    if (!pr || !pr->group_id || !redis || !p->json || p->attempt > 1)
+        return TG_OK;
+    tg_buf_t src;
+    tg_buf_init(&src);
+    const tg_str_t *h = tg_request_header(p->req, "x-session-id");
+    json_t *pck = json_object_get(p->json, "prompt_cache_key");
+    json_t *prev = json_object_get(p->json, "previous_response_id");
+    json_t *msgs = json_object_get(p->json, "messages");
+    if (h && h->len) {
+        tg_buf_appends(&src, "s:");
+        tg_buf_append(&src, h->p, TG_MIN(h->len, (size_t)256));
+    } else if (json_is_string(pck)) {
+        tg_buf_appends(&src, "c:");
+        tg_buf_appends(&src, json_string_value(pck));
+    } else if (json_is_string(prev)) {
+        tg_buf_appends(&src, "r:");
+        tg_buf_appends(&src, json_string_value(prev));
+    } else if (json_is_array(msgs) && json_array_size(msgs) >= 3) {
+        /* A continued conversation (its opening plus an answer and a new turn). */
+        for (size_t i = 0; i < 2; i++) {
+            char *m = json_dumps(json_array_get(msgs, i), JSON_COMPACT | JSON_SORT_KEYS);
+            if (m)
+                tg_buf_appends(&src, m);
+            free(m);
+        }
+    }
+    if (!src.len) {
+        tg_buf_free(&src);
+        return TG_OK;
+    }
+    char hex[65];
+    tg_sha256_hex(src.data, src.len, hex);
+    tg_buf_free(&src);
+    snprintf(p->sticky_key, sizeof(p->sticky_key), "sticky:{g:%lld}:%.32s", (long long)pr->group_id, hex);
+    const char *argv[2] = {"GET", p->sticky_key};
+    p->sticky_rq = tg_redis_command(redis, sticky_got, p, 2, argv, NULL);
+    return p->sticky_rq ? TG_AGAIN : TG_OK;
+}
+
+static void sticky_bind(proxy_req_t *p) {
+    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    if (!p->sticky_key[0] || !p->account || !redis)
+        return;
+    char id[24];
+    snprintf(id, sizeof(id), "%lld", (long long)p->account->id);
+    const char *argv[5] = {"SET", p->sticky_key, id, "EX", "3600"};
+    tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
+}
+
+/* ---- phase: select ------------------------------------------------------------------ */
+
+static int was_tried(const proxy_req_t *p, int64_t id) {
+    for (int i = 0; i < p->ntried; i++)
+        if (p->tried[i] == id)
+            return 1;
+    return 0;
+}
+
+static int healthy_enough(tg_health_entry_t *e, const tg_account_t *acc) {
+    return e->err_ewma < 0.5 && (e->ttft_ewma_ms < 0 || e->ttft_ewma_ms < 30000) &&
+           (acc->concurrency <= 0 || e->inflight < acc->concurrency);
+}
+
+/* Default order: priority, then health (error EWMA, load), weighted random among equals. */
+static double default_score(proxy_worker_t *pw, const tg_account_t *acc) {
+    tg_health_entry_t *e = tg_health_get(pw->health, acc->id);
+    double load = acc->concurrency > 0 ? (double)e->inflight / acc->concurrency : 0;
+    uint32_t r = 0;
+    tg_random_bytes(&r, sizeof(r));
+    double jitter = (double)(r % 1000) / 1000.0 * (double)TG_MAX(acc->weight, 1) / 100.0;
+    return (double)acc->priority * 1000.0 - e->err_ewma * 500.0 - load * 100.0 + jitter;
+}
+
 static int phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
@@ -694,30 +859,44 @@ static int phase_select(proxy_req_t *p) {
         models_from_group(p);
         return TG_DONE;
     }
-    p->snap = tg_accounts_snapshot(pw->accounts);
+    if (!p->snap)
+        p->snap = tg_accounts_snapshot(pw->accounts);
     if (!p->snap)
         return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
-    const tg_account_t *cands[256];
-    const char *model = p->model[0] ? p->model : "";
+    const tg_account_t *all[256], *cands[64];
+    const char *model = p->req->route == TG_ROUTE_MODELS ? "" : p->model;
+    int64_t now = (int64_t)tg_wall_ms();
+    int nall = tg_snapshot_candidates(p->snap, pr->group_id, model, now, all, 256);
+    /* Health filters: cooling accounts and busy trials are skipped; a retry that must move
+     * skips the accounts already tried (unless nothing else is left). */
     int n = 0;
-    if (p->req->route == TG_ROUTE_MODELS) {
-        /* Any usable account of the group answers the model list. */
-        n = tg_snapshot_candidates(p->snap, pr->group_id, "", (int64_t)tg_wall_ms(), cands, 256);
-    } else {
-        n = tg_snapshot_candidates(p->snap, pr->group_id, model, (int64_t)tg_wall_ms(), cands, 256);
-    }
+    for (int pass = 0; pass < 2 && n == 0; pass++)
+        for (int i = 0; i < nall && n < 64; i++) {
+            tg_health_entry_t *e = tg_health_get(pw->health, all[i]->id);
+            if (!tg_health_available(e, now))
+                continue;
+            if (pass == 0 && p->retry_other && was_tried(p, all[i]->id))
+                continue;
+            cands[n++] = all[i];
+        }
     if (n == 0) {
         char msg[256];
         snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", model);
         return fail(p, 503, "server_error", "no_account_available", msg);
     }
-    p->account = NULL;
-    tg_plugins_t *pl = p->pw->plugins;
-    if (p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
+    const tg_account_t *first = NULL;
+    /* A sticky conversation stays where its cache is while that account is healthy. */
+    if (p->sticky_account && p->attempt == 1)
+        for (int i = 0; i < n; i++)
+            if (cands[i]->id == p->sticky_account &&
+                healthy_enough(tg_health_get(pw->health, cands[i]->id), cands[i]))
+                first = cands[i];
+    tg_plugins_t *pl = pw->plugins;
+    if (!first && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
         /* The routing plugin scores the candidates the filters left. */
-        int m = TG_MIN(n, 64);
-        for (int i = 0; i < m; i++) {
+        for (int i = 0; i < n; i++) {
             const tg_account_t *acc = cands[i];
+            tg_health_entry_t *e = tg_health_get(pw->health, acc->id);
             p->cands[i] = acc;
             tg_ffi_account_t *fa = &p->accts[i];
             memset(fa, 0, sizeof(*fa));
@@ -726,30 +905,131 @@ static int phase_select(proxy_req_t *p) {
             fa->region = "";
             fa->priority = acc->priority;
             fa->max_concurrency = acc->concurrency;
-            fa->ttft_ewma_ms = -1;
-            fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - (int64_t)tg_wall_ms()) : -1;
+            fa->inflight = e->inflight;
+            fa->sticky = acc->id == p->sticky_account;
+            fa->tried = was_tried(p, acc->id);
+            fa->error_ewma = e->err_ewma;
+            fa->ttft_ewma_ms = e->ttft_ewma_ms;
+            fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - now) : -1;
             fa->cost = atof(acc->cost_multiplier);
         }
         p->ctx.accounts = p->accts;
-        p->ctx.naccounts = m;
+        p->ctx.naccounts = n;
         p->ctx.selected = -1;
         if (tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &p->ctx) == TG_DONE)
             return plugin_reject(p);
-        if (p->ctx.selected >= 0 && p->ctx.selected < m)
-            p->account = p->cands[p->ctx.selected];
+        if (p->ctx.selected >= 0 && p->ctx.selected < n)
+            first = p->cands[p->ctx.selected];
     }
-    if (!p->account)
-        p->account = tg_accounts_pick_default(cands, n);
-    p->up = p->account->upstream;
-    p->credential = p->account->credential;
-    if (p->json) {
-        const char *mapped = tg_account_map_model(p->account, model);
-        if (strcmp(mapped, model) != 0) {
-            json_object_set_new(p->json, "model", json_string(mapped));
-            p->json_dirty = 1;
-        }
+    /* The rest in default order: when the first one's slot is full, the next is tried. */
+    double score[64];
+    for (int i = 0; i < n; i++)
+        score[i] = default_score(pw, cands[i]);
+    p->norder = 0;
+    if (first)
+        p->order[p->norder++] = first;
+    for (int k = 0; k < n; k++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (cands[i] && cands[i] != first && (best < 0 || score[i] > score[best]))
+                best = i;
+        if (best < 0)
+            break;
+        p->order[p->norder++] = cands[best];
+        cands[best] = NULL;
     }
+    p->next_order = 0;
     return TG_OK;
+}
+
+/* ---- phase: slot -------------------------------------------------------------------- */
+
+static void use_account(proxy_req_t *p, const tg_account_t *acc) {
+    p->account = acc;
+    p->up = acc->upstream;
+    p->credential = acc->credential;
+    if (p->json) {
+        const char *mapped = tg_account_map_model(acc, p->model);
+        json_object_set_new(p->json, "model", json_string(mapped));
+        if (strcmp(mapped, p->model) != 0)
+            p->json_dirty = 1;
+    }
+}
+
+static void slot_release(proxy_req_t *p) {
+    if (!p->slot_account)
+        return;
+    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    if (redis) {
+        char key[64];
+        snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
+        const char *argv[2] = {key, p->req->id};
+        tg_redis_eval(redis, p->pw->slot_release_script, 1, 2, argv, NULL, NULL, NULL);
+    }
+    p->slot_account = 0;
+}
+
+static int slot_try(proxy_req_t *p);
+
+static void slot_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->slot_rq = NULL;
+    const tg_account_t *acc = p->order[p->next_order];
+    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+        /* The slot store is down: the account's own limit is enforced per worker only. */
+        use_account(p, acc);
+        proxy_run(p);
+        return;
+    }
+    if (r->integer == 1) {
+        p->slot_account = acc->id;
+        use_account(p, acc);
+        proxy_run(p);
+        return;
+    }
+    p->next_order++;
+    if (slot_try(p) == TG_OK)
+        proxy_run(p);
+}
+
+/* Takes the first account in order whose slot is free. TG_AGAIN while asking Redis. */
+static int slot_try(proxy_req_t *p) {
+    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    while (p->next_order < p->norder) {
+        const tg_account_t *acc = p->order[p->next_order];
+        tg_health_entry_t *e = tg_health_get(p->pw->health, acc->id);
+        if (acc->concurrency > 0 && e->inflight >= acc->concurrency) {
+            p->next_order++;
+            continue;
+        }
+        if (acc->concurrency <= 0 || !redis) {
+            use_account(p, acc);
+            return TG_OK;
+        }
+        char key[64], limit[16], ttl[16];
+        snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)acc->id);
+        snprintf(limit, sizeof(limit), "%d", acc->concurrency);
+        snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
+        const char *argv[4] = {key, p->req->id, limit, ttl};
+        p->slot_rq = tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, slot_got, p);
+        if (p->slot_rq)
+            return TG_AGAIN;
+        use_account(p, acc);
+        return TG_OK;
+    }
+    p->error = "accounts_busy";
+    tg_response_start(p->req, 429, "application/json", "Retry-After: 1\r\n", -1);
+    static const char body[] = "{\"error\":{\"message\":\"every upstream account of this group is at its concurrency "
+                               "limit; retry shortly\",\"type\":\"rate_limit_error\",\"code\":\"accounts_busy\"}}";
+    tg_response_body(p->req, body, sizeof(body) - 1);
+    tg_response_end(p->req);
+    return TG_DONE;
+}
+
+static int phase_slot(proxy_req_t *p) {
+    if (!p->norder)
+        return TG_OK; /* the static upstream */
+    return slot_try(p);
 }
 
 /* ---- phase: reserve ----------------------------------------------------------------- */
@@ -758,7 +1038,7 @@ static void reserve_done(void *ud, int status, const char *code, const char *msg
     proxy_req_t *p = ud;
     p->reserve = NULL;
     if (status == 0) {
-        p->reserved = 1;
+        p->reserved = p->attempt;
         proxy_run(p);
         return;
     }
@@ -795,7 +1075,7 @@ static int phase_reserve(proxy_req_t *p) {
     p->reserved_amount = amount;
     tg_reserve_req_t r = {
         .request_id = p->req->id,
-        .attempt = 1,
+        .attempt = p->attempt,
         .tenant_id = pr->tenant_id,
         .key_id = pr->key_id,
         .model = p->model,
@@ -843,9 +1123,163 @@ static void sse_event(void *ud, const char *event, size_t event_len, const char 
     tg_buf_free(&b);
 }
 
+/* ---- retries and failover ----------------------------------------------------------- */
+
+static void proxy_run(proxy_req_t *p);
+static int retryable_status(int st) { return st == 429 || st == 529 || st == 401 || st == 403 || st == 408 || st >= 500; }
+
+static int can_retry(const proxy_req_t *p) {
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    uint64_t elapsed = (tg_now_ns() - p->req->start_ns) / 1000000;
+    return p->account && !p->req->resp_started && p->req->route == TG_ROUTE_CHAT &&
+           p->attempt < cfg->routing.max_attempts &&
+           elapsed < (uint64_t)cfg->routing.deadline_ms;
+}
+
+static int64_t parse_retry_after_ms(const char *v) {
+    if (!v || !*v)
+        return -1;
+    char *end;
+    double secs = strtod(v, &end);
+    if (end == v || secs < 0)
+        return -1; /* an HTTP date: treated as unknown */
+    return (int64_t)(secs * 1000);
+}
+
+static void cooldown_persisted(void *ud, const PGresult *res, const char *err) {
+    TG_UNUSED(res);
+    tg_state_t *st = ud;
+    if (!err)
+        tg_state_publish_accounts(st);
+}
+
+/* Cools the account here and, through Postgres, everywhere (extends, never shortens). */
+static void cool_account(proxy_req_t *p, int64_t ms) {
+    if (!p->account || ms <= 0)
+        return;
+    int64_t now = (int64_t)tg_wall_ms();
+    int64_t until = tg_health_cool(tg_health_get(p->pw->health, p->account->id), now, ms);
+    tg_log_info("request %s: account %s cools down for %lld ms (upstream %d)", p->req->id, p->account->name,
+                (long long)(until - now), p->upstream_status);
+    tg_pg_t *pg = tg_state_pg(p->req->worker->state);
+    if (!pg)
+        return;
+    char id[24], ts[32];
+    snprintf(id, sizeof(id), "%lld", (long long)p->account->id);
+    snprintf(ts, sizeof(ts), "%lld", (long long)until);
+    const char *params[2] = {id, ts};
+    tg_pg_query(pg,
+                "UPDATE accounts SET cooldown_until = greatest(coalesce(cooldown_until, to_timestamp(0)), "
+                "to_timestamp($2::bigint / 1000.0)) WHERE id = $1::bigint",
+                2, params, cooldown_persisted, p->req->worker->state);
+}
+
+static void retry_timer_cb(uv_timer_t *t) {
+    proxy_req_t *p = t->data;
+    proxy_run(p);
+}
+
+/*
+ * One place decides retries: the on_upstream_error hook when a plugin implements it,
+ * else the default: 429/529/401/403 move to another account (the failing one cools
+ * down), 5xx, timeouts and resets move too after a short backoff with jitter; nothing
+ * retries once a byte reached the client, past the attempt limit, or past the deadline.
+ * Returns 1 when a retry was scheduled (the request continues), 0 to give up.
+ */
+static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms) {
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    /* Health and cooldown first: they apply whether or not we retry. */
+    if (p->health) {
+        tg_health_end(p->health, 0, -1);
+        p->health = NULL;
+    }
+    if (status == 429)
+        cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_429_ms);
+    else if (status == 529)
+        cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_529_ms);
+    else if (status == 401 || status == 403)
+        cool_account(p, cfg->routing.cooldown_auth_ms);
+    else if (p->account && tg_health_get(p->pw->health, p->account->id)->err_ewma >= 0.5)
+        cool_account(p, cfg->routing.cooldown_5xx_ms);
+    /* The static upstream of the config file is a single target: no retries there. */
+    if (!p->account || !can_retry(p))
+        return 0;
+    int action = TG_RETRY_OTHER;
+    uint32_t r = 0;
+    tg_random_bytes(&r, sizeof(r));
+    int64_t backoff = TG_MIN((int64_t)2000, (int64_t)100 << TG_MIN(p->attempt - 1, 5));
+    int64_t delay = status == 429 || status == 529 || status == 401 || status == 403
+                        ? 0
+                        : backoff / 2 + (int64_t)(r % (uint32_t)(backoff + 1));
+    tg_plugins_t *pl = p->pw->plugins;
+    if (p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_UPSTREAM_ERROR)) {
+        tg_hookctx_t *c = &p->ctx;
+        c->attempt = p->attempt;
+        c->upstream_status = status;
+        c->failure = failure;
+        c->bytes_sent = 0;
+        c->retry_after_ms = retry_after_ms;
+        c->elapsed_ms = (int64_t)((tg_now_ns() - p->req->start_ns) / 1000000);
+        c->deadline_ms = cfg->routing.deadline_ms;
+        c->retry_action = action;
+        c->retry_delay_ms = delay;
+        tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, c);
+        action = c->retry_action;
+        delay = c->retry_delay_ms;
+    }
+    if (action == TG_RETRY_GIVE_UP)
+        return 0;
+    if (action == TG_RETRY_SAME && retry_after_ms > delay)
+        delay = retry_after_ms; /* Retry-After is honoured on the same account */
+    int64_t elapsed = (int64_t)((tg_now_ns() - p->req->start_ns) / 1000000);
+    if (delay < 0 || elapsed + delay >= cfg->routing.deadline_ms)
+        return 0;
+    /* Reset this attempt's upstream state and go back to account selection. */
+    if (p->account && p->ntried < 8)
+        p->tried[p->ntried++] = p->account->id;
+    slot_release(p);
+    p->retry_other = action == TG_RETRY_OTHER;
+    p->attempt++;
+    p->account = NULL;
+    p->up = NULL;
+    p->first_byte_ns = 0;
+    p->upstream_status = 0;
+    p->up_err = 0;
+    memset(&p->usage, 0, sizeof(p->usage));
+    if (p->sse_on) {
+        tg_sse_free(&p->sse);
+        p->sse_on = 0;
+    }
+    p->strip_usage_chunk = p->strip_usage_orig;
+    tg_buf_reset(&p->body_copy);
+    p->body_copy_over = 0;
+    p->held = 0;
+    tg_buf_reset(&p->held_body);
+    p->phase = PHASE_SELECT;
+    tg_log_info("request %s: attempt %d after upstream %d/%d in %lld ms (%s)", p->req->id, p->attempt, status, failure,
+                (long long)delay, action == TG_RETRY_SAME ? "same account" : "another account");
+    if (!p->retry_timer) {
+        p->retry_timer = malloc(sizeof(uv_timer_t));
+        uv_timer_init(&p->req->worker->loop, p->retry_timer);
+        p->retry_timer->data = p;
+    }
+    uv_timer_start(p->retry_timer, retry_timer_cb, (uint64_t)delay, 0);
+    return 1;
+}
+
 static void up_head(void *ud, const tg_uphead_t *head) {
     proxy_req_t *p = ud;
     p->upstream_status = head->status;
+    if (retryable_status(head->status) && can_retry(p)) {
+        /* Held back: if a retry follows, the client never sees this attempt. */
+        p->held = 1;
+        p->held_status = head->status;
+        snprintf(p->held_ctype, sizeof(p->held_ctype), "%s", head->content_type ? head->content_type : "application/json");
+        int n = snprintf(p->held_extra, sizeof(p->held_extra), "%s", head->extra_headers ? head->extra_headers : "");
+        if (head->retry_after && n >= 0 && (size_t)n < sizeof(p->held_extra))
+            snprintf(p->held_extra + n, sizeof(p->held_extra) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
+        return;
+    }
     int is_sse = head->content_type && strncasecmp(head->content_type, "text/event-stream", 17) == 0;
     if (is_sse && head->status == 200) {
         tg_sse_init(&p->sse, SSE_EVENT_MAX, sse_event, p);
@@ -870,6 +1304,11 @@ static void up_head(void *ud, const tg_uphead_t *head) {
 
 static void up_body(void *ud, const char *data, size_t n) {
     proxy_req_t *p = ud;
+    if (p->held) {
+        if (p->held_body.len + n <= 65536)
+            tg_buf_append(&p->held_body, data, n);
+        return;
+    }
     if (!p->first_byte_ns)
         p->first_byte_ns = tg_now_ns();
     if (p->sse_on) {
@@ -899,6 +1338,28 @@ static void up_done(void *ud) {
     proxy_req_t *p = ud;
     p->call = NULL;
     p->upstream_end_ns = tg_now_ns();
+    if (p->held) {
+        const char *ra = strstr(p->held_extra, "Retry-After: ");
+        int64_t retry_after = ra ? parse_retry_after_ms(ra + 13) : -1;
+        p->error = "upstream_error";
+        int status = p->held_status;
+        if (maybe_retry(p, status, TG_UPFAIL_STATUS, retry_after))
+            return;
+        /* Giving up: the client gets this attempt's answer as the upstream sent it. */
+        p->held = 0;
+        tg_response_start(p->req, status, p->held_ctype, p->held_extra, (int64_t)p->held_body.len);
+        tg_response_body(p->req, p->held_body.data, p->held_body.len);
+        tg_response_end(p->req);
+        return;
+    }
+    if (p->health) {
+        int ok = p->upstream_status < 500 && p->upstream_status != 429;
+        double ttft = p->first_byte_ns ? (double)(p->first_byte_ns - p->upstream_start_ns) / 1e6 : -1;
+        tg_health_end(p->health, ok, ttft);
+        p->health = NULL;
+    }
+    if (p->upstream_status == 200)
+        sticky_bind(p);
     if (!p->first_byte_ns)
         p->first_byte_ns = p->upstream_end_ns;
     if (!p->sse_on && p->body_copy.len && p->upstream_status < 300)
@@ -914,6 +1375,19 @@ static void up_error(void *ud, tg_uperr_t err, const char *msg) {
     p->upstream_end_ns = tg_now_ns();
     atomic_fetch_add_explicit(&req->worker->metrics.upstream_errors, 1, memory_order_relaxed);
     tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->up), msg);
+    if (!req->resp_started) {
+        int failure = err == TG_UPERR_CONNECT              ? TG_UPFAIL_CONNECT
+                      : err == TG_UPERR_TIMEOUT_CONNECT    ? TG_UPFAIL_TIMEOUT_CONNECT
+                      : err == TG_UPERR_TIMEOUT_FIRST_BYTE ? TG_UPFAIL_TIMEOUT_FIRST_BYTE
+                      : err == TG_UPERR_TIMEOUT_IDLE       ? TG_UPFAIL_TIMEOUT_IDLE
+                                                           : TG_UPFAIL_RESET;
+        p->held = 0;
+        if (maybe_retry(p, 0, failure, -1))
+            return;
+    } else if (p->health) {
+        tg_health_end(p->health, 0, -1);
+        p->health = NULL;
+    }
     if (req->resp_started) {
         p->error = "upstream_reset";
         tg_response_abort(req);
@@ -969,6 +1443,7 @@ static int phase_upstream(proxy_req_t *p) {
         }
     }
     tg_buf_t *b = &p->upstream_req;
+    tg_buf_reset(b);
     tg_buf_printf(b, "%s %s%s HTTP/1.1\r\nHost: %s\r\n", method, tg_upstream_path_prefix(u), suffix,
                   tg_upstream_host_header(u));
     if (p->credential)
@@ -987,14 +1462,19 @@ static int phase_upstream(proxy_req_t *p) {
     }
     free(body);
     p->upstream_start_ns = tg_now_ns();
+    if (p->account) {
+        p->health = tg_health_get(p->pw->health, p->account->id);
+        tg_health_begin(p->health);
+    }
     p->call = tg_upcall_start(u, b, &up_cbs, p);
     return TG_AGAIN;
 }
 
 /* ---- the pipeline ------------------------------------------------------------------- */
 
-static const phase_fn phases[] = {phase_route, phase_auth,   phase_parse,   phase_plugins,
-                                  phase_admit, phase_select, phase_reserve, phase_upstream};
+static const phase_fn phases[] = {phase_route,  phase_auth,   phase_parse, phase_plugins, phase_admit,
+                                  phase_sticky, phase_select, phase_slot,  phase_reserve, phase_upstream};
+
 
 static void proxy_run(proxy_req_t *p) {
     while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {
@@ -1013,6 +1493,7 @@ void tg_proxy_handle(tg_request_t *req) {
         abort();
     p->req = req;
     p->pw = req->worker->proxy;
+    p->attempt = 1;
     req->handler_data = p;
     req->abort_cb = on_abort;
     req->drain_cb = on_drain;

@@ -155,6 +155,9 @@ static void on_invalidate_msg(void *ud, const char *msg, size_t len) {
     tg_state_t *st = ud;
     if (len == 1 && msg[0] == '*') {
         tg_state_invalidate(st, NULL);
+    } else if (len == 8 && !memcmp(msg, "accounts", 8)) {
+        for (int i = 0; i < st->nlisteners; i++)
+            st->listeners[i](st->listener_ud[i]);
     } else if (len == 68 && strncmp(msg, "key:", 4) == 0) {
         char hex[65];
         memcpy(hex, msg + 4, 64);
@@ -241,6 +244,14 @@ void tg_state_on_invalidate(tg_state_t *st, void (*fn)(void *ud), void *ud) {
         st->listeners[st->nlisteners] = fn;
         st->listener_ud[st->nlisteners++] = ud;
     }
+}
+
+void tg_state_publish_accounts(tg_state_t *st) {
+    if (st->redis)
+        tg_redis_publish(st->redis, INVALIDATE_CHANNEL, "accounts", 8, publish_done, NULL);
+    else
+        for (int i = 0; i < st->nlisteners; i++)
+            st->listeners[i](st->listener_ud[i]);
 }
 
 tg_pg_t *tg_state_pg(tg_state_t *st) { return st->pg; }

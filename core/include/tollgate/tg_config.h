@@ -63,6 +63,14 @@ typedef struct {
     } limiter;
     tg_plugins_config_t plugins; /* the `plugins` section (tg_plugin.h) */
     struct {
+        int max_attempts;      /* upstream calls per request, first one included */
+        int deadline_ms;       /* no retry starts after this much time since arrival */
+        int cooldown_429_ms;   /* when the provider states no reset time */
+        int cooldown_529_ms;
+        int cooldown_auth_ms;  /* 401 / 403 */
+        int cooldown_5xx_ms;   /* after repeated failures (error EWMA over 0.5) */
+    } routing;
+    struct {
         int enabled;             /* meter DB keys (needs Postgres and Redis); default on */
         int default_max_tokens;  /* output cap sent upstream when the client sets none */
         char *spool_dir;         /* settlements Postgres could not take wait here */

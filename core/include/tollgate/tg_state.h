@@ -82,6 +82,9 @@ int tg_principal_allows_ip(const tg_principal_t *p, const char *ip);
 
 /** Drops cache entries: all of them (hex == NULL) or one key's. */
 void tg_state_invalidate(tg_state_t *st, const char *sha256_hex);
+/** Publishes "accounts": every instance reloads its account snapshot (cooldowns) without
+ *  dropping its key cache. */
+void tg_state_publish_accounts(tg_state_t *st);
 /** Registers a function called after every full invalidation (e.g. to reload the
  *  account snapshot). Up to 8 listeners. */
 void tg_state_on_invalidate(tg_state_t *st, void (*fn)(void *ud), void *ud);

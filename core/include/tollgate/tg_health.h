@@ -1,0 +1,43 @@
+/*
+ * Per-worker health of upstream accounts: error rate and time to first token as
+ * exponentially weighted moving averages, requests in flight, and the cooldown state
+ * machine (healthy -> cooling until T -> half-open: one trial request -> healthy, or
+ * cooling again for longer). Cooling is also written to Postgres (accounts.cooldown_until,
+ * only ever extended) so every instance sees it on its next snapshot reload.
+ */
+#ifndef TOLLGATE_TG_HEALTH_H
+#define TOLLGATE_TG_HEALTH_H
+
+#include "tollgate/tg_common.h"
+
+typedef struct tg_health_s tg_health_t;
+
+typedef struct {
+    int64_t account_id;
+    double err_ewma;        /* 0..1 */
+    double ttft_ewma_ms;    /* < 0: unknown */
+    int inflight;
+    int64_t cooldown_until_ms; /* wall clock; 0: not cooling */
+    int64_t cooldown_ms;    /* the last cooldown's length (doubles on a failed probe) */
+    int half_open;          /* cooled before: the next request is a trial */
+    int probing;            /* a trial request is in flight */
+    uint64_t successes, failures;
+} tg_health_entry_t;
+
+tg_health_t *tg_health_create(void);
+void tg_health_destroy(tg_health_t *h);
+/** The entry of an account (created on first use). */
+tg_health_entry_t *tg_health_get(tg_health_t *h, int64_t account_id);
+
+/** 1 if the account may take a request now (not cooling; a half-open account only when
+ *  no trial is in flight). */
+int tg_health_available(tg_health_entry_t *e, int64_t now_ms);
+/** Marks the start of a request on the account (a trial if half-open). */
+void tg_health_begin(tg_health_entry_t *e);
+/** The request ended: ok or failed, with its TTFT in ms (< 0 unknown). */
+void tg_health_end(tg_health_entry_t *e, int ok, double ttft_ms);
+/** Cools the account until at least now + ms; extends, never shortens. Returns the new
+ *  cooldown end. */
+int64_t tg_health_cool(tg_health_entry_t *e, int64_t now_ms, int64_t ms);
+
+#endif
