@@ -21,6 +21,8 @@ static void usage(FILE *f) {
                "  migrate -c FILE                apply the sql/ migrations (embedded in the binary)\n"
                "  apply -c FILE STATE.lua [--dry-run]\n"
                "                                 upsert tenants, groups, accounts, keys, prices\n"
+               "  policy test POLICY --requests FILE.jsonl\n"
+               "                                 run a policy over recorded requests offline, print decisions\n"
                "  ledger verify -c FILE          check the billing invariants (exit 1 naming each problem)\n"
                "  ledger reconcile -c FILE [--older-than-ms N]\n"
                "                                 settle reservations whose usage is unknown now\n"
@@ -66,6 +68,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "mock-upstream"))
         return tg_mock_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "policy"))
+        return tg_policy_test_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "ledger")) {
         if (argc < 3 || (strcmp(argv[2], "verify") && strcmp(argv[2], "reconcile"))) {
             fprintf(stderr, "usage: tollgate ledger verify|reconcile -c FILE\n");
