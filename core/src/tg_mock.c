@@ -266,8 +266,16 @@ static fault_t **fault_find(const char *cred, size_t len) {
     return NULL;
 }
 
+static void faults_clear_locked(void) {
+    for (fault_t *f = g_st.faults, *next; f; f = next) {
+        next = f->next;
+        free(f);
+    }
+    g_st.faults = NULL;
+}
+
 /* Drops every credential entry, fault rule and the last request. Caller holds mu. */
-static void state_clear_locked(int faults_too) {
+static void state_clear_locked(void) {
     for (int i = 0; i < MOCK_CRED_BUCKETS; i++) {
         for (cred_t *c = g_st.creds[i], *next; c; c = next) {
             next = c->next;
@@ -275,13 +283,7 @@ static void state_clear_locked(int faults_too) {
         }
         g_st.creds[i] = NULL;
     }
-    if (faults_too) {
-        for (fault_t *f = g_st.faults, *next; f; f = next) {
-            next = f->next;
-            free(f);
-        }
-        g_st.faults = NULL;
-    }
+    faults_clear_locked();
     g_st.total = g_st.inflight = g_st.max_inflight = g_st.aborted = 0;
     g_st.have_last = 0;
     g_st.gen++;
@@ -347,7 +349,7 @@ typedef struct {
     char data[];
 } wreq_t;
 
-static llhttp_settings_t g_settings;
+static const llhttp_settings_t g_settings;
 
 static void conn_close(conn_t *c);
 
@@ -463,24 +465,19 @@ static void conn_after_io(conn_t *c) {
 /* ---- rendering ------------------------------------------------------------------ */
 
 static const char *reason_phrase(int status) {
-    switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 529: return "Overloaded";
-    default: return "Status";
-    }
+    static const struct {
+        int status;
+        const char *text;
+    } t[] = {{200, "OK"}, {400, "Bad Request"}, {401, "Unauthorized"}, {403, "Forbidden"},
+             {404, "Not Found"}, {405, "Method Not Allowed"}, {408, "Request Timeout"},
+             {413, "Payload Too Large"}, {429, "Too Many Requests"},
+             {431, "Request Header Fields Too Large"}, {500, "Internal Server Error"},
+             {502, "Bad Gateway"}, {503, "Service Unavailable"}, {504, "Gateway Timeout"},
+             {529, "Overloaded"}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
+        if (t[i].status == status)
+            return t[i].text;
+    return "Status";
 }
 
 /* Appends status line, headers and c->scratch as the body to dst; resets scratch. */
@@ -540,6 +537,13 @@ static void put_text(tg_buf_t *b, int n) {
         tg_buf_printf(b, "tok%d ", i);
 }
 
+/* A Responses API output_text part holding the whole answer. */
+static void put_text_part(tg_buf_t *b, int n) {
+    BUF_LIT(b, "{\"type\":\"output_text\",\"text\":\"");
+    put_text(b, n);
+    BUF_LIT(b, "\",\"annotations\":[]}");
+}
+
 static void render_chat(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
@@ -577,10 +581,10 @@ static void render_response_obj(conn_t *c, tg_buf_t *b, int done) {
                   (unsigned long long)r->id, r->created, done ? "completed" : "in_progress", c->model.data);
     if (done) {
         tg_buf_printf(b, "{\"type\":\"message\",\"id\":\"msg_mock%llu\",\"status\":\"completed\",\"role\":"
-                         "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"",
+                         "\"assistant\",\"content\":[",
                       (unsigned long long)r->id);
-        put_text(b, r->out_n);
-        BUF_LIT(b, "\",\"annotations\":[]}]}");
+        put_text_part(b, r->out_n);
+        BUF_LIT(b, "]}");
     }
     BUF_LIT(b, "]");
     if (done && r->k.v[K_USAGE])
@@ -645,11 +649,9 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void stream_step_cb(uv_timer_t *t) { stream_step(t->data); }
 
-/* Renders one SSE event `event: <name>` (if name) + `data: ` + the JSON in scratch. */
-static void sse_begin(tg_buf_t *b, const char *event) {
-    if (event)
-        tg_buf_printf(b, "event: %s\n", event);
-    BUF_LIT(b, "data: ");
+/* Starts a Responses API event: its `event:` line and the type and sequence_number. */
+static void resp_event(conn_t *c, const char *type) {
+    tg_buf_printf(&c->scratch, "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%d,", type, type, c->r.seq++);
 }
 
 static void put_chat_chunk_head(conn_t *c, tg_buf_t *b) {
@@ -658,7 +660,7 @@ static void put_chat_chunk_head(conn_t *c, tg_buf_t *b) {
                   (unsigned long long)c->r.id, c->r.created, c->model.data);
 }
 
-/* Headers and the events that precede any content. */
+/* Headers and the events that precede any content (flushed before the first wait). */
 static void stream_start(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
@@ -668,8 +670,8 @@ static void stream_start(conn_t *c) {
         BUF_LIT(&c->out, "Connection: close\r\n");
     BUF_LIT(&c->out, "\r\n");
     if (r->api == API_MESSAGES) {
-        sse_begin(b, "message_start");
-        tg_buf_printf(b, "{\"type\":\"message_start\",\"message\":{\"id\":\"msg_mock%llu\",\"type\":\"message\","
+        tg_buf_printf(b, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{"
+                         "\"id\":\"msg_mock%llu\",\"type\":\"message\","
                          "\"role\":\"assistant\",\"model\":\"%s\",\"content\":[],\"stop_reason\":null,"
                          "\"stop_sequence\":null",
                       (unsigned long long)r->id, c->model.data);
@@ -680,27 +682,25 @@ static void stream_start(conn_t *c) {
                    "event: ping\ndata: {\"type\":\"ping\"}\n\n");
         put_chunk(c);
     } else if (r->api == API_RESPONSES) {
-        sse_begin(b, "response.created");
-        tg_buf_printf(b, "{\"type\":\"response.created\",\"sequence_number\":%d,\"response\":", r->seq++);
+        resp_event(c, "response.created");
+        BUF_LIT(b, "\"response\":");
         render_response_obj(c, b, 0);
         BUF_LIT(b, "}\n\n");
-        sse_begin(b, "response.in_progress");
-        tg_buf_printf(b, "{\"type\":\"response.in_progress\",\"sequence_number\":%d,\"response\":", r->seq++);
+        resp_event(c, "response.in_progress");
+        BUF_LIT(b, "\"response\":");
         render_response_obj(c, b, 0);
         BUF_LIT(b, "}\n\n");
-        sse_begin(b, "response.output_item.added");
-        tg_buf_printf(b, "{\"type\":\"response.output_item.added\",\"sequence_number\":%d,\"output_index\":0,"
-                         "\"item\":{\"type\":\"message\",\"id\":\"msg_mock%llu\",\"status\":\"in_progress\","
-                         "\"role\":\"assistant\",\"content\":[]}}\n\n",
-                      r->seq++, (unsigned long long)r->id);
-        sse_begin(b, "response.content_part.added");
-        tg_buf_printf(b, "{\"type\":\"response.content_part.added\",\"sequence_number\":%d,\"item_id\":"
-                         "\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":"
-                         "\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n",
-                      r->seq++, (unsigned long long)r->id);
+        resp_event(c, "response.output_item.added");
+        tg_buf_printf(b, "\"output_index\":0,\"item\":{\"type\":\"message\",\"id\":\"msg_mock%llu\","
+                         "\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}\n\n",
+                      (unsigned long long)r->id);
+        resp_event(c, "response.content_part.added");
+        tg_buf_printf(b, "\"item_id\":\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"part\":",
+                      (unsigned long long)r->id);
+        put_text_part(b, 0);
+        BUF_LIT(b, "}\n\n");
         put_chunk(c);
     }
-    conn_flush(c);
 }
 
 static void stream_content(conn_t *c, int i) {
@@ -716,10 +716,9 @@ static void stream_content(conn_t *c, int i) {
                          "\"delta\":{\"type\":\"text_delta\",\"text\":\"tok%d \"}}\n\n",
                       i);
     } else {
-        tg_buf_printf(b, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
-                         "\"sequence_number\":%d,\"item_id\":\"msg_mock%llu\",\"output_index\":0,"
-                         "\"content_index\":0,\"delta\":\"tok%d \"}\n\n",
-                      r->seq++, (unsigned long long)r->id, i);
+        resp_event(c, "response.output_text.delta");
+        tg_buf_printf(b, "\"item_id\":\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,"
+                         "\"delta\":\"tok%d \"}\n\n", (unsigned long long)r->id, i);
     }
     put_chunk(c);
 }
@@ -749,28 +748,22 @@ static void stream_final(conn_t *c) {
         BUF_LIT(b, "}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     } else {
         unsigned long long id = (unsigned long long)r->id;
-        sse_begin(b, "response.output_text.done");
-        tg_buf_printf(b, "{\"type\":\"response.output_text.done\",\"sequence_number\":%d,\"item_id\":"
-                         "\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"text\":\"",
-                      r->seq++, id);
+        resp_event(c, "response.output_text.done");
+        tg_buf_printf(b, "\"item_id\":\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"text\":\"", id);
         put_text(b, r->out_n);
         BUF_LIT(b, "\"}\n\n");
-        sse_begin(b, "response.content_part.done");
-        tg_buf_printf(b, "{\"type\":\"response.content_part.done\",\"sequence_number\":%d,\"item_id\":"
-                         "\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":"
-                         "\"output_text\",\"text\":\"",
-                      r->seq++, id);
-        put_text(b, r->out_n);
-        BUF_LIT(b, "\",\"annotations\":[]}}\n\n");
-        sse_begin(b, "response.output_item.done");
-        tg_buf_printf(b, "{\"type\":\"response.output_item.done\",\"sequence_number\":%d,\"output_index\":0,"
-                         "\"item\":{\"type\":\"message\",\"id\":\"msg_mock%llu\",\"status\":\"completed\","
-                         "\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"",
-                      r->seq++, id);
-        put_text(b, r->out_n);
-        BUF_LIT(b, "\",\"annotations\":[]}]}}\n\n");
-        sse_begin(b, "response.completed");
-        tg_buf_printf(b, "{\"type\":\"response.completed\",\"sequence_number\":%d,\"response\":", r->seq++);
+        resp_event(c, "response.content_part.done");
+        tg_buf_printf(b, "\"item_id\":\"msg_mock%llu\",\"output_index\":0,\"content_index\":0,\"part\":", id);
+        put_text_part(b, r->out_n);
+        BUF_LIT(b, "}\n\n");
+        resp_event(c, "response.output_item.done");
+        tg_buf_printf(b, "\"output_index\":0,\"item\":{\"type\":\"message\",\"id\":\"msg_mock%llu\","
+                         "\"status\":\"completed\",\"role\":\"assistant\",\"content\":[",
+                      id);
+        put_text_part(b, r->out_n);
+        BUF_LIT(b, "]}}\n\n");
+        resp_event(c, "response.completed");
+        BUF_LIT(b, "\"response\":");
         render_response_obj(c, b, 1);
         BUF_LIT(b, "}\n\n");
     }
@@ -778,32 +771,34 @@ static void stream_final(conn_t *c) {
     BUF_LIT(&c->out, "0\r\n\r\n");
 }
 
+/* close_after: ends the request (not as aborted) and closes after what was sent. */
+static void stream_drop(conn_t *c) {
+    conn_flush(c);
+    req_done(c, 0);
+    conn_shutdown(c);
+}
+
 /* Sends content chunks until a wait is due, a close_after drop, or the end. */
 static void stream_step(conn_t *c) {
     resp_t *r = &c->r;
-    while (!c->closing) {
-        if (r->sent < r->out_n) {
-            stream_content(c, ++r->sent);
-            if (r->k.v[K_CLOSE_AFTER] >= 0 && r->sent >= r->k.v[K_CLOSE_AFTER]) {
-                conn_flush(c);
-                req_done(c, 0);
-                conn_shutdown(c);
-                return;
-            }
-            if (r->sent < r->out_n) {
-                if (r->k.v[K_INTERVAL_MS] > 0) {
-                    conn_flush(c);
-                    uv_timer_start(&c->timer, stream_step_cb, (uint64_t)r->k.v[K_INTERVAL_MS], 0);
-                    return;
-                }
-                continue;
-            }
+    int close_after = r->k.v[K_CLOSE_AFTER], interval = r->k.v[K_INTERVAL_MS];
+    while (r->sent < r->out_n && !c->closing) {
+        stream_content(c, ++r->sent);
+        if (close_after >= 0 && r->sent >= close_after) {
+            stream_drop(c);
+            return;
         }
-        stream_final(c);
-        conn_flush(c);
-        resp_finished(c);
-        return;
+        if (r->sent < r->out_n && interval > 0) {
+            conn_flush(c);
+            uv_timer_start(&c->timer, stream_step_cb, (uint64_t)interval, 0);
+            return;
+        }
     }
+    if (c->closing)
+        return;
+    stream_final(c);
+    conn_flush(c);
+    resp_finished(c);
 }
 
 /* Runs after delay_ms (or at once): the whole held response, or the stream. */
@@ -816,16 +811,12 @@ static void resp_begin(conn_t *c) {
         return;
     }
     stream_start(c);
-    if (c->closing)
-        return;
     if (r->k.v[K_CLOSE_AFTER] == 0) {
-        req_done(c, 0);
-        conn_shutdown(c);
-        return;
-    }
-    if (r->k.v[K_TTFT_MS] > 0)
+        stream_drop(c);
+    } else if (r->k.v[K_TTFT_MS] > 0) {
+        conn_flush(c);
         uv_timer_start(&c->timer, stream_step_cb, (uint64_t)r->k.v[K_TTFT_MS], 0);
-    else
+    } else
         stream_step(c);
 }
 
@@ -833,26 +824,27 @@ static void delay_cb(uv_timer_t *t) { resp_begin(t->data); }
 
 /* ---- control endpoints ---------------------------------------------------------- */
 
-static void put_counts(tg_buf_t *b, int64_t in, int64_t max, int64_t ab) {
-    tg_buf_printf(b, "\"inflight\":%lld,\"max_inflight\":%lld,\"aborted\":%lld", (long long)in, (long long)max,
-                  (long long)ab);
-}
-
 static void render_stats_locked(tg_buf_t *b) {
-    tg_buf_printf(b, "{\"total\":%lld,", (long long)g_st.total);
-    put_counts(b, g_st.inflight, g_st.max_inflight, g_st.aborted);
-    BUF_LIT(b, ",\"credentials\":{");
+    tg_buf_printf(b, "{\"total\":%lld,\"inflight\":%lld,\"max_inflight\":%lld,\"aborted\":%lld,\"credentials\":{",
+                  (long long)g_st.total, (long long)g_st.inflight, (long long)g_st.max_inflight,
+                  (long long)g_st.aborted);
     int first = 1;
     for (int i = 0; i < MOCK_CRED_BUCKETS; i++)
         for (cred_t *c = g_st.creds[i]; c; c = c->next) {
             tg_buf_appends(b, first ? "\"" : ",\"");
             first = 0;
             tg_buf_append_json_escaped(b, c->name, c->len);
-            tg_buf_printf(b, "\":{\"requests\":%lld,", (long long)c->requests);
-            put_counts(b, c->inflight, c->max_inflight, c->aborted);
-            BUF_LIT(b, "}");
+            tg_buf_printf(b, "\":{\"requests\":%lld,\"inflight\":%lld,\"max_inflight\":%lld,\"aborted\":%lld}",
+                          (long long)c->requests, (long long)c->inflight, (long long)c->max_inflight,
+                          (long long)c->aborted);
         }
     BUF_LIT(b, "}}");
+}
+
+/* Steps over one "name\0value\0" pair of a header block. */
+static const char *pair_next(const char *p) {
+    p += strlen(p) + 1;
+    return p + strlen(p) + 1;
 }
 
 static void render_last_locked(tg_buf_t *b) {
@@ -865,33 +857,23 @@ static void render_last_locked(tg_buf_t *b) {
     tg_buf_append_json_escaped(b, g_st.last_url.data, g_st.last_url.len);
     BUF_LIT(b, "\",\"headers\":{");
     const char *h = g_st.last_hdrs.data, *end = h + g_st.last_hdrs.len;
-    int first = 1;
-    for (const char *p = h; p < end;) {
-        const char *name = p, *val = name + strlen(name) + 1, *next = val + strlen(val) + 1;
-        int dup = 0;
-        for (const char *q = h; q < name && !dup;) {
-            const char *qv = q + strlen(q) + 1;
-            dup = strcmp(q, name) == 0;
-            q = qv + strlen(qv) + 1;
-        }
-        if (!dup) { /* repeated headers are joined with ", " */
-            tg_buf_appends(b, first ? "\"" : ",\"");
-            first = 0;
-            tg_buf_append_json_escaped(b, name, strlen(name));
-            BUF_LIT(b, "\":\"");
-            int n = 0;
-            for (const char *q = name; q < end;) {
-                const char *qv = q + strlen(q) + 1;
-                if (strcmp(q, name) == 0) {
-                    if (n++)
-                        BUF_LIT(b, ", ");
-                    tg_buf_append_json_escaped(b, qv, strlen(qv));
-                }
-                q = qv + strlen(qv) + 1;
+    for (const char *p = h; p < end; p = pair_next(p)) {
+        const char *q = h;
+        while (q < p && strcmp(q, p) != 0)
+            q = pair_next(q);
+        if (q < p)
+            continue; /* a repeated header: its values were joined with ", " at the first */
+        tg_buf_appends(b, p == h ? "\"" : ",\"");
+        tg_buf_append_json_escaped(b, p, strlen(p));
+        BUF_LIT(b, "\":\"");
+        for (int n = 0; q < end; q = pair_next(q))
+            if (strcmp(q, p) == 0) {
+                if (n++)
+                    BUF_LIT(b, ", ");
+                const char *v = q + strlen(q) + 1;
+                tg_buf_append_json_escaped(b, v, strlen(v));
             }
-            BUF_LIT(b, "\"");
-        }
-        p = next;
+        BUF_LIT(b, "\"");
     }
     BUF_LIT(b, "},\"body\":\"");
     tg_buf_append_json_escaped(b, g_st.last_body.data, g_st.last_body.len);
@@ -962,46 +944,31 @@ static const char *fault_install(const char *body, size_t len) {
 
 static void handle_control(conn_t *c, const char *path, size_t plen) {
     tg_buf_t *b = &c->scratch;
-    int status = 200, get = c->method == HTTP_GET, post = c->method == HTTP_POST;
+    int m = c->method, status = 200;
+    const char *err = NULL;
 #define PATH_IS(lit) (plen == sizeof(lit) - 1 && memcmp(path, lit, plen) == 0)
-    if (PATH_IS("/_mock/stats") && get) {
-        pthread_mutex_lock(&g_st.mu);
+    int install = PATH_IS("/_mock/faults") && m == HTTP_POST;
+    if (install && (err = fault_install(c->body.data ? c->body.data : "", c->body.len)))
+        status = 400;
+    pthread_mutex_lock(&g_st.mu);
+    if (PATH_IS("/_mock/stats") && m == HTTP_GET)
         render_stats_locked(b);
-        pthread_mutex_unlock(&g_st.mu);
-    } else if (PATH_IS("/_mock/last") && get) {
-        pthread_mutex_lock(&g_st.mu);
+    else if (PATH_IS("/_mock/last") && m == HTTP_GET)
         render_last_locked(b);
-        pthread_mutex_unlock(&g_st.mu);
-    } else if (PATH_IS("/_mock/reset") && post) {
-        pthread_mutex_lock(&g_st.mu);
-        state_clear_locked(1);
-        pthread_mutex_unlock(&g_st.mu);
-        BUF_LIT(b, "{\"ok\":true}");
-    } else if (PATH_IS("/_mock/faults") && get) {
-        pthread_mutex_lock(&g_st.mu);
+    else if (PATH_IS("/_mock/faults") && m == HTTP_GET)
         render_faults_locked(b);
-        pthread_mutex_unlock(&g_st.mu);
-    } else if (PATH_IS("/_mock/faults") && c->method == HTTP_DELETE) {
-        pthread_mutex_lock(&g_st.mu);
-        for (fault_t *f = g_st.faults, *next; f; f = next) {
-            next = f->next;
-            free(f);
-        }
-        g_st.faults = NULL;
-        pthread_mutex_unlock(&g_st.mu);
-        BUF_LIT(b, "{\"ok\":true}");
-    } else if (PATH_IS("/_mock/faults") && post) {
-        const char *err = fault_install(c->body.data ? c->body.data : "", c->body.len);
-        if (err) {
-            status = 400;
-            render_error(c, API_NONE, 400, err);
-        } else
-            BUF_LIT(b, "{\"ok\":true}");
-    } else {
-        status = 404;
-        render_error(c, API_NONE, 404, "unknown mock control endpoint");
-    }
+    else if (PATH_IS("/_mock/faults") && m == HTTP_DELETE)
+        faults_clear_locked();
+    else if (PATH_IS("/_mock/reset") && m == HTTP_POST)
+        state_clear_locked();
+    else if (!install)
+        status = 404, err = "unknown mock control endpoint";
+    pthread_mutex_unlock(&g_st.mu);
 #undef PATH_IS
+    if (err)
+        render_error(c, API_NONE, status, err);
+    else if (!b->len)
+        BUF_LIT(b, "{\"ok\":true}");
     put_response(c, &c->out, status, -1, c->r.keepalive);
     if (!c->r.keepalive)
         c->want_close = 1;
@@ -1203,7 +1170,6 @@ static void handle_request(conn_t *c) {
 }
 
 /* The request is answered: let the next pipelined one through, or close. */
-
 static void resp_finished(conn_t *c) {
     req_done(c, 0);
     if (!c->r.keepalive)
@@ -1385,6 +1351,18 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     conn_after_io(c);
 }
 
+static const llhttp_settings_t g_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_field_complete = on_header_field_complete,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
 static void on_connection(uv_stream_t *server, int status) {
     worker_t *w = server->data;
     if (status < 0)
@@ -1442,23 +1420,42 @@ static void *worker_run(void *arg) {
     return NULL;
 }
 
-static int listen_fd(const struct sockaddr *sa, socklen_t salen, int reuseport) {
-    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+/* Binds a listening socket of worker w (SO_REUSEPORT when there are several). */
+static int worker_listen(worker_t *w, const struct sockaddr *sa, socklen_t salen, int reuseport) {
+    int one = 1, fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
-    int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) {
+    if ((reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) ||
+        bind(fd, sa, salen) < 0) {
         int e = -errno;
         close(fd);
         return e;
     }
-    if (bind(fd, sa, salen) < 0) {
-        int e = -errno;
-        close(fd);
-        return e;
+    int err = uv_tcp_open(&w->listener, fd);
+    if (err) {
+        close(fd); /* not owned by the handle yet */
+        return err;
     }
-    return fd;
+    return uv_listen((uv_stream_t *)&w->listener, 4096, on_connection);
+}
+
+/* Closes every handle of the first n workers, runs their loops dry and frees them. */
+static int workers_close(int n, int rc) {
+    for (int i = 0; i < n; i++) {
+        stop_cb(&g_workers[i].stop);
+        uv_run(&g_workers[i].loop, UV_RUN_DEFAULT);
+        uv_loop_close(&g_workers[i].loop);
+    }
+    free(g_workers);
+    g_workers = NULL;
+    pthread_mutex_lock(&g_st.mu);
+    state_clear_locked();
+    tg_buf_free(&g_st.last_url);
+    tg_buf_free(&g_st.last_hdrs);
+    tg_buf_free(&g_st.last_body);
+    pthread_mutex_unlock(&g_st.mu);
+    return rc;
 }
 
 static int usage_error(const char *msg) {
@@ -1493,22 +1490,17 @@ int tg_mock_main(int argc, char **argv) {
     if (!listen_arg)
         return usage_error("--listen HOST:PORT is required");
     const char *colon = strrchr(listen_arg, ':');
-    if (!colon || colon == listen_arg || !colon[1])
-        return usage_error("--listen wants HOST:PORT");
+    int hlen = colon ? (int)(colon - listen_arg) : 0;
     char host[256];
-    size_t hlen = (size_t)(colon - listen_arg);
-    if (hlen >= sizeof(host))
-        return usage_error("host too long");
-    memcpy(host, listen_arg, hlen);
-    host[hlen] = '\0';
-    char *h = host;
-    if (h[0] == '[' && hlen > 2 && h[hlen - 1] == ']') {
-        h[hlen - 1] = '\0';
-        h++;
-    }
+    if (hlen <= 0 || hlen >= (int)sizeof(host) || !colon[1])
+        return usage_error("--listen wants HOST:PORT");
+    if (listen_arg[0] == '[' && listen_arg[hlen - 1] == ']') /* [::1]:8080 */
+        snprintf(host, sizeof(host), "%.*s", hlen - 2, listen_arg + 1);
+    else
+        snprintf(host, sizeof(host), "%.*s", hlen, listen_arg);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *ai = NULL;
-    int gai = getaddrinfo(h, colon + 1, &hints, &ai);
+    int gai = getaddrinfo(host, colon + 1, &hints, &ai);
     if (gai != 0) {
         fprintf(stderr, "mock-upstream: cannot resolve %s: %s\n", listen_arg, gai_strerror(gai));
         return 2;
@@ -1520,92 +1512,47 @@ int tg_mock_main(int argc, char **argv) {
 
     signal(SIGPIPE, SIG_IGN);
     json_object_seed(0);
-    memset(&g_settings, 0, sizeof(g_settings));
-    g_settings.on_message_begin = on_message_begin;
-    g_settings.on_url = on_url;
-    g_settings.on_header_field = on_header_field;
-    g_settings.on_header_field_complete = on_header_field_complete;
-    g_settings.on_header_value = on_header_value;
-    g_settings.on_header_value_complete = on_header_value_complete;
-    g_settings.on_headers_complete = on_headers_complete;
-    g_settings.on_body = on_body;
-    g_settings.on_message_complete = on_message_complete;
-
     g_workers = calloc((size_t)threads, sizeof(worker_t));
     if (!g_workers)
         abort();
     g_nworkers = threads;
-    int port = 0, rc = 0, started = 0;
+    int port = 0;
     for (int i = 0; i < threads; i++) {
         worker_t *w = &g_workers[i];
         w->index = i;
         uv_loop_init(&w->loop);
-        int fd = listen_fd((struct sockaddr *)&ss, sslen, threads > 1);
-        int err = fd < 0 ? fd : 0;
-        if (!err) {
-            uv_tcp_init(&w->loop, &w->listener);
-            w->listener.data = w;
-            err = uv_tcp_open(&w->listener, fd);
-            if (err)
-                close(fd); /* not yet owned by the handle */
-            else
-                err = uv_listen((uv_stream_t *)&w->listener, 4096, on_connection);
-        }
+        uv_tcp_init(&w->loop, &w->listener);
+        uv_async_init(&w->loop, &w->stop, stop_cb);
+        w->listener.data = w->stop.data = w;
+        int err = worker_listen(w, (struct sockaddr *)&ss, sslen, threads > 1);
         if (err) {
             fprintf(stderr, "mock-upstream: cannot listen on %s: %s\n", listen_arg, uv_strerror(err));
-            if (fd >= 0)
-                uv_close((uv_handle_t *)&w->listener, NULL);
-            uv_run(&w->loop, UV_RUN_DEFAULT);
-            uv_loop_close(&w->loop);
-            rc = 1;
-            break;
+            return workers_close(i + 1, 1);
         }
         if (i == 0) { /* port 0: every thread takes the port the kernel gave the first */
             struct sockaddr_storage got;
             int glen = sizeof(got);
             uv_tcp_getsockname(&w->listener, (struct sockaddr *)&got, &glen);
-            port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
-                                                   : ((struct sockaddr_in *)&got)->sin_port);
-            if (ss.ss_family == AF_INET6)
-                ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
-            else
-                ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+            in_port_t *pp = got.ss_family == AF_INET6 ? &((struct sockaddr_in6 *)&got)->sin6_port
+                                                      : &((struct sockaddr_in *)&got)->sin_port;
+            port = ntohs(*pp);
+            *(ss.ss_family == AF_INET6 ? &((struct sockaddr_in6 *)&ss)->sin6_port
+                                       : &((struct sockaddr_in *)&ss)->sin_port) = *pp;
         }
-        uv_async_init(&w->loop, &w->stop, stop_cb);
-        w->stop.data = w;
-        started++;
     }
-    if (rc) {
-        for (int i = 0; i < started; i++) {
-            stop_cb(&g_workers[i].stop);
-            uv_run(&g_workers[i].loop, UV_RUN_DEFAULT);
-            uv_loop_close(&g_workers[i].loop);
-        }
-        free(g_workers);
-        return rc;
-    }
-    uv_signal_init(&g_workers[0].loop, &g_workers[0].sigterm);
-    uv_signal_init(&g_workers[0].loop, &g_workers[0].sigint);
-    uv_signal_start(&g_workers[0].sigterm, signal_cb, SIGTERM);
-    uv_signal_start(&g_workers[0].sigint, signal_cb, SIGINT);
-    g_workers[0].has_signals = 1;
+    worker_t *w0 = &g_workers[0];
+    uv_signal_init(&w0->loop, &w0->sigterm);
+    uv_signal_init(&w0->loop, &w0->sigint);
+    uv_signal_start(&w0->sigterm, signal_cb, SIGTERM);
+    uv_signal_start(&w0->sigint, signal_cb, SIGINT);
+    w0->has_signals = 1;
 
-    fprintf(stderr, "mock-upstream listening on %s:%d\n", host, port);
+    fprintf(stderr, "mock-upstream listening on %.*s:%d\n", hlen, listen_arg, port);
     for (int i = 1; i < threads; i++)
         if (pthread_create(&g_workers[i].thread, NULL, worker_run, &g_workers[i]) != 0)
             abort();
-    worker_run(&g_workers[0]);
+    worker_run(w0);
     for (int i = 1; i < threads; i++)
         pthread_join(g_workers[i].thread, NULL);
-    for (int i = 0; i < threads; i++)
-        uv_loop_close(&g_workers[i].loop);
-    free(g_workers);
-    g_workers = NULL;
-    pthread_mutex_lock(&g_st.mu);
-    state_clear_locked(1);
-    tg_buf_free(&g_st.last_url);
-    tg_buf_free(&g_st.last_hdrs);
-    tg_buf_free(&g_st.last_body);
-    pthread_mutex_unlock(&g_st.mu);
-    return 0;
+    return workers_close(threads, 0);
 }
