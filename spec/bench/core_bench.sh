@@ -1,0 +1,436 @@
+#!/usr/bin/env bash
+# tollgate's core benchmark: the mock upstream called directly, through nginx
+# (proxy_pass with an upstream keepalive pool) and through tollgate, in one run on this
+# box, side by side. Measures, for each target:
+#   1. non-stream POST /v1/chat/completions throughput with wrk (req/s, p50, p99),
+#      plus tollgate once more with access_log = true;
+#   2. latency added over direct at a fixed 2,000 req/s (open loop, tg_loadgen rate),
+#      with two pinnings: proxy on its own core, and everything on one core;
+#   3. stream time to first byte / first token overhead (tg_loadgen ttfb);
+#   4. 10,000 concurrent open streams held through tollgate (and nginx): RSS.
+# Prints Markdown tables (spec/bench/RESULTS.md is written from them) and keeps the raw
+# outputs in the work directory it names at the end when --keep is given.
+#
+# Usage: spec/bench/core_bench.sh [--quick] [--perf] [--keep] [--no-nginx-streams]
+#   --quick  short runs (3 s) to check the script itself
+#   --perf   also profile tollgate under wrk load (perf record -g), report in the output
+# Environment: TG_BENCH_BIN (default build/tollgate), TG_BENCH_DURATION (wrk seconds, 10),
+#   TG_BENCH_STREAMS (10000), TG_BENCH_LOAD_CPU (0), TG_BENCH_PROXY_CPU (1).
+#
+# Everything listens on 127.0.0.1 only, is started by this script and stopped by PID on
+# exit. Pinning (2-core box): the mock upstream and the load generator share
+# TG_BENCH_LOAD_CPU; the proxy under test (nginx or tollgate, same worker count) gets
+# TG_BENCH_PROXY_CPU alone. All benchmark processes run at nice -19 so that other work
+# on the machine (builds, tests) takes as little of their CPU as possible.
+set -euo pipefail
+
+# The kernel groups CPU time by session (autogroup), so nice alone does not beat a
+# build running in another session. Run in a session of our own and give that session
+# nice -19 as a whole (CAP_SYS_NICE; it ends with the benchmark).
+if [ -z "${TG_BENCH_IN_SESSION:-}" ] && command -v setsid >/dev/null; then
+    TG_BENCH_IN_SESSION=1 setsid "$0" "$@" &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
+    rc=0
+    wait "$child" || rc=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
+    exit $rc
+fi
+AUTOGROUP=$( (echo -19 >/proc/self/autogroup && cat /proc/self/autogroup) 2>/dev/null || echo "autogroup nice unchanged")
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BENCH=$ROOT/spec/bench
+BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
+DUR=${TG_BENCH_DURATION:-10}
+WARM=2
+RATE_DUR=8
+STREAMS_WANTED=${TG_BENCH_STREAMS:-10000}
+LOAD_CPU=${TG_BENCH_LOAD_CPU:-0}
+PROXY_CPU=${TG_BENCH_PROXY_CPU:-1}
+NICE=(nice -n -19)
+WRK_CONNS=64
+RATE=2000
+KEY=tg-bench-key-0001
+PERF=0 KEEP=0 NGINX_STREAMS=1
+for a in "$@"; do
+    case $a in
+    --quick) DUR=3 WARM=1 RATE_DUR=3 ;;
+    --perf) PERF=1 ;;
+    --keep) KEEP=1 ;;
+    --no-nginx-streams) NGINX_STREAMS=0 ;;
+    *) echo "usage: $0 [--quick] [--perf] [--keep] [--no-nginx-streams]" >&2; exit 2 ;;
+    esac
+done
+
+for tool in wrk nginx cc curl taskset; do
+    command -v $tool >/dev/null || { echo "core_bench: $tool is not installed (spec/install-deps.sh)" >&2; exit 2; }
+done
+if [ ! -x "$BIN" ]; then
+    echo "core_bench: $BIN missing, building" >&2
+    cmake -S "$ROOT" -B "$ROOT/build" >/dev/null && cmake --build "$ROOT/build" -j >/dev/null
+fi
+
+T=$(mktemp -d /tmp/core-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true
+    done
+    if [ $KEEP = 1 ]; then echo "core_bench: raw outputs kept in $T" >&2; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "core_bench: $*" >&2; }
+
+# The fd limit: 10,000 proxied streams need 20,000+ descriptors in the proxy.
+HARD_NOFILE=$(ulimit -Hn)
+[ "$HARD_NOFILE" = unlimited ] && HARD_NOFILE=1048576
+NOFILE=$((HARD_NOFILE < 65536 ? HARD_NOFILE : 65536))
+ulimit -n "$NOFILE"
+STREAMS=$(( (NOFILE - 100) / 2 ))
+[ "$STREAMS" -gt "$STREAMS_WANTED" ] && STREAMS=$STREAMS_WANTED
+# nginx starts closing connections it deems reusable (new ones still reading their
+# request) once fewer than 1/16 of worker_connections are free: it holds fewer.
+NG_STREAMS=$(( ((NOFILE - 16) * 15 / 16 - 100) / 2 ))
+[ "$NG_STREAMS" -gt "$STREAMS" ] && NG_STREAMS=$STREAMS
+
+# Run a snapshot of the binary: a rebuild of build/ during the run cannot change what
+# is measured, and a colleague's `pkill -f tollgate` on a shared box (seen here) does not
+# match the processes under test.
+BIN_SRC=$BIN
+cp "$BIN" "$T/gw"
+BIN=$T/gw
+
+# ---- the load client --------------------------------------------------------------------
+cc -O2 -Wall -Wextra -Werror -std=gnu11 -I/usr/share/include/llhttp -c "$BENCH/tg_loadgen.c" -o "$T/tg_loadgen.o"
+cc -O2 -w -I/usr/share/include/llhttp "$T/tg_loadgen.o" /usr/share/llhttp/{llhttp,api,http}.c -luv -o "$T/tg_loadgen"
+LOADGEN=$T/tg_loadgen
+
+# ---- ports and processes ----------------------------------------------------------------
+port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
+BASE=$((20000 + RANDOM % 20000))
+next_port() { # VAR: the next free port from BASE on
+    while ! port_free $BASE; do BASE=$((BASE + 1)); done
+    printf -v "$1" %d $BASE
+    BASE=$((BASE + 1))
+}
+next_port P_MOCK; next_port P_NGINX; next_port P_TG; next_port P_TGLOG; next_port P_TGS
+
+wait_port() {
+    for _ in $(seq 100); do port_free "$1" || return 0; sleep 0.05; done
+    log "nothing listens on port $1"; return 1
+}
+
+# start NAME CPU CMD...: runs CMD pinned and niced, output in $T/NAME.{out,err}; sets LAST_PID.
+start() {
+    local name=$1 cpu=$2; shift 2
+    "${NICE[@]}" taskset -c "$cpu" "$@" >"$T/$name.out" 2>"$T/$name.err" &
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+}
+
+stop_pid() {
+    kill "$1" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 "$1" 2>/dev/null || true
+}
+
+tg_config() { # PORT ACCESS_LOG
+    cat >"$T/gw-$1.lua" <<EOF
+return {
+  listen = "127.0.0.1:$1",
+  workers = 1,
+  keys = { "$KEY" },
+  access_log = $2,
+  log_level = "info",  -- start/stop lines only; shows a shutdown signal if one arrives
+  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-bench" },
+}
+EOF
+    echo "$T/gw-$1.lua"
+}
+
+start mock "$LOAD_CPU" "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1
+PID_MOCK=$LAST_PID
+
+mkdir -p "$T/nginx/logs" "$T/nginx/tmp"
+cat >"$T/nginx/nginx.conf" <<EOF
+user root;
+worker_processes 1;
+daemon off;
+master_process on;
+pid $T/nginx/nginx.pid;
+error_log $T/nginx/logs/error.log warn;
+worker_rlimit_nofile $NOFILE;
+events { worker_connections $((NOFILE - 16)); }
+http {
+  access_log off;
+  client_body_temp_path $T/nginx/tmp/body;
+  proxy_temp_path $T/nginx/tmp/proxy;
+  fastcgi_temp_path $T/nginx/tmp/fastcgi;
+  uwsgi_temp_path $T/nginx/tmp/uwsgi;
+  scgi_temp_path $T/nginx/tmp/scgi;
+  keepalive_requests 1000000;
+  upstream mock {
+    server 127.0.0.1:$P_MOCK;
+    keepalive 64;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$P_NGINX;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+start nginx "$PROXY_CPU" nginx -p "$T/nginx" -c "$T/nginx/nginx.conf" -e "$T/nginx/logs/error.log"
+PID_NGINX=$LAST_PID
+
+start tollgate "$PROXY_CPU" "$BIN" serve -c "$(tg_config $P_TG false)"
+PID_TG=$LAST_PID
+start tollgate-log "$PROXY_CPU" "$BIN" serve -c "$(tg_config $P_TGLOG true)"
+PID_TGLOG=$LAST_PID
+
+wait_port $P_MOCK; wait_port $P_NGINX; wait_port $P_TG; wait_port $P_TGLOG
+for _ in $(seq 50); do PID_NGINX_W=$(pgrep -P "$PID_NGINX" | head -1 || true); [ -n "$PID_NGINX_W" ] && break; sleep 0.1; done
+
+BODY='{"model":"mock-gpt","messages":[{"role":"user","content":"hello"}]}'
+for p in $P_MOCK $P_NGINX $P_TG $P_TGLOG; do
+    out=$(curl -sS -m 5 "http://127.0.0.1:$p/v1/chat/completions" -H "Authorization: Bearer $KEY" \
+        -H 'Content-Type: application/json' -d "$BODY")
+    case $out in *'"completion_tokens":8'*) ;; *) log "port $p answered: $out"; exit 1 ;; esac
+done
+
+# ---- helpers ----------------------------------------------------------------------------
+CLK_TCK=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+kv() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
+to_us() { # wrk duration (us/ms/s) to microseconds
+    awk -v v="$1" 'BEGIN { n = v + 0; u = v; sub(/^[0-9.]+/, "", u);
+        if (u == "ms") n *= 1000; else if (u == "s") n *= 1000000; printf "%.0f", n }'
+}
+# Formatting; a missing value (a run that failed) prints "-".
+ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }'; }
+diff_ms() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "") print "-"; else printf "%+.3f", (a - b) / 1000 }'; }
+ms() { awk -v a="${1:-}" 'BEGIN { if (a == "") print "-"; else printf "%.3f", a / 1000 }'; }
+mb() { awk -v a="${1:-}" -v b="${2:-0}" 'BEGIN { if (a == "") print "-"; else printf "%.1f", (a + b) / 1024 }'; }
+per_stream_kb() { awk -v a="${1:-}" -v b="${2:-}" -v n="$3" 'BEGIN { if (a == "" || b == "") print "-"; else printf "%.1f", (a - b) / n }'; }
+sum() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "") print ""; else print a + b }'; }
+load_now() { cut -d' ' -f1-3 /proc/loadavg; }
+
+declare -A URL=([direct]=http://127.0.0.1:$P_MOCK [nginx]=http://127.0.0.1:$P_NGINX
+    [tollgate]=http://127.0.0.1:$P_TG [tollgate_log]=http://127.0.0.1:$P_TGLOG)
+declare -A HOSTPORT=([direct]=127.0.0.1:$P_MOCK [nginx]=127.0.0.1:$P_NGINX [tollgate]=127.0.0.1:$P_TG)
+declare -A PROXYPID=([direct]="" [nginx]=$PID_NGINX_W [tollgate]=$PID_TG [tollgate_log]=$PID_TGLOG)
+
+SUMMARY=$T/summary.md
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+# check_alive WHICH PHASE: true if the proxies named (tollgate | nginx | all) still run.
+# Something outside the benchmark can end them (another job's stale pid file on a
+# busy shared box); the summary then says so instead of showing silent gaps.
+check_alive() {
+    local ok=0 name pid
+    for name in mock nginx tollgate tollgate-log; do
+        case $1 in all) ;; tollgate) [ $name = tollgate ] || continue ;; nginx) [ $name = nginx ] || continue ;; esac
+        case $name in mock) pid=$PID_MOCK ;; nginx) pid=$PID_NGINX ;; tollgate) pid=$PID_TG ;; tollgate-log) pid=$PID_TGLOG ;; esac
+        if ! kill -0 "$pid" 2>/dev/null; then
+            ok=1
+            say "**$name (pid $pid) is gone $2**; its last log line: \`$(tail -1 "$T/$name.err" 2>/dev/null)\`"
+            say ""
+        fi
+    done
+    return $ok
+}
+
+# ---- 1. throughput with wrk -------------------------------------------------------------
+declare -A RPS P50 P99 CPU_PROXY CPU_MOCK ERRS
+run_wrk() { # TARGET
+    local t=$1 url=${URL[$1]}/v1/chat/completions pp=${PROXYPID[$1]}
+    "${NICE[@]}" taskset -c "$LOAD_CPU" wrk -t1 -c$WRK_CONNS -d${WARM}s -s "$BENCH/wrk_chat.lua" "$url" >/dev/null
+    local m0 p0=0 p1=0 m1 t0 t1
+    m0=$(cpu_ticks $PID_MOCK); [ -n "$pp" ] && p0=$(cpu_ticks "$pp"); t0=$(date +%s.%N)
+    "${NICE[@]}" taskset -c "$LOAD_CPU" wrk -t1 -c$WRK_CONNS -d${DUR}s --latency -s "$BENCH/wrk_chat.lua" "$url" >"$T/wrk-$t.txt"
+    m1=$(cpu_ticks $PID_MOCK); [ -n "$pp" ] && p1=$(cpu_ticks "$pp"); t1=$(date +%s.%N)
+    local f=$T/wrk-$t.txt
+    RPS[$t]=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$f")
+    P50[$t]=$(to_us "$(awk '$1 == "50%" {print $2}' "$f")")
+    P99[$t]=$(to_us "$(awk '$1 == "99%" {print $2}' "$f")")
+    ERRS[$t]=$(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(/,/, ""); n += $4 + $6 + $8 + $10} END {print n + 0}' "$f")
+    CPU_MOCK[$t]=$(awk -v a=$m0 -v b=$m1 -v s0=$t0 -v s1=$t1 -v hz=$CLK_TCK 'BEGIN {printf "%.0f", (b - a) / hz / (s1 - s0) * 100}')
+    if [ -n "$pp" ]; then
+        CPU_PROXY[$t]=$(awk -v a=$p0 -v b=$p1 -v s0=$t0 -v s1=$t1 -v hz=$CLK_TCK 'BEGIN {printf "%.0f", (b - a) / hz / (s1 - s0) * 100}')
+    else CPU_PROXY[$t]="-"; fi
+    log "wrk $t: ${RPS[$t]} req/s p50 ${P50[$t]}us p99 ${P99[$t]}us errors ${ERRS[$t]} (load $(load_now))"
+}
+
+say "## Run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say ""
+say "- load average before: $(load_now); nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+say "- nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), tollgate: tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$( [ -z "$(git -C "$ROOT" status --porcelain -- core CMakeLists.txt 2>/dev/null)" ] || echo ' with uncommitted core changes'), binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12)"
+say "- pinning: mock + load generator on CPU $LOAD_CPU, proxy on CPU $PROXY_CPU; nice -19 ($AUTOGROUP); fd limit $NOFILE"
+say ""
+
+for t in direct nginx tollgate tollgate_log; do run_wrk $t; done
+check_alive all "after the wrk runs" || true
+say "### 1. Non-stream throughput (wrk -t1 -c$WRK_CONNS -d${DUR}s, 1 proxy worker)"
+say ""
+say "| target | req/s | p50 ms | p99 ms | vs direct | proxy CPU % | mock CPU % | errors |"
+say "|---|---:|---:|---:|---:|---:|---:|---:|"
+for t in direct nginx tollgate tollgate_log; do
+    name=$t; [ $t = tollgate_log ] && name="tollgate, access_log = true"
+    say "| $name | ${RPS[$t]} | $(ms ${P50[$t]}) | $(ms ${P99[$t]}) | $(ratio ${RPS[$t]} ${RPS[direct]}) | ${CPU_PROXY[$t]} | ${CPU_MOCK[$t]} | ${ERRS[$t]} |"
+done
+say ""
+say "tollgate / nginx req/s: **$(ratio ${RPS[tollgate]} ${RPS[nginx]})** (goal ≥ 1.20); with access log: $(ratio ${RPS[tollgate_log]} ${RPS[nginx]})"
+say ""
+
+# ---- 2. added latency at a fixed rate ---------------------------------------------------
+declare -A R
+run_rate() { # TARGET LABEL
+    local t=$1 auth=()
+    [ $t = tollgate ] && auth=(--auth $KEY)
+    R[$2.$t]=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" rate "${HOSTPORT[$t]}" "${auth[@]}" --rate $RATE \
+        --conns 32 --duration $RATE_DUR --warmup 1 2>>"$T/loadgen.err" || true)
+    echo "${R[$2.$t]}" >>"$T/rate.txt"
+    log "rate $2 $t: $(kv svc_p50_us "${R[$2.$t]}")us / $(kv svc_p99_us "${R[$2.$t]}")us (load $(load_now))"
+}
+pin_proxies() { # CPU
+    taskset -a -p -c "$1" $PID_TG >/dev/null
+    taskset -p -c "$1" $PID_NGINX >/dev/null
+    taskset -p -c "$1" $PID_NGINX_W >/dev/null
+}
+rate_table() { # LABEL TITLE
+    say "### 2$1. Added latency at $RATE req/s, $2 (open loop, 32 connections, ${RATE_DUR} s after 1 s warm-up)"
+    say ""
+    say "| target | sent | errors | p50 ms | p90 ms | p99 ms | p99.9 ms | p50 added ms | p99 added ms | p99 added, due-time clock ms |"
+    say "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    local t r d=${R[$1.direct]}
+    for t in direct nginx tollgate; do
+        r=${R[$1.$t]}
+        say "| $t | $(kv sent "$r") | $(sum "$(kv errors "$r")" "$(kv non2xx "$r")") | $(ms "$(kv svc_p50_us "$r")") | $(ms "$(kv svc_p90_us "$r")") | $(ms "$(kv svc_p99_us "$r")") | $(ms "$(kv svc_p999_us "$r")") | $(diff_ms "$(kv svc_p50_us "$r")" "$(kv svc_p50_us "$d")") | $(diff_ms "$(kv svc_p99_us "$r")" "$(kv svc_p99_us "$d")") | $(diff_ms "$(kv cor_p99_us "$r")" "$(kv cor_p99_us "$d")") |"
+    done
+    say ""
+}
+for t in direct nginx tollgate; do run_rate $t a; done
+pin_proxies "$LOAD_CPU"
+for t in direct nginx tollgate; do run_rate $t b; done
+pin_proxies "$PROXY_CPU"
+check_alive all "after the fixed-rate runs" || true
+rate_table a "proxy on CPU $PROXY_CPU, mock + client on CPU $LOAD_CPU"
+rate_table b "everything on CPU $LOAD_CPU"
+
+# ---- 3. stream time to first byte -------------------------------------------------------
+STREAM_BODY='{"model":"mock-gpt","stream":true,"messages":[{"role":"user","content":"[mock ttft_ms=50 chunks=20 interval_ms=5] hello"}]}'
+declare -A S
+for t in direct nginx tollgate; do
+    auth=(); [ $t = tollgate ] && auth=(--auth $KEY)
+    S[$t]=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" ttfb "${HOSTPORT[$t]}" "${auth[@]}" --conns 20 --requests 400 \
+        --body "$STREAM_BODY" --timeout 60 2>>"$T/loadgen.err" || true)
+    echo "${S[$t]}" >>"$T/ttfb.txt"
+    log "ttfb $t: head $(kv head_p50_us "${S[$t]}")us first token $(kv body_p50_us "${S[$t]}")us (load $(load_now))"
+done
+check_alive all "after the stream runs" || true
+say "### 3. Stream time to first byte (400 streams, 20 at a time; mock: ttft_ms=50 chunks=20 interval_ms=5)"
+say ""
+say "| target | errors | head p50 ms | head p99 ms | first token p50 ms | first token p99 ms | head added p50 / p99 ms | first token added p50 / p99 ms |"
+say "|---|---:|---:|---:|---:|---:|---:|---:|"
+d=${S[direct]}
+for t in direct nginx tollgate; do
+    r=${S[$t]}
+    say "| $t | $(sum "$(kv errors "$r")" "$(kv non2xx "$r")") | $(ms "$(kv head_p50_us "$r")") | $(ms "$(kv head_p99_us "$r")") | $(ms "$(kv body_p50_us "$r")") | $(ms "$(kv body_p99_us "$r")") | $(diff_ms "$(kv head_p50_us "$r")" "$(kv head_p50_us "$d")") / $(diff_ms "$(kv head_p99_us "$r")" "$(kv head_p99_us "$d")") | $(diff_ms "$(kv body_p50_us "$r")" "$(kv body_p50_us "$d")") / $(diff_ms "$(kv body_p99_us "$r")" "$(kv body_p99_us "$d")") |"
+done
+say ""
+
+# ---- 4. concurrent open streams ---------------------------------------------------------
+SLOW_BODY='{"model":"mock-gpt","stream":true,"messages":[{"role":"user","content":"[mock chunks=60 interval_ms=1000] hello"}]}'
+hold_streams() { # NAME PORT AUTH N PID...: the loadgen result line plus mock_inflight=
+    local name=$1 port=$2 auth=$3 n=$4; shift 4
+    local pidargs=() p
+    for p in "$@"; do pidargs+=(--pid "$p"); done
+    local a=(); [ -n "$auth" ] && a=(--auth "$auth")
+    "${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" streams 127.0.0.1:$port "${a[@]}" --conns "$n" --ramp 10 \
+        --hold 5 --timeout 45 --body "$SLOW_BODY" "${pidargs[@]}" >"$T/streams-$name.txt" 2>"$T/streams-$name.err" &
+    local lg=$! inflight=""
+    for _ in $(seq 500); do
+        if grep -q 'streams receiving' "$T/streams-$name.err"; then
+            inflight=$(curl -s -m 5 http://127.0.0.1:$P_MOCK/_mock/stats | sed -n 's/^{"total":[0-9]*,"inflight":\([0-9]*\).*/\1/p')
+            break
+        fi
+        kill -0 $lg 2>/dev/null || break
+        sleep 0.1
+    done
+    wait $lg || true
+    echo "$(cat "$T/streams-$name.txt") mock_inflight=$inflight"
+}
+# A fresh tollgate, so that VmHWM is this test's peak and nothing else's.
+start tollgate-streams "$PROXY_CPU" "$BIN" serve -c "$(tg_config $P_TGS false)"
+PID_TGS=$LAST_PID
+wait_port $P_TGS
+RSS0=$(awk '/VmRSS/ {print $2}' /proc/$PID_TGS/status)
+log "holding $STREAMS streams through tollgate (load $(load_now))"
+ST_TG=$(hold_streams tollgate $P_TGS $KEY $STREAMS $PID_TGS)
+log "$ST_TG"
+stop_pid $PID_TGS
+sleep 1
+ST_NG=""
+if [ $NGINX_STREAMS = 1 ] && check_alive nginx "before the nginx streams"; then
+    NG_RSS0=$(( $(awk '/VmRSS/ {print $2}' /proc/$PID_NGINX/status) + $(awk '/VmRSS/ {print $2}' /proc/$PID_NGINX_W/status) ))
+    log "holding $NG_STREAMS streams through nginx (load $(load_now))"
+    ST_NG=$(hold_streams nginx $P_NGINX "" $NG_STREAMS $PID_NGINX_W $PID_NGINX)
+    log "$ST_NG"
+fi
+say "### 4. Concurrent open streams (mock: chunks=60 interval_ms=1000; held 5 s once all receive)"
+say ""
+say "| target | streams receiving | mock in flight | errors | RSS idle MB | RSS max while held MB | VmHWM MB | KB per stream | proxy fds |"
+say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+r=$ST_TG
+say "| tollgate | $(kv receiving "$r") / $STREAMS | $(kv mock_inflight "$r") | $(kv errors "$r") | $(mb $RSS0) | $(mb "$(kv rss_max_kb0 "$r")") | $(mb "$(kv hwm_kb0 "$r")") | $(per_stream_kb "$(kv rss_max_kb0 "$r")" $RSS0 $STREAMS) | $(kv fds0 "$r") |"
+if [ -n "$ST_NG" ]; then
+    r=$ST_NG
+    rss=$(sum "$(kv rss_max_kb0 "$r")" "$(kv rss_max_kb1 "$r")")
+    say "| nginx (master + worker) | $(kv receiving "$r") / $NG_STREAMS | $(kv mock_inflight "$r") | $(kv errors "$r") | $(mb $NG_RSS0) | $(mb "$rss") | $(mb "$(sum "$(kv hwm_kb0 "$r")" "$(kv hwm_kb1 "$r")")") | $(per_stream_kb "$rss" $NG_RSS0 $NG_STREAMS) | $(kv fds0 "$r") |"
+fi
+say ""
+TG_PER=$(per_stream_kb "$(kv rss_max_kb0 "$ST_TG")" $RSS0 $STREAMS)
+[ "$TG_PER" != - ] && say "tollgate extrapolated to 10,000 streams: $(awk -v b=$RSS0 -v p=$TG_PER 'BEGIN {printf "%.1f", (b + p * 10000) / 1024}') MB RSS (goal < 256 MB)."
+[ "$STREAMS" -lt "$STREAMS_WANTED" ] && say "Only $STREAMS streams: the hard fd limit here is $HARD_NOFILE and every proxied stream takes two descriptors in the proxy (client and upstream)."
+say ""
+
+# ---- optional profile -------------------------------------------------------------------
+# The build has no frame pointers, so call chains come from DWARF unwinding.
+profile() { # NAME PID URL
+    "${NICE[@]}" taskset -c "$LOAD_CPU" wrk -t1 -c$WRK_CONNS -d9s -s "$BENCH/wrk_chat.lua" "$3/v1/chat/completions" >"$T/wrk-perf-$1.txt" &
+    local wp=$!
+    sleep 2
+    perf record -F 499 --call-graph dwarf,16384 -p "$2" -o "$T/perf-$1.data" -- sleep 5 >/dev/null 2>"$T/perf-$1.err" || true
+    wait $wp || true
+    say "#### $1: $(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$T/wrk-perf-$1.txt") req/s while recorded; share of samples by object"
+    say '```'
+    perf report -i "$T/perf-$1.data" --no-children --stdio --sort dso -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -8 | tee -a "$SUMMARY"
+    say '```'
+}
+if [ $PERF = 1 ] && check_alive tollgate "before perf"; then
+    command -v perf >/dev/null || { log "perf is not installed"; exit 1; }
+    log "profiling tollgate and nginx under wrk"
+    say "### Profile under wrk (perf record --call-graph dwarf, 5 s)"
+    say ""
+    profile nginx $PID_NGINX_W "${URL[nginx]}"
+    profile tollgate $PID_TG "${URL[tollgate]}"
+    say ""
+    say "tollgate, inclusive time (--children) of user-space functions:"
+    say '```'
+    perf report -i "$T/perf-tollgate.data" --children --stdio --percent-limit 1.5 -g none --sort sym 2>/dev/null |
+        grep -v '^#' | grep -v '^$' | grep -v '\[k\]' | grep -v ' 0x0000' | head -45 | tee -a "$SUMMARY"
+    say '```'
+    say ""
+fi
+check_alive all "at the end" || true
+log "load average after: $(load_now)"
