@@ -1,8 +1,9 @@
 #!/bin/sh
 # The cost of the plugin hooks per request, measured in-process: builds
 # tg_plugins_bench, runs every hook once per simulated request with the shipped
-# plugins (and again with the example policies added), and writes the table to
-# spec/bench/RESULTS-plugins.md.
+# plugins (and again with the example policies added); then req/s through the
+# gateway with plugins on against off (spec/bench/plugins_rps.sh, needs wrk). Writes
+# both tables to spec/bench/RESULTS-plugins.md.
 #
 #   spec/bench/plugins_bench.sh [BUILD_DIR] [REQUESTS]
 set -eu
@@ -13,6 +14,12 @@ cmake --build "$build" --target tg_plugins_bench >/dev/null
 out=$repo/spec/bench/RESULTS-plugins.md
 table=$("$build/tg_plugins_bench" "$repo" "$n")
 echo "$table"
+rps="(not measured: wrk is not installed)"
+if command -v wrk >/dev/null; then
+  cmake --build "$build" --target tollgate >/dev/null
+  rps=$(TG_BENCH_BIN="$build/tollgate" "$repo/spec/bench/plugins_rps.sh" 4 5)
+  echo "$rps"
+fi
 {
   echo "# Plugin hook cost"
   echo
@@ -26,6 +33,15 @@ echo "$table"
   echo "$table"
   echo
   echo "With the policies added, cheapest-fast (priority 600) decides select_account before"
-  echo "the router runs, so that row can be the cheaper one."
+  echo "the router runs, so that row can be the cheaper one. max_instructions switches on"
+  echo "the permanent count hook (see plugins/README.md, Isolation)."
+  echo
+  echo "## req/s, plugins on against off"
+  echo
+  echo "\`spec/bench/plugins_rps.sh\`: the mock upstream and wrk on core 0, tollgate (1 worker)"
+  echo "on core 1; off and on alternate, best of each. On this path on_request, map_model,"
+  echo "price and on_log run per request. Goal: on/off at least 0.9."
+  echo
+  echo "$rps"
 } > "$out"
 echo "wrote $out"

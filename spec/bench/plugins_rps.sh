@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# req/s through tollgate with the shipped plugins on against off, in one run: the mock
+# upstream and wrk on one core, tollgate (1 worker) alone on the other, wrk with 64
+# connections sending the same small non-stream chat request. Off and on alternate
+# (off, on, off, on, ...) so drift on a shared machine hits both; the best of each is
+# kept. Prints one Markdown table.
+#
+#   spec/bench/plugins_rps.sh [SECONDS] [ROUNDS]      (defaults 5 and 3)
+#
+# On this path (static upstream, no upstream error, limiter reachable) the hooks that
+# run per request are on_request, map_model, price and on_log; select_account runs
+# when accounts come from the state store. Everything listens on 127.0.0.1 and is
+# stopped by PID on exit.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
+DUR=${1:-5}
+ROUNDS=${2:-3}
+KEY=tg-bench-key-0001
+T=$(mktemp -d /tmp/tg-plugins-rps.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$T"
+}
+trap cleanup EXIT
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 2; }
+
+port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
+BASE=$((20000 + RANDOM % 20000))
+next_port() { while ! port_free $BASE; do BASE=$((BASE + 1)); done; printf -v "$1" %d $BASE; BASE=$((BASE + 1)); }
+wait_port() { for _ in $(seq 100); do port_free "$1" || return 0; sleep 0.05; done; echo "nothing on port $1" >&2; return 1; }
+next_port P_MOCK; next_port P_OFF; next_port P_ON
+
+taskset -c 0 "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1 >"$T/mock.out" 2>"$T/mock.err" &
+PIDS+=($!)
+wait_port $P_MOCK
+
+write_config() { # FILE PORT PLUGINS_LUA
+    {
+        echo "return {"
+        echo "  listen = \"127.0.0.1:$2\", workers = 1, keys = { \"$KEY\" }, access_log = false, log_level = \"warn\","
+        echo "  upstream = { url = \"http://127.0.0.1:$P_MOCK/v1\", api_key = \"sk-bench\" },"
+        echo "$3"
+        echo "}"
+    } >"$1"
+}
+write_config "$T/off.lua" $P_OFF ""
+write_config "$T/on.lua" $P_ON "plugins = { dirs = { '$ROOT/plugins', '$ROOT/policies' }, watch = false, enabled = {
+    { name = 'model-map', config = { aliases = { ['gpt-4'] = 'gpt-4o', ['openai/*'] = '*', ['claude-*'] = 'claude-3-5-sonnet' } } },
+    { name = 'router' }, { name = 'retry-budget' }, { name = 'fail-policy' },
+    { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
+  } },"
+taskset -c 1 "$BIN" serve -c "$T/off.lua" >"$T/off.out" 2>"$T/off.err" &
+PIDS+=($!)
+taskset -c 1 "$BIN" serve -c "$T/on.lua" >"$T/on.out" 2>"$T/on.err" &
+PIDS+=($!)
+wait_port $P_OFF
+wait_port $P_ON
+
+rps() { # PORT
+    taskset -c 0 wrk -t1 -c64 -d"${DUR}s" -s "$ROOT/spec/bench/wrk_chat.lua" \
+        "http://127.0.0.1:$1/v1/chat/completions" >"$T/wrk.out"
+    if grep -q "Non-2xx" "$T/wrk.out"; then echo "non-2xx answers:" >&2; cat "$T/wrk.out" >&2; exit 1; fi
+    awk '/Requests\/sec/ {print $2}' "$T/wrk.out"
+}
+best_off=0 best_on=0
+for r in $(seq "$ROUNDS"); do
+    off=$(rps $P_OFF)
+    on=$(rps $P_ON)
+    echo "round $r: off $off req/s, on $on req/s" >&2
+    best_off=$(awk -v a="$best_off" -v b="$off" 'BEGIN { print (b > a ? b : a) }')
+    best_on=$(awk -v a="$best_on" -v b="$on" 'BEGIN { print (b > a ? b : a) }')
+done
+echo "| tollgate, 1 worker, wrk -c64, ${DUR} s x $ROUNDS rounds, alternating | req/s (best) |"
+echo "|---|---|"
+echo "| plugins off | $best_off |"
+echo "| plugins on (model-map, router, retry-budget, fail-policy, pricing) | $best_on |"
+awk -v a="$best_off" -v b="$best_on" 'BEGIN { printf "| on / off | %.3f |\n", b / a }'
