@@ -6,38 +6,41 @@
  *
  * It is a small HTTP/1.1 server on libuv + llhttp (keep-alive, pipelining, chunked
  * and Content-Length bodies). Each of N threads runs its own uv_loop accepting on the
- * same port (SO_REUSEPORT). A request's JSON body is parsed once; every response is
- * written with one try-write (plus one uv_write for any remainder) per response or
- * stream chunk. Shared state (stats, fault rules, the last request) sits behind one
- * mutex taken twice per request. A connection owns its timer, buffers and the one
- * request it is answering; a pipelined request waits (parser paused) until the one
- * before it is answered.
+ * same port (SO_REUSEPORT). A request's JSON body is parsed once. Output is gathered
+ * per read (pipelined answers), per stream step or per whole response, and written
+ * with one uv_try_write plus, only if the kernel took part of it, one uv_write.
+ * Shared state (stats, fault rules, the last request) sits behind one mutex taken
+ * twice per request. A connection owns its timer, its buffers and the one request it
+ * is answering; a pipelined request waits, parser paused, until that one is answered.
  *
  * Endpoints: POST /v1/chat/completions, /v1/messages (Anthropic), /v1/responses,
- * /v1/embeddings, GET /v1/models (the /v1 prefix is optional); 404 elsewhere. Errors
- * are {"error":{"message","type","code"}}, or {"type":"error","error":{"type",
- * "message"}} on /v1/messages.
+ * /v1/embeddings, GET /v1/models (the /v1 prefix is optional), 404 elsewhere. Errors
+ * are {"error":{"message","type","param","code"}}, or on /v1/messages
+ * {"type":"error","error":{"type","message"}}. Answers echo the request's "model"
+ * (default mock-gpt, mock-claude, mock-embed) and always end normally ("stop",
+ * "end_turn", "completed"), even when a max-tokens cap shortened them.
  *
  * Usage formula (tests compute the expected numbers from it):
- *   text_bytes(v) = len(v) in UTF-8 bytes           if v is a string
- *                 = sum(text_bytes(x) for x in v)    if v is an array
- *                 = text_bytes(v.text) + text_bytes(v.content)   if v is an object
- *                 = 0 otherwise
+ *   text_bytes(v) = len(v) in UTF-8 bytes                        if v is a string
+ *                 = sum(text_bytes(x) for x in v)                 if v is an array
+ *                 = text_bytes(v.text) + text_bytes(v.content)    if v is an object
+ *                 = 0 otherwise (numbers, so token arrays count 0)
  *   input tokens  = max(1, ceil(sum(text_bytes(body[k]) for k in
- *                   system, instructions, messages, input) / 4))
+ *                                   system, instructions, messages, input) / 4))
  *   output tokens = chunks (default 8), capped by each of max_tokens,
- *                   max_completion_tokens, max_output_tokens that is given
- *   The answer is "tok1 tok2 ... tokN " (one "tokI " per stream chunk).
- *   embeddings: prompt_tokens = total_tokens = input tokens; one 8-float vector per
- *   input (a string or token array is one input, an array of those is several).
+ *                   max_completion_tokens and max_output_tokens that is given
+ *   The answer text is "tok1 tok2 ... tokN " (one "tokI " per stream chunk).
+ *   Embeddings: prompt_tokens = total_tokens = input tokens; one 8-float vector per
+ *   input (a string or a token array is one input, an array of them is several).
  *
- * Knobs, per request. Later sources override earlier ones: a per-credential rule,
- * then `x-mock-<key>: value` headers, then `[mock key=value ...]` directives anywhere
- * in the message text (so they survive any gateway and protocol translation). In
- * header names '-' and '_' are interchangeable (x-mock-delay-ms = x-mock-delay_ms).
+ * Knobs, per request. Later sources override earlier ones: the credential's fault
+ * rule, then `x-mock-<key>: value` headers, then `[mock key=value ...]` directives
+ * anywhere in the message text (so they survive any gateway and protocol
+ * translation). '-' and '_' are interchangeable in keys (x-mock-delay-ms works).
  *
- *   status=N       answer N with a provider-shaped error body (429/529 add Retry-After)
- *   retry_after=S  Retry-After seconds for 429/529 (default 1); sent on any status if set
+ *   status=N       answer N (100..599, not 200) with a provider-shaped error body;
+ *                  a malformed request's own 400/404/405 wins over it
+ *   retry_after=S  Retry-After seconds; 429 and 529 always carry it (default 1)
  *   delay_ms=N     wait before the response headers (first-byte timeouts)
  *   ttft_ms=N      stream: wait after the headers before the first content chunk
  *   chunks=N       number of content chunks = output tokens (default 8)
@@ -48,20 +51,22 @@
  *   usage=0        send no usage at all, stream or not
  *
  * The credential of a request is the `Authorization: Bearer X` token, else the
- * `x-api-key` header, else "-". Control endpoints (never counted, work from any thread):
- *   POST   /_mock/faults  {"credential":"sk-x"|"*","count":3, <any knob>...} installs
- *                         (replaces) the rule of that credential; count = how many next
- *                         requests get it, omitted = until cleared; "*" = any credential
- *                         without its own rule
+ * `x-api-key` header, else "-". Control endpoints (never counted, any thread):
+ *   POST   /_mock/faults  {"credential":"sk-x","count":3, <any knob>...} installs (or
+ *                         replaces) that credential's rule: the next `count` (>= 1)
+ *                         requests get it, or all until cleared if count is omitted;
+ *                         credential "*" (or none) = every credential without a rule
  *   GET    /_mock/faults  the installed rules;   DELETE /_mock/faults  clears them
  *   GET    /_mock/stats   {"total","inflight","max_inflight","aborted","credentials":
  *                         {"<cred>":{"requests","inflight","max_inflight","aborted"}}}
  *   POST   /_mock/reset   zeroes the stats, clears the rules and the last request
  *   GET    /_mock/last    {"method","path","headers":{lowercased: value},"body":"raw"}
- *                         of the most recent non-/_mock request ("path" is the raw target)
+ *                         of the latest non-/_mock request ("path" is the raw target;
+ *                         repeated headers are joined with ", ")
  * A request is in flight from its last byte read until its last byte is handed to the
- * socket, or until the client disconnects (then it also counts as aborted). A
- * close_after drop ends the request without counting it aborted.
+ * socket, or until the client disconnects (it then also counts as aborted). A
+ * close_after drop ends the request without counting it aborted. Bodies over 8 MiB
+ * get 413, heads over 64 KiB 431, unparsable HTTP 400; each then closes the connection.
  */
 #include "tollgate/tg_mock.h"
 #include "tollgate/tg_common.h"
