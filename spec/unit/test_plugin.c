@@ -522,3 +522,49 @@ TG_TEST(plugin, workbench_replays_requests_through_a_policy) {
     const char *args3[] = {policy, "--config", "{strict = 'yes'}", "--requests", reqs};
     ASSERT_EQ_INT(workbench(out, sizeof(out), args3, 5), 2);
 }
+
+TG_TEST(plugin, admin_writes_are_validated_against_the_schema) {
+    char lua[512], err[512];
+    snprintf(lua, sizeof(lua), "{dirs = {'%s/plugins'}}", TG_SOURCE_DIR);
+    tg_plugins_config_t cfg;
+    ASSERT_EQ_INT(parse(lua, &cfg, err, sizeof(err)), TG_OK);
+    ASSERT_EQ_INT(tg_plugins_validate_config(&cfg, "router", "{top_k = 2, weights = {load = 3}}", err, sizeof(err)),
+                  TG_OK);
+    ASSERT_EQ_INT(tg_plugins_validate_config(&cfg, "router", "{top_k = 0}", err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "plugins.router.config.top_k: value must be between 1 and 64, got 0");
+    ASSERT_EQ_INT(tg_plugins_validate_config(&cfg, "router", "{weights = {lod = 1}}", err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "plugins.router.config.weights.lod: unknown field");
+    ASSERT_EQ_INT(tg_plugins_validate_config(&cfg, "router", "{", err, sizeof(err)), TG_ERROR);
+    ASSERT(strncmp(err, "plugins.router.config: ", 23) == 0);
+    tg_plugins_config_free(&cfg);
+}
+
+/* Workers' states are built on the main thread and run on their own: the watchdog
+ * must interrupt the thread that runs the call, not the one that built the state. */
+static tg_plugins_t *spin_pl;
+static int spin_errors;
+static void spin_thread(void *arg) {
+    TG_UNUSED(arg);
+    tg_ffi_header_t h = {"x-spin", 6, "1", 1};
+    tg_hookctx_t ctx;
+    begin(spin_pl, &ctx, "m");
+    ctx.headers = &h;
+    ctx.nheaders = 1;
+    tg_plugins_run(spin_pl, TG_HOOK_ON_REQUEST, &ctx);
+    spin_errors = ctx.plugin_errors;
+    tg_plugins_end(spin_pl, &ctx);
+}
+
+TG_TEST(plugin, watchdog_interrupts_the_thread_running_the_call) {
+    make_dir();
+    budget = "max_instructions = 0, max_hook_ms = 20";
+    write_file("spin.lua", "return { name = 'spin', priority = 1, version = '1',\n"
+                           "  on_request = function(ctx) if ctx:header('x-spin') then while true do end end end }\n");
+    uv_loop_t loop;
+    spin_pl = start("{'spin'}", &loop);
+    uv_thread_t t;
+    ASSERT(uv_thread_create(&t, spin_thread, NULL) == 0);
+    ASSERT(uv_thread_join(&t) == 0);
+    ASSERT_EQ_INT(spin_errors, 1);
+    stop(spin_pl, &loop);
+}
