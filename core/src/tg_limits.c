@@ -244,6 +244,13 @@ static void local_admit(tg_admit_t *a) {
     tg_fail_policy_t rate = l->cfg.fail_rate, conc = l->cfg.fail_concurrency;
     int need_rate = a->lim.key_rpm >= 0 || a->lim.tenant_rpm >= 0 || a->lim.key_tpm >= 0 || a->lim.tenant_tpm >= 0;
     int need_conc = has_conc(&a->lim);
+    if (a->lim.on_down) {
+        int bits = (a->lim.key_rpm >= 0 || a->lim.tenant_rpm >= 0 ? 1 : 0) |
+                   (a->lim.key_tpm >= 0 || a->lim.tenant_tpm >= 0 ? 2 : 0) | (need_conc ? 4 : 0);
+        int decided = a->lim.on_down(a->ud, bits);
+        if (decided >= 0)
+            rate = conc = (tg_fail_policy_t)decided;
+    }
     if ((need_rate && rate == TG_FAIL_CLOSED) || (need_conc && conc == TG_FAIL_CLOSED)) {
         l->stats.redis_down_closed++;
         deliver(a, TG_ADMIT_UNAVAILABLE, "limiter unavailable", 1000, 1);

@@ -703,6 +703,18 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     tg_response_end(p->req);
 }
 
+/* Redis is down: the on_limiter_down hook decides when a plugin implements it. */
+static int limiter_down(void *ud, int bits) {
+    proxy_req_t *p = ud;
+    tg_plugins_t *pl = p->pw->plugins;
+    if (!p->ctx_on || !tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_LIMITER_DOWN))
+        return -1;
+    p->ctx.limits = bits;
+    p->ctx.limiter_decision = TG_LIMITER_CLOSED;
+    tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &p->ctx);
+    return p->ctx.limiter_decision == TG_LIMITER_OPEN ? TG_FAIL_OPEN : TG_FAIL_CLOSED;
+}
+
 static int phase_admit(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     if (!pr || !p->pw->limits || p->req->route != TG_ROUTE_CHAT || p->admit)
@@ -728,6 +740,7 @@ static int phase_admit(proxy_req_t *p) {
         .key_conc = pr->concurrency,
         .tenant_conc = pr->tenant_concurrency,
         .est_tokens = p->est_tokens,
+        .on_down = limiter_down,
     };
     p->admit = tg_limits_admit(p->pw->limits, p->req->id, &lim, admit_done, p);
     return TG_AGAIN;

@@ -34,6 +34,10 @@ typedef struct {
     int64_t key_tpm, tenant_tpm;
     int64_t key_conc, tenant_conc;
     int64_t est_tokens;
+    /** Optional: asked when Redis is down, with TG_LIMIT_* style bits (1 rate, 2 tokens,
+     *  4 concurrency) of the limits that could not be checked; returns a tg_fail_policy_t
+     *  for all of them, or -1 for the configured policies (the on_limiter_down hook). */
+    int (*on_down)(void *ud, int limit_bits);
 } tg_limit_req_t;
 
 typedef enum {
