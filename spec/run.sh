@@ -11,7 +11,8 @@
 #   TOLLGATE_REDIS   unix:///…/redis.sock of the private Redis
 #   TG_SOURCE_DIR    the repository root
 #   TG_BUILD_DIR     the release build (build/)
-#   TG_ASAN_BUILD    the sanitizer/fuzz build (build-asan/); unset with TG_SKIP_ASAN=1
+#   TG_ASAN_BUILD    the sanitizer/fuzz build (build-asan/); with TG_SKIP_ASAN=1 a path
+#                    that does not exist (build-asan.skipped), so asan variants skip
 #   TG_TEST_TMP      a scratch directory (mode 755) removed at exit; the services live there
 # Exits with ctest's status; the services are stopped by PID on any exit.
 set -euo pipefail
@@ -23,6 +24,17 @@ cd "$root"
 
 spec/install-deps.sh
 
+# Exported before configuring: spec/tests.cmake reads TG_ASAN_BUILD at configure time.
+export TG_SOURCE_DIR="$root"
+export TG_BUILD_DIR="$root/build"
+if [ "${TG_SKIP_ASAN:-0}" = 1 ]; then
+  # A path that does not exist, so the asan variants skip instead of running a stale
+  # build-asan/ left by an earlier run.
+  export TG_ASAN_BUILD="$root/build-asan.skipped"
+else
+  export TG_ASAN_BUILD="$root/build-asan"
+fi
+
 jobs=${TG_BUILD_JOBS:-2}
 echo "== release build: build/"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -30,15 +42,11 @@ cmake --build build -j"$jobs"
 
 if [ "${TG_SKIP_ASAN:-0}" = 1 ]; then
   echo "== sanitizer build skipped (TG_SKIP_ASAN=1)"
-  unset TG_ASAN_BUILD
 else
   echo "== sanitizer + fuzz build: build-asan/"
   cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DTG_SANITIZE=ON -DTG_FUZZ=ON
   cmake --build build-asan -j"$jobs"
-  export TG_ASAN_BUILD="$root/build-asan"
 fi
-export TG_SOURCE_DIR="$root"
-export TG_BUILD_DIR="$root/build"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-test.XXXXXX")
 chmod 755 "$tmp"
