@@ -1,0 +1,201 @@
+// Redis stopped under load. Three gateways share a private redis-server (started here,
+// on a unix socket in a temp dir, so killing it disturbs no other test); each has a
+// different on_redis_down_rate policy and its own key (rpm 6, bucket 5):
+//
+//   closed → 503 limiter_unavailable (with Retry-After)
+//   open   → admitted without a limit
+//   local  → a per-instance bucket of the same limit: admits at most the burst, then 429
+//
+// The policy is per limit: each gateway's on_redis_down_concurrency is set differently
+// from its rate policy, and a key with only a concurrency limit shows it. Nothing
+// crashes and every request gets an answer while Redis is gone. When Redis comes back
+// on the same socket (empty: no persistence), every worker of every gateway reconnects
+// and the limits are enforced in Redis again within a few seconds.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { MODEL, sleep, startMock, stopAll, waitFor } from './lib/harness.mjs';
+import { applyState, chat, chatReq, createDb, keyId, plainKey, redisCli, request, startRedis, startStateGateway, tally } from './lib/db.mjs';
+
+const BURST = 5;
+const CRED = 'sk-limits-redis-down';
+const POLICIES = ['closed', 'open', 'local'];
+const keys = Object.fromEntries(POLICIES.map((p) => [p, plainKey(p)]));
+const loadKeys = Object.fromEntries(POLICIES.map((p) => [p, plainKey(`load-${p}`)]));
+const CONC_KEY = plainKey('conc-only');
+// Each gateway's policy for concurrency limits, set apart from its rate policy.
+const CONC_POLICY = { closed: 'open', open: 'closed', local: 'closed' };
+let db;
+let mock;
+let redis;
+const gws = {};
+let tenant;
+const ids = {};
+
+before(async () => {
+  mock = await startMock();
+  redis = await startRedis();
+  db = await createDb();
+  await applyState(db, {
+    tenants: [{ name: 'acme' }],
+    groups: [{ name: 'main' }],
+    accounts: [{ name: 'acct', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 1000, groups: ['main'] }],
+    keys: [
+      ...POLICIES.map((p) => ({ name: p, tenant: 'acme', group: 'main', key: keys[p], rpm: 6 })),
+      // The background load: a limit so high it never refuses while Redis is up.
+      ...POLICIES.map((p) => ({ name: `load-${p}`, tenant: 'acme', group: 'main', key: loadKeys[p], rpm: 1000000 })),
+      { name: 'conc-only', tenant: 'acme', group: 'main', key: CONC_KEY, concurrency: 1000 },
+    ],
+  });
+  await db.exec(`UPDATE api_keys SET rpm_burst = ${BURST} WHERE rpm = 6`);
+  tenant = Number(await db.scalar("SELECT id FROM tenants WHERE name = 'acme'"));
+  for (const p of POLICIES) ids[p] = await keyId(db, p);
+  for (const p of POLICIES) {
+    gws[p] = await startStateGateway(db, {
+      workers: 2,
+      limiter: { on_redis_down_rate: p, on_redis_down_concurrency: CONC_POLICY[p] },
+    }, { mock, redis: redis.url });
+  }
+});
+
+after(async () => {
+  await stopAll();
+  await redis?.stop();
+  await db?.drop();
+});
+
+const bucketKey = (p) => `{t:${tenant}}:rpm:k:${ids[p]}`;
+
+/** n requests with the policy's key, each on a fresh connection; resolves with the responses. */
+const burst = (p, n, key = keys[p]) =>
+  Promise.all(Array.from({ length: n }, (_, i) => chat(gws[p], key, chatReq(MODEL, `${p} ${i} [mock chunks=1]`), { timeout: 10000 })));
+
+/** Sends requests to every gateway with its load key until stopped; records outcomes. */
+function startLoad() {
+  const state = { stop: false, statuses: [], errors: [], codes: [] };
+  const workers = POLICIES.flatMap((p) => [0, 1].map(async () => {
+    for (let i = 0; i < 2000 && !state.stop; i++) {
+      try {
+        const r = await chat(gws[p], loadKeys[p], chatReq(MODEL, 'load [mock chunks=1]'), { timeout: 10000 });
+        state.statuses.push(`${p}:${r.status}`);
+        if (r.status !== 200) state.codes.push(`${p}:${r.status}:${r.json?.error?.code}`);
+      } catch (e) {
+        state.errors.push(`${p}: ${e.message}`);
+      }
+      await sleep(5);
+    }
+  }));
+  state.done = Promise.all(workers);
+  return state;
+}
+
+let load;
+
+test('with Redis up, every policy enforces the limit in Redis', async () => {
+  for (const p of POLICIES) {
+    const rs = await burst(p, 2);
+    assert.deepEqual(tally(rs.map((r) => r.status)), { 200: 2 }, p);
+    assert.equal(await redisCli(redis.url, 'EXISTS', bucketKey(p)), '1', `${p}: the bucket lives in Redis`);
+  }
+  load = startLoad();
+  await sleep(300);
+  assert.deepEqual(load.errors, []);
+  assert.ok(load.statuses.length > 10, 'the load runs');
+  assert.ok(load.statuses.every((s) => s.endsWith(':200')), 'no refusals while Redis is up');
+});
+
+test('Redis killed under load: closed → 503 limiter_unavailable', async () => {
+  await redis.stop('SIGKILL');
+  const t0 = Date.now();
+  await waitFor(async () => (await chat(gws.closed, keys.closed, chatReq(MODEL))).status === 503,
+    { timeout: 3000, interval: 50, what: 'closed policy to refuse' });
+  const noticed = Date.now() - t0;
+  assert.ok(noticed < 3000, `noticed after ${noticed} ms`);
+  const rs = await burst('closed', 6);
+  for (const r of rs) {
+    assert.equal(r.status, 503, r.text);
+    assert.equal(r.json?.error?.code, 'limiter_unavailable');
+    assert.equal(r.json?.error?.type, 'server_error');
+    assert.ok(Number(r.headers['retry-after']) >= 1, 'Retry-After');
+  }
+});
+
+test('Redis down: open → admitted past the limit', async () => {
+  // The key has 3 tokens left in the (gone) Redis bucket; open admits all 10.
+  const rs = await burst('open', 10);
+  assert.deepEqual(tally(rs.map((r) => r.status)), { 200: 10 }, rs.map((r) => r.text).filter((t) => t.includes('error')).slice(0, 2).join(' '));
+});
+
+test('Redis down: local → a per-instance bucket refuses past the limit', async () => {
+  const rs = await burst('local', 12);
+  const t = tally(rs.map((r) => r.status));
+  assert.ok((t[200] || 0) >= 1, `the local bucket admits (${JSON.stringify(t)})`);
+  assert.ok((t[200] || 0) <= BURST, `one instance admits at most the burst of ${BURST}: ${JSON.stringify(t)}`);
+  assert.equal((t[200] || 0) + (t[429] || 0), 12, JSON.stringify(t));
+  for (const r of rs.filter((x) => x.status === 429)) {
+    assert.equal(r.json?.error?.code, 'rate_limit_exceeded');
+    assert.ok(Number(r.headers['retry-after']) >= 1);
+  }
+});
+
+test('the limiter is per limit: a concurrency-only key follows on_redis_down_concurrency', async () => {
+  // closed gateway: concurrency fails open; open and local gateways: it fails closed.
+  const c = await burst('closed', 4, CONC_KEY);
+  assert.deepEqual(tally(c.map((r) => r.status)), { 200: 4 }, 'closed gateway, concurrency policy open');
+  for (const p of ['open', 'local']) {
+    const rs = await burst(p, 4, CONC_KEY);
+    assert.deepEqual(tally(rs.map((r) => r.status)), { 503: 4 }, `${p} gateway, concurrency policy closed`);
+    assert.ok(rs.every((r) => r.json?.error?.code === 'limiter_unavailable'));
+  }
+});
+
+test('the Redis-down decisions are counted in /metrics', async () => {
+  const text = (await request(`${gws.closed.url}/metrics`)).text;
+  assert.match(text, /^tollgate_[a-z_]*(limiter|admission|redis)[a-z_]*(\{[^}]*\})? \d/m,
+    'a limiter / admission counter in /metrics (issue 6: Redis failures "counted in metrics")');
+});
+
+test('nothing crashed and every request under load got an answer', async () => {
+  load.stop = true;
+  await load.done;
+  assert.deepEqual(load.errors.slice(0, 5), [], `${load.errors.length} requests failed on the wire`);
+  const allowed = new Set(['closed:503:limiter_unavailable']);
+  const odd = load.codes.filter((c) => !allowed.has(c));
+  assert.deepEqual(odd.slice(0, 5), [], 'open and local load keys (huge limit) are admitted; closed ones get 503 limiter_unavailable');
+  assert.ok(load.statuses.some((s) => s === 'closed:503'), 'the closed gateway refused load while Redis was down');
+  for (const p of POLICIES) {
+    assert.ok(gws[p].proc.running, `${p} gateway is running`);
+    assert.equal((await request(`${gws[p].url}/healthz`)).status, 200);
+  }
+});
+
+test('Redis back on the same socket: every gateway enforces the limits in Redis again within seconds', async (t) => {
+  await redis.restart();
+  const t0 = Date.now();
+  // A probe that fails closed while a worker has no Redis: 8 requests on fresh
+  // connections (both workers) must all pass.
+  const probe = { closed: loadKeys.closed, open: CONC_KEY, local: CONC_KEY };
+  const took = {};
+  await Promise.all(POLICIES.map(async (p) => {
+    await waitFor(async () => {
+      const rs = await burst(p, 8, probe[p]);
+      return rs.every((r) => r.status === 200);
+    }, { timeout: 15000, interval: 100, what: `${p}: every worker back on Redis` });
+    took[p] = Date.now() - t0;
+  }));
+  t.diagnostic(`every worker back on Redis after ${JSON.stringify(took)} ms`);
+  for (const p of POLICIES) assert.ok(took[p] <= 8000, `${p}: limits back in Redis after ${took[p]} ms`);
+
+  for (const p of POLICIES) {
+    // The key's bucket in the new (empty) Redis starts full: exactly the burst is admitted.
+    const rs = await burst(p, 8);
+    const t = tally(rs.map((r) => r.status));
+    assert.deepEqual(t, { 200: BURST, 429: 8 - BURST }, `${p}: the Redis bucket of ${BURST} again`);
+    assert.equal(await redisCli(redis.url, 'EXISTS', bucketKey(p)), '1', `${p}: the bucket lives in Redis`);
+    for (const r of rs.filter((x) => x.status === 429)) {
+      assert.equal(r.json?.error?.code, 'rate_limit_exceeded');
+      assert.doesNotMatch(r.json?.error?.message ?? '', /local|unavailable/, `${p}: refused by the Redis bucket, not a fallback`);
+    }
+  }
+});
