@@ -46,9 +46,12 @@ static const char RESERVE_LUA[] =
     "  if tonumber(kav) < amt then return {0, 'key budget'} end\n"
     "end\n"
     "if tonumber(av) < amt then return {0, 'balance'} end\n"
-    "redis.call('HINCRBY', KEYS[1], 'avail', -amt)\n"
-    "redis.call('HINCRBY', KEYS[1], 'reserved', amt)\n"
-    "if kav then redis.call('HINCRBY', KEYS[3], 'avail', -amt) end\n"
+    "if amt ~= 0 then\n"
+    "  local neg = string.format('%d', -amt)\n"
+    "  redis.call('HINCRBY', KEYS[1], 'avail', neg)\n"
+    "  redis.call('HINCRBY', KEYS[1], 'reserved', string.format('%d', amt))\n"
+    "  if kav then redis.call('HINCRBY', KEYS[3], 'avail', neg) end\n"
+    "end\n"
     "redis.call('SET', KEYS[2], amt, 'EX', tonumber(ARGV[4]))\n"
     "return {1, 'ok'}\n";
 
@@ -59,9 +62,9 @@ static const char SETTLE_LUA[] =
     "if not amt then return false end\n"
     "redis.call('DEL', KEYS[2])\n"
     "amt = tonumber(amt)\n"
-    "local back = amt - tonumber(ARGV[1])\n"
+    "local back = string.format('%d', amt - tonumber(ARGV[1]))\n"
     "redis.call('HINCRBY', KEYS[1], 'avail', back)\n"
-    "redis.call('HINCRBY', KEYS[1], 'reserved', -amt)\n"
+    "redis.call('HINCRBY', KEYS[1], 'reserved', string.format('%d', -amt))\n"
     "if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'avail', back) end\n"
     "return back\n";
 
