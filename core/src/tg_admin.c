@@ -586,10 +586,12 @@ static void write_row(actx_t *a, const char *id, int create) {
     char groups_cte[512] = "";
     if (a->account_groups)
         snprintf(groups_cte, sizeof(groups_cte),
-                 "g_del AS (DELETE FROM account_groups WHERE account_id = (SELECT id FROM w)), "
+                 "g_del AS (DELETE FROM account_groups WHERE account_id = (SELECT id FROM w) AND group_id NOT IN "
+                 "(SELECT x::bigint FROM json_array_elements_text($%d::json) x)), "
                  "g_ins AS (INSERT INTO account_groups (account_id, group_id) "
-                 "SELECT (SELECT id FROM w), x::bigint FROM json_array_elements_text($%d::json) x), ",
-                 create ? 2 : 3);
+                 "SELECT (SELECT id FROM w), x::bigint FROM json_array_elements_text($%d::json) x "
+                 "ON CONFLICT DO NOTHING), ",
+                 create ? 2 : 3, create ? 2 : 3);
     if (create) {
         if (cols.len == 0)
             tg_buf_printf(&sql, "WITH w AS (INSERT INTO %s DEFAULT VALUES RETURNING *), ", r->table);

@@ -749,6 +749,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0)
         return;
+    /* The last response said Connection: close: whatever else the client sends is not
+     * parsed (no second answer), only drained until our bytes are out. */
+    if (c->close_after_write && !c->req)
+        return;
     if (c->tls) {
         tg_buf_t net;
         tg_buf_init(&net);
