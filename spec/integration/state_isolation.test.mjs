@@ -12,6 +12,8 @@ import { adminClient, applyState, chat, chatReq, createDb, plainKey, request, st
 const KEY_A = plainKey('tenant-a');
 const KEY_B = plainKey('tenant-b');
 const KEY_A2 = plainKey('tenant-a-narrow');
+const KEY_OFFICE = plainKey('office');
+const KEY_LOCAL = plainKey('local');
 const CRED_A = 'sk-account-of-tenant-a';
 const CRED_B = 'sk-account-of-tenant-b';
 let db;
@@ -32,6 +34,8 @@ before(async () => {
       { name: 'a', tenant: 'tenant-a', group: 'group-a', key: KEY_A },
       { name: 'b', tenant: 'tenant-b', group: 'group-b', key: KEY_B },
       { name: 'a-narrow', tenant: 'tenant-a', group: 'group-a', key: KEY_A2, allowed_models: ['model-shared'] },
+      { name: 'a-office', tenant: 'tenant-a', group: 'group-a', key: KEY_OFFICE, ip_allow: ['10.0.0.0/8', '192.168.1.0/24'] },
+      { name: 'a-local', tenant: 'tenant-a', group: 'group-a', key: KEY_LOCAL, ip_allow: ['127.0.0.1/32'] },
     ],
   });
   gw = await startStateGateway(db, {}, { mock });
@@ -118,4 +122,15 @@ test("a client key is not an admin token: A cannot read B's data through the adm
     assert.equal(r.status, 401, `${p}: ${r.text}`);
     assert.ok(!r.text.includes('tenant-b'));
   }
+});
+
+test("a key's IP allow list: 403 ip_not_allowed from elsewhere, 200 from an allowed address", async () => {
+  await mock.reset();
+  const r = await chat(gw, KEY_OFFICE, chatReq('model-a'));
+  assert.equal(r.status, 403, r.text);
+  assert.equal(r.json?.error?.code, 'ip_not_allowed');
+  assert.equal(r.json?.error?.type, 'permission_error');
+  const ok = await chat(gw, KEY_LOCAL, chatReq('model-a'));
+  assert.equal(ok.status, 200, ok.text);
+  assert.equal((await credStats()).total, 1, 'the refused request never reached the upstream');
 });

@@ -49,9 +49,9 @@ async function statuses(gw, n, key = KEY) {
  * Polls B until `n` requests in a row (fresh connections) all get `want`; resolves with
  * the ms since `t0`, or throws after `limit` ms.
  */
-async function msUntil(gw, want, t0, limit) {
+async function msUntil(gw, want, t0, limit, key = KEY) {
   for (let i = 0; i < 400; i++) {
-    const s = await statuses(gw, 6);
+    const s = await statuses(gw, 6, key);
     if (s.every((x) => x === want)) return Date.now() - t0;
     if (Date.now() - t0 > limit) throw new Error(`still ${JSON.stringify(s)} after ${Date.now() - t0} ms (want all ${want})`);
     await sleep(20);
@@ -128,6 +128,42 @@ test('a key deleted on A is refused by B within 1 s', async () => {
   const upstream = (await mock.stats()).credentials[CRED]?.requests ?? 0;
   await statuses(gwB, 10);
   assert.equal((await mock.stats()).credentials[CRED]?.requests ?? 0, upstream, 'refused requests never reach the upstream');
+});
+
+test('an account changed on A is used by B within 1 s (credential rotated, then disabled)', async () => {
+  const created = await adminA.post('/keys', { tenant_id: Number(await db.scalar("SELECT id FROM tenants WHERE name = 'acme'")), group_id: Number(await db.scalar("SELECT id FROM groups WHERE name = 'main'")), name: 'routing' });
+  assert.equal(created.status, 201, created.text);
+  const key = created.json.key;
+  assert.ok(key);
+  assert.deepEqual(await statuses(gwB, 4, key), [200, 200, 200, 200]);
+  assert.equal((await mock.last()).headers.authorization, `Bearer ${CRED}`);
+
+  const acct = Number(await db.scalar("SELECT id FROM accounts WHERE name = 'acct'"));
+  const oldCount = async () => (await mock.stats()).credentials[CRED]?.requests ?? 0;
+  const t0 = Date.now();
+  assert.equal((await adminA.patch(`/accounts/${acct}`, { credential: `${CRED}-rotated` })).status, 200);
+  // Done when a round of 8 requests on fresh connections (both workers of B) all went
+  // upstream with the rotated credential.
+  let ms = null;
+  for (let i = 0; i < 200 && Date.now() - t0 <= 1000; i++) {
+    const before = await oldCount();
+    assert.deepEqual(await statuses(gwB, 8, key), Array(8).fill(200));
+    if ((await oldCount()) === before) {
+      ms = Date.now() - t0;
+      break;
+    }
+    await sleep(20);
+  }
+  assert.ok(ms !== null && ms <= 1000, `B used the rotated credential after ${ms} ms`);
+
+  const t1 = Date.now();
+  assert.equal((await adminA.patch(`/accounts/${acct}`, { status: 'disabled' })).status, 200);
+  const off = await msUntil(gwB, 503, t1, 1000, key);
+  assert.ok(off <= 1000, `B stopped using the disabled account after ${off} ms`);
+  const r = await chat(gwB, key, chatReq(MODEL));
+  assert.equal(r.json?.error?.code, 'no_account_available');
+  assert.equal((await adminA.patch(`/accounts/${acct}`, { status: 'active', credential: CRED })).status, 200);
+  await msUntil(gwB, 200, Date.now(), 1000, key);
 });
 
 test('unknown keys get the OpenAI-shaped 401 on both instances', async () => {
