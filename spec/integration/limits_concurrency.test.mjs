@@ -2,7 +2,9 @@
 // one key, spread over the three, and the upstream never sees more than 8 of them at
 // once. The others wait in the gateways' queues (queue_max 64, queue_timeout_ms 20000)
 // and are admitted as slots free up, so all 40 complete; afterwards nothing is in
-// flight, neither at the upstream nor in the leases in Redis.
+// flight, neither at the upstream nor in the leases in Redis. A full queue refuses at
+// once; a tenant's concurrency holds across its keys; an account's concurrency caps
+// what that account is sent (issue 6: limits at tenant, key and account level).
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -16,6 +18,12 @@ const LIMIT = 8;
 const STREAMS = 40;
 const CHUNKS = 20;
 const INTERVAL = 100;
+const CAPPED_1 = plainKey('capped-1');
+const CAPPED_2 = plainKey('capped-2');
+const TENANT_LIMIT = 3;
+const SMALL_KEY = plainKey('small-account');
+const SMALL_CRED = 'sk-limits-small-account';
+const ACCOUNT_LIMIT = 2;
 let db;
 let mock;
 let gws;
@@ -24,12 +32,23 @@ let leaseKey;
 before(async () => {
   mock = await startMock();
   db = await createDb();
+  // A tenant whose concurrency is capped, with two unlimited keys; and an account with
+  // a concurrency of its own, in a group of its own.
   await applyState(db, {
-    tenants: [{ name: 'acme' }],
-    groups: [{ name: 'main' }],
-    accounts: [{ name: 'acct', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 1000, groups: ['main'] }],
-    keys: [{ name: 'k', tenant: 'acme', group: 'main', key: KEY, concurrency: LIMIT }],
+    tenants: [{ name: 'acme' }, { name: 'capped' }],
+    groups: [{ name: 'main' }, { name: 'small-account' }],
+    accounts: [
+      { name: 'acct', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 1000, groups: ['main'] },
+      { name: 'small', provider: 'openai', base_url: `${mock.url}/v1`, credential: SMALL_CRED, concurrency: ACCOUNT_LIMIT, groups: ['small-account'] },
+    ],
+    keys: [
+      { name: 'k', tenant: 'acme', group: 'main', key: KEY, concurrency: LIMIT },
+      { name: 'c1', tenant: 'capped', group: 'main', key: CAPPED_1 },
+      { name: 'c2', tenant: 'capped', group: 'main', key: CAPPED_2 },
+      { name: 'small', tenant: 'acme', group: 'small-account', key: SMALL_KEY },
+    ],
   });
+  await db.exec(`UPDATE tenants SET concurrency = ${TENANT_LIMIT} WHERE name = 'capped'`);
   const tenant = Number(await db.scalar("SELECT id FROM tenants WHERE name = 'acme'"));
   leaseKey = `{t:${tenant}}:conc:k:${await keyId(db, 'k')}`;
   const cfg = { workers: 2, limiter: { queue_max: 64, queue_timeout_ms: 20000 } };
@@ -123,4 +142,26 @@ test('a full queue refuses at once with 429 concurrency_limit_exceeded and Retry
   assert.deepEqual(tally(held.map((r) => r.value.status)), { 200: LIMIT });
   assert.ok((await mock.stats()).credentials[CRED].max_inflight <= LIMIT);
   await waitFor(async () => (await redisCli(SUITE_REDIS, 'ZCARD', leaseKey)) === '0', { timeout: 3000, what: 'leases released' });
+});
+
+/** Runs n slow streams, alternating over keys and gateways; resolves with {statuses, max} for cred. */
+async function slowStreams(n, keys, cred) {
+  await mock.reset();
+  const rs = await Promise.all(Array.from({ length: n }, (_, i) =>
+    chat(gws[i % 3], keys[i % keys.length], chatReq(MODEL, `slow ${i} [mock chunks=10 interval_ms=100]`, { stream: true }), { timeout: 30000 })));
+  await waitFor(async () => ((await mock.stats()).credentials[cred]?.inflight ?? 0) === 0, { timeout: 3000, what: 'in flight back to 0' });
+  return { statuses: tally(rs.map((r) => r.status)), max: (await mock.stats()).credentials[cred]?.max_inflight ?? 0 };
+}
+
+test(`a tenant's concurrency of ${TENANT_LIMIT} holds across its keys and instances`, async () => {
+  const { statuses, max } = await slowStreams(9, [CAPPED_1, CAPPED_2], CRED);
+  assert.deepEqual(statuses, { 200: 9 }, 'all wait their turn');
+  assert.ok(max <= TENANT_LIMIT, `the upstream saw ${max} of the tenant's streams at once (limit ${TENANT_LIMIT})`);
+  assert.ok(max >= TENANT_LIMIT - 1, `the slots were used (${max})`);
+});
+
+test(`an account's concurrency of ${ACCOUNT_LIMIT} caps what the account is sent`, async () => {
+  const { statuses, max } = await slowStreams(6, [SMALL_KEY], SMALL_CRED);
+  assert.equal((statuses[200] || 0) + (statuses[429] || 0) + (statuses[503] || 0), 6, JSON.stringify(statuses));
+  assert.ok(max <= ACCOUNT_LIMIT, `the account (concurrency ${ACCOUNT_LIMIT}) was sent ${max} streams at once: ${JSON.stringify(statuses)}`);
 });

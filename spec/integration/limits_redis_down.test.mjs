@@ -203,3 +203,34 @@ test('Redis back on the same socket: every gateway enforces the limits in Redis 
     }
   }
 });
+
+test('a Redis that stops answering (SIGSTOP) times out per command: the policies apply, nothing hangs', async (t) => {
+  const k = bucketKey('closed');
+  await redisCli(redis.url, 'DEL', k);
+  process.kill(redis.pid, 'SIGSTOP');
+  try {
+    // The connection stays open but nothing answers: only a command timeout can decide.
+    const t0 = Date.now();
+    const closed = await chat(gws.closed, keys.closed, chatReq(MODEL), { timeout: 10000 });
+    const tookClosed = Date.now() - t0;
+    const t1 = Date.now();
+    const open = await chat(gws.open, keys.open, chatReq(MODEL), { timeout: 10000 });
+    const tookOpen = Date.now() - t1;
+    t.diagnostic(`closed answered in ${tookClosed} ms, open in ${tookOpen} ms`);
+    assert.equal(closed.status, 503, closed.text);
+    assert.equal(closed.json?.error?.code, 'limiter_unavailable');
+    assert.ok(tookClosed < 2000, `closed policy answered after ${tookClosed} ms (redis_timeout_ms 250)`);
+    assert.equal(open.status, 200, open.text);
+    assert.ok(tookOpen < 2000, `open policy answered after ${tookOpen} ms`);
+  } finally {
+    process.kill(redis.pid, 'SIGCONT');
+  }
+  const t2 = Date.now();
+  await waitFor(async () => {
+    const rs = await burst('closed', 8, loadKeys.closed);
+    return rs.every((r) => r.status === 200);
+  }, { timeout: 15000, interval: 100, what: 'closed gateway back on Redis after SIGCONT' });
+  t.diagnostic(`back on Redis ${Date.now() - t2} ms after SIGCONT`);
+  assert.ok(Date.now() - t2 <= 8000);
+  for (const p of POLICIES) assert.ok(gws[p].proc.running, `${p} gateway is running`);
+});
