@@ -2,13 +2,14 @@
 // (refill 5 per second) and a bucket of 20. Thirty truly simultaneous requests: exactly
 // 20 are admitted and 10 refused with 429 and Retry-After; two seconds later about 10
 // more fit. A tenant's bucket holds across all of its keys. The 429 is OpenAI-shaped,
-// so the official SDK raises its RateLimitError with the code and Retry-After.
+// so the official SDK raises its RateLimitError with the code and Retry-After. An
+// operator can set bursts and tenant limits with the admin API and with apply.
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
 import { MODEL, RawConn, rawRequest, sleep, startMock, stopAll } from './lib/harness.mjs';
-import { applyState, chat, chatReq, createDb, keyId, plainKey, redisCli, SUITE_REDIS, startStateGateway, tally } from './lib/db.mjs';
+import { adminClient, applyState, chat, chatReq, createDb, keyId, plainKey, redisCli, stateFile, SUITE_REDIS, startStateGateway, tally, tool } from './lib/db.mjs';
 
 const SEED_KEY = plainKey('seed');
 const SDK_KEY = plainKey('sdk');
@@ -151,4 +152,29 @@ test('the 429 is OpenAI-shaped: the official SDK raises RateLimitError with code
   assert.deepEqual(Object.keys(raw.json), ['error']);
   assert.deepEqual(Object.keys(raw.json.error).sort(), ['code', 'message', 'type']);
   assert.ok(raw.headers['x-request-id'], 'a refused request still carries x-request-id');
+});
+
+test('an operator sets bursts and tenant limits through the admin API', async () => {
+  const admin = adminClient(gw);
+  const kid = await keyId(db, 't1');
+  const rk = await admin.patch(`/keys/${kid}`, { rpm: 600, rpm_burst: 3 });
+  assert.equal(rk.status, 200, `PATCH key rpm_burst: ${rk.text}`);
+  assert.equal(rk.json.rpm_burst, 3);
+  const rt = await admin.patch(`/tenants/${ids.tenantCapped}`, { rpm: 600, rpm_burst: 100, tpm: 100000, concurrency: 50 });
+  assert.equal(rt.status, 200, `PATCH tenant limits: ${rt.text}`);
+  assert.deepEqual([rt.json.rpm, rt.json.rpm_burst, rt.json.tpm, rt.json.concurrency], [600, 100, 100000, 50]);
+  // In force at once (the write invalidated the cached key): a bucket of 3.
+  const res = await simultaneous(5, TENANT_KEY_1, 'api burst [mock chunks=1]');
+  assert.deepEqual(tally(res.map((r) => r.status)), { 200: 3, 429: 2 });
+});
+
+test('an operator sets bursts and tenant limits with tollgate apply', async () => {
+  const r = await tool(['apply', stateFile({
+    tenants: [{ name: 'capped', rpm: 120, rpm_burst: 10, tpm: 50000, concurrency: 20 }],
+    keys: [{ name: 't2', tenant: 'capped', group: 'main', key: TENANT_KEY_2, rpm: 60, rpm_burst: 4 }],
+  })], { db });
+  assert.equal(r.code, 0, `apply with limits: ${r.stderr}`);
+  const [t] = await db.query("SELECT rpm, rpm_burst, tpm, concurrency FROM tenants WHERE name = 'capped'");
+  assert.deepEqual(t, { rpm: 120, rpm_burst: 10, tpm: 50000, concurrency: 20 });
+  assert.equal(await db.scalar("SELECT rpm_burst FROM api_keys WHERE name = 't2'"), '4');
 });

@@ -145,6 +145,23 @@ test('a bad state file is refused with a message naming the place, and nothing i
   assert.match(unknown.stderr, /unknown section "tenant"/);
 });
 
+test('an unknown field in an item is refused, naming it, and nothing is written', async () => {
+  const before = await counts();
+  for (const [section, item] of [
+    ['keys', { name: 'k9', tenant: 'acme', key: plainKey('typo'), concurency: 5 }],
+    ['tenants', { name: 'typo-tenant', balanse: '10' }],
+    ['accounts', { name: 'typo-acct', provider: 'openai', base_url: `${mock.url}/v1`, group: ['g-acme'] }],
+  ]) {
+    const s = baseState();
+    s[section].push(item);
+    const r = await tool(['apply', stateFile(s)], { db });
+    const field = Object.keys(item).find((k) => ['concurency', 'balanse', 'group'].includes(k));
+    assert.notEqual(r.code, 0, `${section}: a typo "${field}" must not be ignored silently:\n${r.stdout}`);
+    assert.match(r.stderr, new RegExp(field), `${section}: the message names "${field}"`);
+  }
+  assert.deepEqual(await counts(), before);
+});
+
 test('a running gateway serves a key as soon as apply creates it', async () => {
   const gw = await startStateGateway(db, {}, { mock });
   // Unknown first: the gateway caches the miss (a negative entry).
