@@ -2,15 +2,18 @@
  * tg_loadgen: the benchmark's load client for the three measurements wrk cannot make
  * (spec/bench/core_bench.sh builds it with cc; it is not part of the tollgate build).
  *
- *   tg_loadgen rate    HOST:PORT --rate R --conns C --duration S [--warmup S]
+ *   tg_loadgen rate    HOST:PORT --rate R --conns C --duration S [--warmup S] [--samples F]
  *       Open loop at a fixed rate (what wrk2 does): request i is due at t0 + i/R and is
  *       sent then on an idle keep-alive connection, whatever happened to the requests
  *       before it. Latency is reported twice: from the moment the request was written
  *       ("service") and from the moment it was due ("corrected": includes any wait for
  *       a free connection, so a stalled server cannot hide behind coordinated omission).
- *   tg_loadgen ttfb    HOST:PORT --conns C --requests N
+ *       --samples F appends every measured response's two latencies to F, so that
+ *       runs can be pooled.
+ *   tg_loadgen ttfb    HOST:PORT --conns C --requests N [--samples F]
  *       Closed loop of streaming requests: time to the response head, to the first
- *       body byte (the first SSE event) and to the end of the stream.
+ *       body byte (the first SSE event) and to the end of the stream (--samples F
+ *       appends "head first_byte total" per response).
  *   tg_loadgen streams HOST:PORT --conns N [--ramp K] [--hold S] [--timeout S] [--pid P]...
  *       Opens N connections (K new ones per millisecond), each starting one slow stream,
  *       waits until every one has received a body byte within the last --window ms,
@@ -74,6 +77,7 @@ static struct {
     long requests;
     int ramp;
     int window_ms;
+    FILE *samples_out; /* one line of latencies (microseconds) per measured response */
     int pids[MAX_PIDS];
     int npids;
 
@@ -266,6 +270,9 @@ static void complete(conn_t *c) {
         if (c->t_due >= g.t_measure && c->t_due < g.t_end) {
             samples_add(&g.service, now - c->t_send);
             samples_add(&g.corrected, now - c->t_due);
+            if (g.samples_out)
+                fprintf(g.samples_out, "%.1f %.1f\n", (double)(now - c->t_send) / 1e3,
+                        (double)(now - c->t_due) / 1e3);
         }
         long due = (long)((double)(now - g.t0) / 1e9 * g.rate);
         if (now < g.t_end && g.due_sent < due) { /* a request is already late: send it */
@@ -280,6 +287,9 @@ static void complete(conn_t *c) {
         if (c->got_body) {
             samples_add(&g.head, c->t_head - c->t_send);
             samples_add(&g.body, c->t_body - c->t_send);
+            if (g.samples_out)
+                fprintf(g.samples_out, "%.1f %.1f %.1f\n", (double)(c->t_head - c->t_send) / 1e3,
+                        (double)(c->t_body - c->t_send) / 1e3, (double)(now - c->t_send) / 1e3);
         }
         samples_add(&g.total, now - c->t_send);
         if (g.started < g.requests)
@@ -550,8 +560,8 @@ static void streams_tick(uv_timer_t *t) {
 static void usage(void) {
     fprintf(stderr,
             "usage: tg_loadgen rate|ttfb|streams HOST:PORT [--body JSON] [--auth TOKEN] [--conns N]\n"
-            "       rate:    --rate R --duration S [--warmup S]\n"
-            "       ttfb:    --requests N\n"
+            "       rate:    --rate R --duration S [--warmup S] [--samples FILE]\n"
+            "       ttfb:    --requests N [--samples FILE]\n"
             "       streams: [--ramp K] [--hold S] [--timeout S] [--window MS] [--pid P]...\n");
     exit(2);
 }
@@ -612,7 +622,13 @@ int main(int argc, char **argv) {
             g.timeout_s = atof(v);
         else if (!strcmp(a, "--window"))
             g.window_ms = atoi(v);
-        else if (!strcmp(a, "--pid") && g.npids < MAX_PIDS)
+        else if (!strcmp(a, "--samples")) {
+            g.samples_out = fopen(v, "a");
+            if (!g.samples_out) {
+                perror(v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--pid") && g.npids < MAX_PIDS)
             g.pids[g.npids++] = atoi(v);
         else
             usage();
@@ -674,6 +690,8 @@ int main(int argc, char **argv) {
         if (g.errors || g.non2xx)
             g.exit_code = 1;
     }
+    if (g.samples_out)
+        fclose(g.samples_out);
     uv_loop_close(g.loop);
     return g.exit_code;
 }
