@@ -371,8 +371,6 @@ int tg_snapshot_candidates(const tg_snapshot_t *s, int64_t group_id, const char 
         const tg_account_t *acc = g->accounts[i];
         if (!acc->active || acc->cooldown_until_ms > now_ms)
             continue;
-        if (strcmp(acc->provider, "openai") != 0)
-            continue; /* translation to other providers arrives with the protocols issue */
         int serves = acc->nmodels == 0 || (acc->model_map && json_object_get(acc->model_map, model));
         for (int k = 0; k < acc->nmodels && !serves; k++)
             serves = !strcmp(acc->models[k], model);

@@ -721,6 +721,18 @@ static void get_row(actx_t *a, const char *id) {
 }
 
 static void delete_row(actx_t *a, const char *id) {
+    if (!strcmp(a->res->path, "keys")) {
+        /* A key with billing history is revoked instead (its usage rows and ledger keep
+         * pointing at it); one without is deleted. Either way it stops working at once. */
+        const char *params[1] = {id};
+        run(a,
+            "WITH h AS (SELECT EXISTS (SELECT 1 FROM reservations WHERE api_key_id = $1::bigint) OR EXISTS (SELECT 1 "
+            "FROM usage WHERE api_key_id = $1::bigint) AS kept), d AS (DELETE FROM api_keys WHERE id = $1::bigint AND "
+            "NOT (SELECT kept FROM h) RETURNING 1), r AS (UPDATE api_keys SET status = 'revoked', updated_at = now() "
+            "WHERE id = $1::bigint AND (SELECT kept FROM h) RETURNING 1) SELECT 1 FROM d UNION ALL SELECT 1 FROM r",
+            1, params, K_DELETED);
+        return;
+    }
     char sql[256];
     snprintf(sql, sizeof(sql), "DELETE FROM %s WHERE %s = $1%s", a->res->table, a->res->id_col,
              a->res->text_id ? "" : "::bigint");

@@ -29,6 +29,7 @@
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
+#include "tollgate/tg_translate.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_usage.h"
 
@@ -74,6 +75,9 @@ struct proxy_req_s {
     int stream;
     int strip_usage_chunk; /* the client did not ask for the usage chunk we requested */
     int strip_usage_orig;  /* as decided from the request (reset on retry) */
+    tg_proto_t up_proto;   /* what the upstream speaks (p->proto: what the client speaks) */
+    tg_xlate_t *xlate;     /* stream translator when the two differ */
+    int buffer_whole;      /* a translated non-stream or error answer: sent at the end */
     int upstream_status;
     tg_proto_t proto;
     tg_sse_parser_t sse;
@@ -114,6 +118,7 @@ struct proxy_req_s {
     int norder, next_order;
     tg_redis_req_t *slot_rq;
     int64_t slot_account;         /* holds a slot lease on this account */
+    uint64_t slot_wait_since;     /* every account was full since (ms), 0 not waiting */
     tg_health_entry_t *health;    /* of the current account, while a call runs */
     int held;                     /* this attempt's error response is held back for a retry */
     int held_status;
@@ -214,6 +219,7 @@ static void preq_free(proxy_req_t *p) {
     tg_buf_free(&p->body_copy);
     if (p->sse_on)
         tg_sse_free(&p->sse);
+    tg_xlate_destroy(p->xlate);
     free(p);
 }
 
@@ -395,8 +401,27 @@ static void on_finish(tg_request_t *req, int aborted) {
     preq_free(p);
 }
 
+/* The model-calling routes: everything that is proxied, limited and billed. */
+static int is_model_route(tg_route_t r) {
+    return r == TG_ROUTE_CHAT || r == TG_ROUTE_MESSAGES || r == TG_ROUTE_RESPONSES || r == TG_ROUTE_EMBEDDINGS;
+}
+
 static int fail(proxy_req_t *p, int status, const char *type, const char *code, const char *msg) {
     p->error = code;
+    if (p->proto == TG_PROTO_ANTHROPIC && p->req->route == TG_ROUTE_MESSAGES) {
+        /* Anthropic clients get Anthropic's error shape. */
+        tg_buf_t o, a;
+        tg_buf_init(&o);
+        tg_buf_init(&a);
+        tg_buf_appends(&o, "{\"error\":{\"message\":\"");
+        tg_buf_append_json_escaped(&o, msg, strlen(msg));
+        tg_buf_printf(&o, "\",\"type\":\"%s\",\"code\":\"%s\"}}", type, code);
+        tg_translate_error(TG_PROTO_ANTHROPIC, status, o.data, o.len, &a);
+        tg_response_send(p->req, status, "application/json", NULL, a.data, a.len);
+        tg_buf_free(&o);
+        tg_buf_free(&a);
+        return TG_DONE;
+    }
     tg_response_error(p->req, status, type, code, msg);
     return TG_DONE;
 }
@@ -453,6 +478,72 @@ static int phase_route(proxy_req_t *p) {
                       "# TYPE tollgate_auth_db_lookups_total counter\ntollgate_auth_db_lookups_total %llu\n",
                       (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)neg,
                       (unsigned long long)lookups);
+        /* Admission, billing: per-worker counters, summed. */
+        tg_limits_stats_t ls = {0};
+        tg_billing_stats_t bs = {0};
+        for (int i = 0; i < gw->nworkers; i++) {
+            proxy_worker_t *wp = gw->workers[i]->proxy;
+            if (!wp)
+                continue;
+            if (wp->limits) {
+                const tg_limits_stats_t *x = tg_limits_stats(wp->limits);
+                ls.admitted += x->admitted;
+                ls.refused_rate += x->refused_rate;
+                ls.refused_tokens += x->refused_tokens;
+                ls.refused_concurrency += x->refused_concurrency;
+                ls.queue_full += x->queue_full;
+                ls.waited += x->waited;
+                ls.redis_down_open += x->redis_down_open;
+                ls.redis_down_local += x->redis_down_local;
+                ls.redis_down_closed += x->redis_down_closed;
+                ls.round_trips += x->round_trips;
+            }
+            if (wp->billing) {
+                const tg_billing_stats_t *x = tg_billing_stats(wp->billing);
+                bs.reserved += x->reserved;
+                bs.refused += x->refused;
+                bs.settled += x->settled;
+                bs.duplicates += x->duplicates;
+                bs.conflicts += x->conflicts;
+                bs.batches += x->batches;
+                bs.spooled += x->spooled;
+                bs.replayed += x->replayed;
+                bs.reconciled += x->reconciled;
+            }
+        }
+        tg_buf_printf(&b,
+                      "# HELP tollgate_admission_total Admission decisions.\n"
+                      "# TYPE tollgate_admission_total counter\n"
+                      "tollgate_admission_total{result=\"admitted\"} %llu\n"
+                      "tollgate_admission_total{result=\"refused_rate\"} %llu\n"
+                      "tollgate_admission_total{result=\"refused_tokens\"} %llu\n"
+                      "tollgate_admission_total{result=\"refused_concurrency\"} %llu\n"
+                      "tollgate_admission_total{result=\"queue_full\"} %llu\n"
+                      "tollgate_admission_total{result=\"waited\"} %llu\n"
+                      "# HELP tollgate_limiter_down_total Admissions decided without Redis, by policy.\n"
+                      "# TYPE tollgate_limiter_down_total counter\n"
+                      "tollgate_limiter_down_total{policy=\"open\"} %llu\n"
+                      "tollgate_limiter_down_total{policy=\"local\"} %llu\n"
+                      "tollgate_limiter_down_total{policy=\"closed\"} %llu\n"
+                      "# HELP tollgate_billing_total Reservations and settlements.\n"
+                      "# TYPE tollgate_billing_total counter\n"
+                      "tollgate_billing_total{event=\"reserved\"} %llu\n"
+                      "tollgate_billing_total{event=\"refused\"} %llu\n"
+                      "tollgate_billing_total{event=\"settled\"} %llu\n"
+                      "tollgate_billing_total{event=\"duplicate\"} %llu\n"
+                      "tollgate_billing_total{event=\"conflict\"} %llu\n"
+                      "tollgate_billing_total{event=\"batch\"} %llu\n"
+                      "tollgate_billing_total{event=\"spooled\"} %llu\n"
+                      "tollgate_billing_total{event=\"replayed\"} %llu\n"
+                      "tollgate_billing_total{event=\"reconciled\"} %llu\n",
+                      (unsigned long long)ls.admitted, (unsigned long long)ls.refused_rate,
+                      (unsigned long long)ls.refused_tokens, (unsigned long long)ls.refused_concurrency,
+                      (unsigned long long)ls.queue_full, (unsigned long long)ls.waited,
+                      (unsigned long long)ls.redis_down_open, (unsigned long long)ls.redis_down_local,
+                      (unsigned long long)ls.redis_down_closed, (unsigned long long)bs.reserved,
+                      (unsigned long long)bs.refused, (unsigned long long)bs.settled, (unsigned long long)bs.duplicates,
+                      (unsigned long long)bs.conflicts, (unsigned long long)bs.batches, (unsigned long long)bs.spooled,
+                      (unsigned long long)bs.replayed, (unsigned long long)bs.reconciled);
         tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
         tg_buf_free(&b);
         return TG_DONE;
@@ -460,6 +551,27 @@ static int phase_route(proxy_req_t *p) {
     if (path_is(p->path, "/v1/chat/completions")) {
         req->route = TG_ROUTE_CHAT;
         p->proto = TG_PROTO_OPENAI_CHAT;
+        if (!post)
+            goto not_allowed_post;
+        return TG_OK;
+    }
+    if (path_is(p->path, "/v1/messages") || path_is(p->path, "/v1/messages/count_tokens")) {
+        req->route = TG_ROUTE_MESSAGES;
+        p->proto = TG_PROTO_ANTHROPIC;
+        if (!post)
+            goto not_allowed_post;
+        return TG_OK;
+    }
+    if (path_is(p->path, "/v1/responses")) {
+        req->route = TG_ROUTE_RESPONSES;
+        p->proto = TG_PROTO_RESPONSES;
+        if (!post)
+            goto not_allowed_post;
+        return TG_OK;
+    }
+    if (path_is(p->path, "/v1/embeddings")) {
+        req->route = TG_ROUTE_EMBEDDINGS;
+        p->proto = TG_PROTO_EMBEDDINGS;
         if (!post)
             goto not_allowed_post;
         return TG_OK;
@@ -556,7 +668,7 @@ static int phase_auth(proxy_req_t *p) {
 
 static int phase_parse(proxy_req_t *p) {
     tg_request_t *req = p->req;
-    if (req->route != TG_ROUTE_CHAT)
+    if (!is_model_route(req->route))
         return TG_OK;
     json_error_t jerr;
     p->json = json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
@@ -574,14 +686,32 @@ static int phase_parse(proxy_req_t *p) {
         json_string_length(model) >= sizeof(p->model))
         return fail(p, 400, "invalid_request_error", "invalid_model", "model must be a non-empty string");
     snprintf(p->model, sizeof(p->model), "%s", json_string_value(model));
-    json_t *messages = json_object_get(p->json, "messages");
-    if (!json_is_array(messages))
-        return fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
+    if (p->proto == TG_PROTO_OPENAI_CHAT || p->proto == TG_PROTO_ANTHROPIC) {
+        json_t *messages = json_object_get(p->json, "messages");
+        if (!json_is_array(messages))
+            return fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
+    } else if (p->proto == TG_PROTO_RESPONSES) {
+        json_t *input = json_object_get(p->json, "input");
+        if (!json_is_string(input) && !json_is_array(input))
+            return fail(p, 400, "invalid_request_error", "missing_input", "input must be a string or an array");
+    } else {
+        json_t *input = json_object_get(p->json, "input");
+        if (!json_is_string(input) && !json_is_array(input))
+            return fail(p, 400, "invalid_request_error", "missing_input", "input must be a string or an array");
+    }
     json_t *stream = json_object_get(p->json, "stream");
     if (stream && !json_is_boolean(stream) && !json_is_null(stream))
         return fail(p, 400, "invalid_request_error", "invalid_stream", "stream must be a boolean");
-    p->stream = json_is_true(stream);
-    if (p->stream) {
+    p->stream = json_is_true(stream) && p->proto != TG_PROTO_EMBEDDINGS;
+    if (p->req->route == TG_ROUTE_MESSAGES && strcmp(p->path, "/v1/messages/count_tokens") == 0) {
+        /* Anthropic's count_tokens: a local estimate, no upstream call. */
+        int64_t n = tg_estimate_tokens(TG_PROTO_ANTHROPIC, p->json);
+        char body[64];
+        int len = snprintf(body, sizeof(body), "{\"input_tokens\":%lld}", (long long)TG_MAX(n, 1));
+        tg_response_send(p->req, 200, "application/json", NULL, body, (size_t)len);
+        return TG_DONE;
+    }
+    if (p->stream && p->proto == TG_PROTO_OPENAI_CHAT) {
         /* Ask for the usage chunk; remember whether the client wanted it. */
         json_t *so = json_object_get(p->json, "stream_options");
         if (so && !json_is_object(so) && !json_is_null(so))
@@ -613,7 +743,7 @@ static int plugin_reject(proxy_req_t *p) {
 static int phase_plugins(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_plugins_t *pl = p->pw->plugins;
-    if (!pl || req->route != TG_ROUTE_CHAT)
+    if (!pl || !is_model_route(req->route))
         return TG_OK;
     tg_hookctx_t *c = &p->ctx;
     tg_plugins_begin(pl, c);
@@ -625,10 +755,11 @@ static int phase_plugins(proxy_req_t *p) {
     c->nheaders = req->nheaders;
     c->request_id = req->id;
     c->request_id_len = strlen(req->id);
-    c->route = "chat";
-    c->route_len = 4;
-    c->protocol = "openai_chat";
-    c->protocol_len = 11;
+    static const char *const routes[] = {"chat", "messages", "responses", "embeddings"};
+    c->route = routes[p->proto];
+    c->route_len = strlen(c->route);
+    c->protocol = tg_translate_proto_name(p->proto);
+    c->protocol_len = strlen(c->protocol);
     if (p->principal && p->principal->key_id) {
         snprintf(p->key_id_s, sizeof(p->key_id_s), "%lld", (long long)p->principal->key_id);
         snprintf(p->tenant_id_s, sizeof(p->tenant_id_s), "%lld", (long long)p->principal->tenant_id);
@@ -717,7 +848,7 @@ static int limiter_down(void *ud, int bits) {
 
 static int phase_admit(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
-    if (!pr || !p->pw->limits || p->req->route != TG_ROUTE_CHAT || p->admit)
+    if (!pr || !p->pw->limits || !is_model_route(p->req->route) || p->admit)
         return TG_OK;
     if (pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
         pr->tenant_concurrency < 0)
@@ -762,6 +893,14 @@ static void models_from_group(proxy_req_t *p) {
     tg_response_send(p->req, 200, "application/json", NULL, s, strlen(s));
     free(s);
     json_decref(doc);
+}
+
+/* What the upstream speaks: an Anthropic account speaks Messages; an OpenAI one speaks
+ * the client's OpenAI protocol, or chat completions for an Anthropic client. */
+static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider) {
+    if (!strcmp(provider, "anthropic"))
+        return TG_PROTO_ANTHROPIC;
+    return p->proto == TG_PROTO_ANTHROPIC ? TG_PROTO_OPENAI_CHAT : p->proto;
 }
 
 /* ---- phase: sticky ------------------------------------------------------------------ */
@@ -864,6 +1003,9 @@ static int phase_select(proxy_req_t *p) {
     if (!pr || !pr->group_id || !pw->accounts) {
         p->up = pw->upstream;
         p->credential = p->req->worker->gw->cfg->upstream.api_key;
+        p->up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider);
+        if (p->proto == TG_PROTO_EMBEDDINGS && p->up_proto != TG_PROTO_EMBEDDINGS)
+            return fail(p, 400, "invalid_request_error", "unsupported", "embeddings need an OpenAI upstream");
         if (!p->up)
             return fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
         return TG_OK;
@@ -880,6 +1022,14 @@ static int phase_select(proxy_req_t *p) {
     const char *model = p->req->route == TG_ROUTE_MODELS ? "" : p->model;
     int64_t now = (int64_t)tg_wall_ms();
     int nall = tg_snapshot_candidates(p->snap, pr->group_id, model, now, all, 256);
+    if (p->proto == TG_PROTO_EMBEDDINGS) {
+        /* Embeddings are not translated: OpenAI accounts only. */
+        int k = 0;
+        for (int i = 0; i < nall; i++)
+            if (!strcmp(all[i]->provider, "openai"))
+                all[k++] = all[i];
+        nall = k;
+    }
     /* Health filters: cooling accounts and busy trials are skipped; a retry that must move
      * skips the accounts already tried (unless nothing else is left). */
     int n = 0;
@@ -959,6 +1109,7 @@ static int phase_select(proxy_req_t *p) {
 
 static void use_account(proxy_req_t *p, const tg_account_t *acc) {
     p->account = acc;
+    p->up_proto = upstream_proto(p, acc->provider);
     p->up = acc->upstream;
     p->credential = acc->credential;
     if (p->json) {
@@ -983,6 +1134,7 @@ static void slot_release(proxy_req_t *p) {
 }
 
 static int slot_try(proxy_req_t *p);
+static void retry_timer_cb(uv_timer_t *t);
 
 static void slot_got(void *ud, redisReply *r, const char *err) {
     proxy_req_t *p = ud;
@@ -1030,6 +1182,25 @@ static int slot_try(proxy_req_t *p) {
         use_account(p, acc);
         return TG_OK;
     }
+    /* Every account is full: wait for a slot (bounded like the key's wait queue), polling
+     * with jitter since slots free on any instance. */
+    uint64_t now = tg_now_ms();
+    if (!p->slot_wait_since)
+        p->slot_wait_since = now;
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    if (now - p->slot_wait_since < (uint64_t)cfg->limiter.queue_timeout_ms && p->norder > 0) {
+        uint32_t r = 0;
+        tg_random_bytes(&r, sizeof(r));
+        if (!p->retry_timer) {
+            p->retry_timer = malloc(sizeof(uv_timer_t));
+            uv_timer_init(&p->req->worker->loop, p->retry_timer);
+            p->retry_timer->data = p;
+        }
+        p->next_order = 0;
+        p->phase = PHASE_SELECT + 1; /* back to phase_slot */
+        uv_timer_start(p->retry_timer, retry_timer_cb, 20 + r % 30, 0);
+        return TG_AGAIN;
+    }
     p->error = "accounts_busy";
     tg_response_start(p->req, 429, "application/json", "Retry-After: 1\r\n", -1);
     static const char body[] = "{\"error\":{\"message\":\"every upstream account of this group is at its concurrency "
@@ -1061,18 +1232,21 @@ static void reserve_done(void *ud, int status, const char *code, const char *msg
 static int phase_reserve(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
-    if (!pw->billing || !pr || !pr->key_id || p->req->route != TG_ROUTE_CHAT)
+    if (!pw->billing || !pr || !pr->key_id || !is_model_route(p->req->route))
         return TG_OK;
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     /* The reservation must be a real bound: a request without an output limit gets the
      * configured cap, and the upstream is told so. */
+    const char *limit_field = p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens";
     json_t *mt = json_object_get(p->json, "max_completion_tokens");
     if (!json_is_integer(mt))
-        mt = json_object_get(p->json, "max_tokens");
+        mt = json_object_get(p->json, limit_field);
     int64_t max_out = json_is_integer(mt) ? json_integer_value(mt) : -1;
-    if (max_out <= 0) {
+    if (p->proto == TG_PROTO_EMBEDDINGS) {
+        max_out = 0;
+    } else if (max_out <= 0) {
         max_out = cfg->billing.default_max_tokens;
-        json_object_set_new(p->json, "max_tokens", json_integer(max_out));
+        json_object_set_new(p->json, limit_field, json_integer(max_out));
         p->json_dirty = 1;
     }
     /* Input bound: JSON bytes / 3 (over-counts English text, which is ~4 bytes a token). */
@@ -1106,7 +1280,16 @@ static void sse_event(void *ud, const char *event, size_t event_len, const char 
     if (data_len && memmem(data, data_len, "\"content\"", 9))
         p->stream_chunks++;
     if (data_len && memmem(data, data_len, "usage", 5))
-        usage_found = tg_usage_merge_json(&p->usage, p->proto, data, data_len) == 1;
+        usage_found = tg_usage_merge_json(&p->usage, p->up_proto, data, data_len) == 1;
+    if (p->xlate) {
+        tg_buf_t out;
+        tg_buf_init(&out);
+        tg_xlate_event(p->xlate, event, event_len, data, data_len, &out);
+        if (out.len)
+            tg_response_body(p->req, out.data, out.len);
+        tg_buf_free(&out);
+        return;
+    }
     if (!p->strip_usage_chunk)
         return;
     /* Re-emit the event unless it is the usage-only chunk the client did not ask for. */
@@ -1144,7 +1327,7 @@ static int retryable_status(int st) { return st == 429 || st == 529 || st == 401
 static int can_retry(const proxy_req_t *p) {
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     uint64_t elapsed = (tg_now_ns() - p->req->start_ns) / 1000000;
-    return p->account && !p->req->resp_started && p->req->route == TG_ROUTE_CHAT &&
+    return p->account && !p->req->resp_started && is_model_route(p->req->route) &&
            p->attempt < cfg->routing.max_attempts &&
            elapsed < (uint64_t)cfg->routing.deadline_ms;
 }
@@ -1264,6 +1447,9 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         p->sse_on = 0;
     }
     p->strip_usage_chunk = p->strip_usage_orig;
+    tg_xlate_destroy(p->xlate);
+    p->xlate = NULL;
+    p->buffer_whole = 0;
     tg_buf_reset(&p->body_copy);
     p->body_copy_over = 0;
     p->held = 0;
@@ -1294,11 +1480,22 @@ static void up_head(void *ud, const tg_uphead_t *head) {
         return;
     }
     int is_sse = head->content_type && strncasecmp(head->content_type, "text/event-stream", 17) == 0;
+    int translating = p->up_proto != p->proto;
     if (is_sse && head->status == 200) {
         tg_sse_init(&p->sse, SSE_EVENT_MAX, sse_event, p);
         p->sse_on = 1;
+        if (translating) {
+            p->xlate = tg_xlate_create(p->up_proto, p->proto, p->model, p->req->id);
+            if (p->xlate && p->proto == TG_PROTO_OPENAI_CHAT)
+                tg_xlate_set_usage_chunk(p->xlate, !p->strip_usage_orig);
+        }
     } else {
         p->strip_usage_chunk = 0;
+        if (translating || (head->status >= 400 && p->proto == TG_PROTO_ANTHROPIC)) {
+            /* A translated answer or error is sent whole at the end, in the client's shape. */
+            p->buffer_whole = 1;
+            return;
+        }
     }
     char extra[2048];
     int n = snprintf(extra, sizeof(extra), "%s", head->extra_headers ? head->extra_headers : "");
@@ -1311,7 +1508,8 @@ static void up_head(void *ud, const tg_uphead_t *head) {
         snprintf(extra + el, sizeof(extra) - el, "x-tollgate-generation: %llu\r\n%.*s",
                  (unsigned long long)p->ctx.generation, (int)p->ctx.resp_headers_len, p->ctx.resp_headers);
     }
-    tg_response_start(p->req, head->status, head->content_type ? head->content_type : "application/json",
+    tg_response_start(p->req, head->status,
+                      p->xlate ? "text/event-stream" : head->content_type ? head->content_type : "application/json",
                       extra, -1);
 }
 
@@ -1324,9 +1522,16 @@ static void up_body(void *ud, const char *data, size_t n) {
     }
     if (!p->first_byte_ns)
         p->first_byte_ns = tg_now_ns();
+    if (p->buffer_whole) {
+        if (p->body_copy.len + n <= BODY_COPY_MAX)
+            tg_buf_append(&p->body_copy, data, n);
+        else
+            p->body_copy_over = 1;
+        return;
+    }
     if (p->sse_on) {
         tg_sse_feed(&p->sse, data, n);
-        if (!p->strip_usage_chunk)
+        if (!p->strip_usage_chunk && !p->xlate)
             tg_response_body(p->req, data, n);
     } else {
         tg_response_body(p->req, data, n);
@@ -1358,10 +1563,19 @@ static void up_done(void *ud) {
         int status = p->held_status;
         if (maybe_retry(p, status, TG_UPFAIL_STATUS, retry_after))
             return;
-        /* Giving up: the client gets this attempt's answer as the upstream sent it. */
+        /* Giving up: the client gets this attempt's answer (in its own protocol's shape). */
         p->held = 0;
-        tg_response_start(p->req, status, p->held_ctype, p->held_extra, (int64_t)p->held_body.len);
-        tg_response_body(p->req, p->held_body.data, p->held_body.len);
+        if (p->up_proto != p->proto || p->proto == TG_PROTO_ANTHROPIC) {
+            tg_buf_t out;
+            tg_buf_init(&out);
+            tg_translate_error(p->proto, status, p->held_body.data ? p->held_body.data : "", p->held_body.len, &out);
+            tg_response_start(p->req, status, "application/json", p->held_extra, (int64_t)out.len);
+            tg_response_body(p->req, out.data, out.len);
+            tg_buf_free(&out);
+        } else {
+            tg_response_start(p->req, status, p->held_ctype, p->held_extra, (int64_t)p->held_body.len);
+            tg_response_body(p->req, p->held_body.data, p->held_body.len);
+        }
         tg_response_end(p->req);
         return;
     }
@@ -1376,7 +1590,34 @@ static void up_done(void *ud) {
     if (!p->first_byte_ns)
         p->first_byte_ns = p->upstream_end_ns;
     if (!p->sse_on && p->body_copy.len && p->upstream_status < 300)
-        tg_usage_merge_json(&p->usage, p->proto, p->body_copy.data, p->body_copy.len);
+        tg_usage_merge_json(&p->usage, p->up_proto, p->body_copy.data, p->body_copy.len);
+    if (p->buffer_whole) {
+        tg_buf_t out;
+        tg_buf_init(&out);
+        int status = p->upstream_status;
+        if (p->body_copy_over) {
+            fail(p, 502, "upstream_error", "upstream_error", "the upstream's answer is too large to translate");
+        } else if (status < 300) {
+            if (tg_translate_response(p->up_proto, p->proto, p->body_copy.data ? p->body_copy.data : "", p->body_copy.len,
+                                      p->model, &out) == TG_OK)
+                tg_response_send(p->req, status, "application/json", NULL, out.data, out.len);
+            else
+                fail(p, 502, "upstream_error", "upstream_error", "the upstream's answer could not be read");
+        } else {
+            tg_translate_error(p->proto, status, p->body_copy.data ? p->body_copy.data : "", p->body_copy.len, &out);
+            tg_response_send(p->req, status, "application/json", NULL, out.data, out.len);
+        }
+        tg_buf_free(&out);
+        return;
+    }
+    if (p->xlate) {
+        tg_buf_t out;
+        tg_buf_init(&out);
+        tg_xlate_finish(p->xlate, &out);
+        if (out.len)
+            tg_response_body(p->req, out.data, out.len);
+        tg_buf_free(&out);
+    }
     tg_response_end(p->req);
 }
 
@@ -1447,19 +1688,32 @@ static int phase_upstream(proxy_req_t *p) {
     size_t body_len = 0;
     const char *method = "GET";
     const char *suffix = "/models";
-    if (req->route == TG_ROUTE_CHAT) {
+    if (is_model_route(req->route)) {
         method = "POST";
-        suffix = "/chat/completions";
-        if (p->strip_usage_chunk || p->json_dirty) {
+        suffix = tg_translate_path(p->up_proto);
+        if (p->up_proto != p->proto) {
+            /* Another protocol upstream: the request is translated (the model already
+             * mapped for the account is in p->json). */
+            json_t *out = NULL;
+            char err[256];
+            json_t *m = json_object_get(p->json, "model");
+            if (tg_translate_request(p->proto, p->up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
+                TG_OK)
+                return fail(p, 400, "invalid_request_error", "untranslatable_request", err);
+            body = json_dumps(out, JSON_COMPACT);
+            json_decref(out);
+        } else if (p->strip_usage_chunk || p->json_dirty) {
             body = json_dumps(p->json, JSON_COMPACT);
-            body_len = body ? strlen(body) : 0;
         }
+        body_len = body ? strlen(body) : 0;
     }
     tg_buf_t *b = &p->upstream_req;
     tg_buf_reset(b);
     tg_buf_printf(b, "%s %s%s HTTP/1.1\r\nHost: %s\r\n", method, tg_upstream_path_prefix(u), suffix,
                   tg_upstream_host_header(u));
-    if (p->credential)
+    if (p->credential && p->up_proto == TG_PROTO_ANTHROPIC)
+        tg_buf_printf(b, "x-api-key: %s\r\nanthropic-version: 2023-06-01\r\n", p->credential);
+    else if (p->credential)
         tg_buf_printf(b, "Authorization: Bearer %s\r\n", p->credential);
     tg_buf_printf(b, "x-request-id: %s\r\n", req->id);
     if (p->traceparent[0])
