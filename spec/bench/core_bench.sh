@@ -461,7 +461,7 @@ if [ $PERF = 1 ] && check_alive tollgate "before perf"; then
     say "tollgate, inclusive time (--children) of user-space functions:"
     say '```'
     perf report -i "$T/perf-tollgate.data" --children --stdio --percent-limit 1.5 -g none --sort sym 2>/dev/null |
-        grep -v '^#' | grep -v '^$' | grep -v '\[k\]' | grep -v ' 0x0000' | head -45 | tee -a "$SUMMARY"
+        grep -v '^#' | grep -v '^$' | grep -v '\[k\]' | grep -v '\] 0x' | head -45 | tee -a "$SUMMARY"
     say '```'
     say ""
 fi
