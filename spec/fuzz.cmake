@@ -41,6 +41,8 @@ if(TG_FUZZ)
   tg_fuzz_target(fuzz_sse)
   tg_fuzz_target(fuzz_usage)
   tg_fuzz_target(fuzz_http)
+  tg_fuzz_target(fuzz_translate_request)
+  tg_fuzz_target(fuzz_translate_stream)
 endif()
 
 # In the release build (the one spec/run.sh runs ctest in), the fuzz and sanitizer

@@ -1,0 +1,137 @@
+/*
+ * libFuzzer target for stream translation (tg_xlate_*, core/src/tg_translate*.c).
+ *
+ * Input: byte 0 picks where the stream is split in two, byte 1 whether the usage chunk
+ * is on and whether tg_xlate_finish is called; the rest is an upstream event stream,
+ * parsed by the real SSE parser and fed to every stream translator (each upstream
+ * protocol to each client protocol, passthrough included). Beyond ASan/UBSan, the target
+ * checks that
+ *   - the client bytes are the same whether the input came in one piece or two, and
+ *     whether the parser's events came whole (the translator holds no partial input);
+ *   - the output is a well-formed event stream: every event's data is a JSON object
+ *     (or chat's [DONE]), Anthropic and Responses events are named after their "type";
+ *   - nothing follows the end of a translated stream: chat's [DONE], Anthropic's
+ *     message_stop, Responses' response.completed / response.incomplete, or an error.
+ */
+#include "tollgate/tg_sse.h"
+#include "tollgate/tg_translate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static void check(int ok, const char *what) {
+    if (!ok) {
+        fprintf(stderr, "fuzz_translate_stream invariant failed: %s\n", what);
+        abort();
+    }
+}
+
+typedef struct {
+    tg_xlate_t *x;
+    tg_buf_t out;
+} run_t;
+
+/* Zeroes the digits of "created":N and "created_at":N: the translator stamps the time
+ * when the upstream gives none, and the clock may tick between two runs (the result
+ * is only compared, never parsed: leading zeros are not JSON). */
+static void zero_clock(tg_buf_t *b) {
+    static const char *const keys[] = {"\"created\":", "\"created_at\":"};
+    for (int k = 0; k < 2; k++) {
+        size_t kl = strlen(keys[k]);
+        for (char *p = b->data; p && (p = memmem(p, b->len - (size_t)(p - b->data), keys[k], kl)) != NULL;) {
+            p += kl;
+            while (p < b->data + b->len && *p >= '0' && *p <= '9')
+                *p++ = '0';
+        }
+    }
+}
+
+static void feed_cb(void *ud, const char *event, size_t elen, const char *data, size_t dlen) {
+    run_t *r = ud;
+    tg_xlate_event(r->x, event, elen, data, dlen, &r->out);
+}
+
+static void run(run_t *r, int from, int to, int flags, const char *s, size_t n, size_t split) {
+    r->x = tg_xlate_create((tg_proto_t)from, (tg_proto_t)to, (flags & 4) ? NULL : "client-model", "fuzz");
+    check(r->x != NULL, "no translator for a supported pair");
+    tg_xlate_set_usage_chunk(r->x, flags & 1);
+    tg_buf_init(&r->out);
+    tg_sse_parser_t p;
+    tg_sse_init(&p, 1 << 16, feed_cb, r);
+    tg_sse_feed(&p, s, split);
+    tg_sse_feed(&p, s + split, n - split);
+    if (flags & 2)
+        tg_xlate_finish(r->x, &r->out);
+    tg_sse_free(&p);
+}
+
+typedef struct {
+    int to;
+    int ended;
+    const char *why;
+} verify_t;
+
+static void verify_cb(void *ud, const char *event, size_t elen, const char *data, size_t dlen) {
+    verify_t *v = ud;
+    check(!v->ended, "an event after the end of the stream");
+    if (v->to == TG_PROTO_OPENAI_CHAT && dlen == 6 && !memcmp(data, "[DONE]", 6)) {
+        v->ended = 1;
+        return;
+    }
+    json_error_t e;
+    json_t *doc = json_loadb(data, dlen, 0, &e);
+    check(json_is_object(doc), "event data is not a JSON object");
+    if (v->to == TG_PROTO_OPENAI_CHAT) {
+        check(elen == 0, "a chat event with a name");
+        if (json_object_get(doc, "error"))
+            v->ended = 1;
+    } else {
+        const char *t = json_string_value(json_object_get(doc, "type"));
+        check(t && strlen(t) == elen && !memcmp(t, event, elen), "event name differs from its type");
+        if (!strcmp(t, "message_stop") || !strcmp(t, "error") || !strcmp(t, "response.completed") ||
+            !strcmp(t, "response.incomplete"))
+            v->ended = 1;
+    }
+    json_decref(doc);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 2)
+        return 0;
+    const char *s = (const char *)data + 2;
+    size_t n = size - 2;
+    size_t split = n * data[0] / 255;
+    int flags = data[1];
+    for (int from = 0; from < 3; from++)
+        for (int to = 0; to < 3; to++) {
+            run_t a, b;
+            run(&a, from, to, flags, s, n, 0);
+            run(&b, from, to, flags, s, n, split);
+            tg_buf_t ca, cb;
+            tg_buf_init(&ca);
+            tg_buf_init(&cb);
+            tg_buf_append(&ca, a.out.data, a.out.len);
+            tg_buf_append(&cb, b.out.data, b.out.len);
+            zero_clock(&ca);
+            zero_clock(&cb);
+            check(ca.len == cb.len && (!ca.len || !memcmp(ca.data, cb.data, ca.len)),
+                  "output depends on how the input was split");
+            tg_buf_free(&ca);
+            tg_buf_free(&cb);
+            if (from != to) {
+                verify_t v = {to, 0, NULL};
+                tg_sse_parser_t p;
+                tg_sse_init(&p, (size_t)1 << 30, verify_cb, &v);
+                tg_sse_feed(&p, a.out.data, a.out.len);
+                check(p.line.len == 0 && !p.has_data, "output ends inside an event");
+                tg_sse_free(&p);
+            }
+            tg_xlate_destroy(a.x);
+            tg_xlate_destroy(b.x);
+            tg_buf_free(&a.out);
+            tg_buf_free(&b.out);
+        }
+    return 0;
+}

@@ -1,0 +1,29 @@
+# Tests and tools of the protocols issue (label `protocols`). Included by
+# spec/CMakeLists.txt.
+#
+#   unit.translate        the translation layer's unit and golden-file tests
+#                         (spec/unit/test_translate.c, spec/golden/translate/<case>/)
+#   unit-asan.translate   the same under ASan + UBSan, from the release build, when the
+#                         sanitizer build exists (skipped otherwise)
+#   tg_translate_bench    translation cost per request and per streamed chunk against
+#                         passthrough (spec/bench/translate_bench.sh runs it)
+# The libFuzzer targets fuzz_translate_request and fuzz_translate_stream are registered
+# in spec/fuzz.cmake with the other fuzzers.
+
+tg_unit_test(translate protocols)
+
+if(NOT TG_FUZZ AND NOT TG_SANITIZE)
+  set(TG_PROTO_ASAN_DIR "$ENV{TG_ASAN_BUILD}")
+  if(NOT TG_PROTO_ASAN_DIR)
+    set(TG_PROTO_ASAN_DIR ${CMAKE_SOURCE_DIR}/build-asan)
+  endif()
+  add_test(NAME unit-asan.translate
+    COMMAND sh -c "[ -x \"$0/tg_unit\" ] || { echo \"skipped: no asan build\"; exit 77; }; exec \"$0/tg_unit\" translate"
+            ${TG_PROTO_ASAN_DIR})
+  set_tests_properties(unit-asan.translate PROPERTIES LABELS "protocols;unit;asan" SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+
+add_executable(tg_translate_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/translate_bench.c)
+target_compile_options(tg_translate_bench PRIVATE ${TG_WARN})
+target_link_libraries(tg_translate_bench PRIVATE tollgate_core)
+set_target_properties(tg_translate_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
