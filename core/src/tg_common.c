@@ -136,9 +136,17 @@ int tg_random_bytes(void *out, size_t n) {
 
 void tg_random_id(char out[33]) {
     static const char hex[] = "0123456789abcdef";
-    unsigned char raw[16];
-    if (tg_random_bytes(raw, sizeof(raw)) != 0)
-        abort();
+    /* Request ids come from a per-thread pool refilled 4 KiB at a time: one getrandom
+     * per 256 requests instead of one per request. */
+    static __thread unsigned char pool[4096];
+    static __thread size_t left;
+    if (left < 16) {
+        if (tg_random_bytes(pool, sizeof(pool)) != 0)
+            abort();
+        left = sizeof(pool);
+    }
+    const unsigned char *raw = pool + sizeof(pool) - left;
+    left -= 16;
     for (int i = 0; i < 16; i++) {
         out[2 * i] = hex[raw[i] >> 4];
         out[2 * i + 1] = hex[raw[i] & 15];

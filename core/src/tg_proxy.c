@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,10 +99,6 @@ struct proxy_req_s {
     tg_admit_t *admit;            /* held while admitted; released at the end */
     int64_t est_tokens;
     int ctx_on;                   /* ctx holds a plugin generation */
-    tg_hookctx_t ctx;             /* what the plugin hooks see */
-    tg_ffi_header_t hdrs[TG_MAX_HEADERS];
-    tg_ffi_account_t accts[64];
-    const tg_account_t *cands[64];
     char key_id_s[24], tenant_id_s[24];
     tg_reserve_t *reserve;        /* in flight */
     int reserved;                 /* attempts that reserved */
@@ -114,7 +111,6 @@ struct proxy_req_s {
     int64_t tried[8];             /* accounts already tried */
     int ntried;
     int retry_other;              /* the next attempt must use another account if any */
-    const tg_account_t *order[64]; /* candidates in order of preference */
     int norder, next_order;
     tg_redis_req_t *slot_rq;
     int64_t slot_account;         /* holds a slot lease on this account */
@@ -130,6 +126,13 @@ struct proxy_req_s {
     int64_t sticky_account;       /* bound account (0 none) */
     tg_redis_req_t *sticky_rq;
     char traceparent[56];
+    /* Large arrays, written before they are read: not zeroed at allocation (this is
+     * most of the struct). Keep them last: preq_new zeroes everything before `ctx`. */
+    tg_hookctx_t ctx;             /* what the plugin hooks see (tg_plugins_begin zeroes it) */
+    tg_ffi_header_t hdrs[TG_MAX_HEADERS];
+    tg_ffi_account_t accts[64];
+    const tg_account_t *cands[64];
+    const tg_account_t *order[64]; /* candidates in order of preference */
 };
 
 static void proxy_run(proxy_req_t *p);
@@ -656,7 +659,12 @@ static int phase_auth(proxy_req_t *p) {
         return fail(p, 401, "invalid_request_error", "invalid_api_key",
                     "missing API key: send Authorization: Bearer <key>");
     unsigned char digest[32];
-    SHA256((const unsigned char *)key.p, key.len, digest);
+    /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: keep it. */
+    static __thread EVP_MD *sha256;
+    if (!sha256)
+        sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (!sha256 || !EVP_Digest(key.p, key.len, digest, NULL, sha256, NULL))
+        SHA256((const unsigned char *)key.p, key.len, digest);
     tg_principal_t *pr = NULL;
     int rc = tg_state_auth(req->worker->state, digest, auth_done, p, &pr, &p->auth_wait);
     if (rc == TG_AGAIN)
@@ -1552,6 +1560,62 @@ static void up_body(void *ud, const char *data, size_t n) {
     }
 }
 
+/*
+ * The usage of a non-stream answer without parsing the whole document: the last
+ * top-level-looking `"usage":` (not preceded by a backslash, so not inside a string) and
+ * its object, brace-matched with strings skipped, parsed alone. Falls back to the whole
+ * body when that fails.
+ */
+static void usage_from_body(proxy_req_t *p) {
+    const char *b = p->body_copy.data;
+    size_t n = p->body_copy.len;
+    const char *hit = NULL;
+    for (const char *s = b; s && s < b + n;) {
+        const char *f = memmem(s, (size_t)(b + n - s), "\"usage\"", 7);
+        if (!f)
+            break;
+        if (f == b || f[-1] != '\\')
+            hit = f;
+        s = f + 7;
+    }
+    if (hit) {
+        const char *q = hit + 7;
+        while (q < b + n && (*q == ' ' || *q == ':' || *q == '\n' || *q == '\r' || *q == '\t'))
+            q++;
+        if (q < b + n && *q == '{') {
+            int depth = 0, in_str = 0;
+            const char *e = q;
+            for (; e < b + n; e++) {
+                char ch = *e;
+                if (in_str) {
+                    if (ch == '\\')
+                        e++;
+                    else if (ch == '"')
+                        in_str = 0;
+                } else if (ch == '"') {
+                    in_str = 1;
+                } else if (ch == '{') {
+                    depth++;
+                } else if (ch == '}' && --depth == 0) {
+                    break;
+                }
+            }
+            if (e < b + n) {
+                tg_buf_t doc;
+                tg_buf_init(&doc);
+                tg_buf_appends(&doc, "{\"usage\":");
+                tg_buf_append(&doc, q, (size_t)(e - q + 1));
+                tg_buf_appends(&doc, "}");
+                int rc = tg_usage_merge_json(&p->usage, p->up_proto, doc.data, doc.len);
+                tg_buf_free(&doc);
+                if (rc == 1)
+                    return;
+            }
+        }
+    }
+    tg_usage_merge_json(&p->usage, p->up_proto, b, n);
+}
+
 static void up_done(void *ud) {
     proxy_req_t *p = ud;
     p->call = NULL;
@@ -1590,7 +1654,7 @@ static void up_done(void *ud) {
     if (!p->first_byte_ns)
         p->first_byte_ns = p->upstream_end_ns;
     if (!p->sse_on && p->body_copy.len && p->upstream_status < 300)
-        tg_usage_merge_json(&p->usage, p->up_proto, p->body_copy.data, p->body_copy.len);
+        usage_from_body(p);
     if (p->buffer_whole) {
         tg_buf_t out;
         tg_buf_init(&out);
@@ -1755,9 +1819,10 @@ static void proxy_run(proxy_req_t *p) {
 }
 
 void tg_proxy_handle(tg_request_t *req) {
-    proxy_req_t *p = calloc(1, sizeof(*p));
+    proxy_req_t *p = malloc(sizeof(*p));
     if (!p)
         abort();
+    memset(p, 0, offsetof(proxy_req_t, ctx));
     p->req = req;
     p->pw = req->worker->proxy;
     p->attempt = 1;
