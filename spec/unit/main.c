@@ -1,6 +1,6 @@
 /*
  * The unit-test runner. `tg_unit MODULE` runs the tests of one module, `tg_unit` all of
- * them; each test runs in a forked child with a 20 s alarm.
+ * them; each test runs in a forked child with a 60 s alarm.
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
-            alarm(20);
+            alarm(60);
             tests[i].fn();
             exit(0);
         }

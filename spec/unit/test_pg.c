@@ -491,7 +491,7 @@ TG_TEST(pg, queue_is_bounded) {
     NEED_PG();
     uv_loop_t loop;
     uv_loop_init(&loop);
-    tg_pg_t *pg = tg_pg_create(&loop, conninfo, 1, 15000);
+    tg_pg_t *pg = tg_pg_create(&loop, conninfo, 1, 50000); /* 10,000 round trips on a loaded CI box */
     wait_connected(&loop, pg, 1);
     busy_t b = {0};
     /* One on the wire, TG_PG_MAX_QUEUE queued, then refusals. */
@@ -500,7 +500,7 @@ TG_TEST(pg, queue_is_bounded) {
     ASSERT_EQ_INT(b.busy, 0); /* reported on the next loop turn */
     int total = 0;
     uv_update_time(&loop);
-    uint64_t end = uv_now(&loop) + 15000;
+    uint64_t end = uv_now(&loop) + 50000;
     while ((total = b.ok + b.busy + b.other) < TG_PG_MAX_QUEUE + 3 && uv_now(&loop) < end)
         uv_run(&loop, UV_RUN_ONCE);
     ASSERT_EQ_INT(b.busy, 2);
