@@ -2,11 +2,12 @@
 // group's models (403) nor spend through B's upstream account. Every request of A
 // reaches the upstream with A's account credential only (the mock counts requests per
 // credential), the client's own key never goes upstream, and A sees only its models.
+// Billing is on (the default): A's usage is charged to A's balance only.
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { startMock, stopAll } from './lib/harness.mjs';
+import { startMock, stopAll, waitFor } from './lib/harness.mjs';
 import { adminClient, applyState, chat, chatReq, createDb, plainKey, request, startStateGateway } from './lib/db.mjs';
 
 const KEY_A = plainKey('tenant-a');
@@ -27,9 +28,10 @@ before(async () => {
     tenants: [{ name: 'tenant-a', balance: '10' }, { name: 'tenant-b', balance: '10' }],
     groups: [{ name: 'group-a', models: ['model-a', 'model-shared'] }, { name: 'group-b', models: ['model-b', 'model-shared'] }],
     accounts: [
-      { name: 'acct-a', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED_A, groups: ['group-a'] },
-      { name: 'acct-b', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED_B, groups: ['group-b'] },
+      { name: 'acct-a', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED_A, concurrency: 100, groups: ['group-a'] },
+      { name: 'acct-b', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED_B, concurrency: 100, groups: ['group-b'] },
     ],
+    prices: ['model-a', 'model-b', 'model-shared'].map((model) => ({ model, input: '1.00', output: '2.00' })),
     keys: [
       { name: 'a', tenant: 'tenant-a', group: 'group-a', key: KEY_A },
       { name: 'b', tenant: 'tenant-b', group: 'group-b', key: KEY_B },
@@ -38,7 +40,7 @@ before(async () => {
       { name: 'a-local', tenant: 'tenant-a', group: 'group-a', key: KEY_LOCAL, ip_allow: ['127.0.0.1/32'] },
     ],
   });
-  gw = await startStateGateway(db, {}, { mock });
+  gw = await startStateGateway(db, {}, { mock, billing: true });
 });
 
 after(async () => {
@@ -109,8 +111,9 @@ test("suspending tenant B stops B's keys and leaves A's untouched", async () => 
   const admin = adminClient(gw);
   const b = Number(await db.scalar("SELECT id FROM tenants WHERE name = 'tenant-b'"));
   assert.equal((await admin.patch(`/tenants/${b}`, { status: 'suspended' })).status, 200);
-  const rb = await chat(gw, KEY_B, chatReq('model-b'));
-  assert.equal(rb.status, 401, rb.text);
+  // Every worker drops its cached key within milliseconds (Redis Pub/Sub).
+  await waitFor(async () => (await chat(gw, KEY_B, chatReq('model-b'))).status === 401, { timeout: 1000, interval: 20, what: "B's key refused" });
+  for (let i = 0; i < 6; i++) assert.equal((await chat(gw, KEY_B, chatReq('model-b'))).status, 401);
   const ra = await chat(gw, KEY_A, chatReq('model-a'));
   assert.equal(ra.status, 200, ra.text);
   assert.equal((await admin.patch(`/tenants/${b}`, { status: 'active' })).status, 200);
@@ -133,4 +136,25 @@ test("a key's IP allow list: 403 ip_not_allowed from elsewhere, 200 from an allo
   const ok = await chat(gw, KEY_LOCAL, chatReq('model-a'));
   assert.equal(ok.status, 200, ok.text);
   assert.equal((await credStats()).total, 1, 'the refused request never reached the upstream');
+});
+
+test("every request is billed to its own tenant: B's balance pays nothing for A", async () => {
+  const ids = Object.fromEntries((await db.query('SELECT name, id FROM tenants')).map((t) => [t.name, t.id]));
+  // Settlement is batched: wait until every answered request has its usage row.
+  const answered = (await mock.stats()).total;
+  await waitFor(async () => Number(await db.scalar('SELECT count(*) FROM usage')) > 0, { timeout: 10000, what: 'usage rows' });
+  await waitFor(async () => Number(await db.scalar('SELECT count(*) FROM reservations WHERE state = \'reserved\'')) === 0,
+    { timeout: 10000, what: 'every reservation settled' });
+  assert.ok(answered > 0);
+  const crossed = await db.scalar('SELECT count(*) FROM usage u JOIN api_keys k ON k.id = u.api_key_id WHERE k.tenant_id <> u.tenant_id');
+  assert.equal(crossed, '0', "no usage row charges a key's request to another tenant");
+  const byTenant = await db.query('SELECT t.name, t.balance::text AS balance, t.opening_balance::text AS opening, ' +
+    "coalesce((SELECT sum(u.cost) FROM usage u WHERE u.tenant_id = t.id), 0)::text AS used, " +
+    "(SELECT count(*) FROM usage u WHERE u.tenant_id = t.id) AS n FROM tenants t ORDER BY t.name");
+  for (const t of byTenant) {
+    assert.ok(t.n > 0, `${t.name} has usage rows`);
+    assert.equal(Number(t.balance), Number(t.opening) - Number(t.used), `${t.name}: balance = opening - its own usage`);
+  }
+  const aRows = await adminClient(gw).read(`/usage?tenant_id=${ids['tenant-a']}&limit=1000`);
+  assert.ok(aRows.data.length > 0 && aRows.data.every((u) => u.tenant_id === ids['tenant-a']), 'the usage query by tenant shows only that tenant');
 });

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { MODEL, startMock, stopAll } from './lib/harness.mjs';
+import { MODEL, startMock, stopAll, waitFor } from './lib/harness.mjs';
 import { adminClient, applyState, chat, chatReq, createDb, plainKey, sha256hex, startStateGateway, stateFile, tool } from './lib/db.mjs';
 
 const FILE_KEY = plainKey('file');
@@ -81,7 +81,8 @@ test('apply stores keys as SHA-256 and prints a generated key once', async () =>
 });
 
 test('keys and accounts created and rotated through the admin API', async () => {
-  gw = await startStateGateway(db, {}, { mock });
+  // Billing on (the default), so usage, reservation and ledger rows are in the dump too.
+  gw = await startStateGateway(db, {}, { mock, billing: true });
   admin = adminClient(gw);
   const tenant = Number(await db.scalar("SELECT id FROM tenants WHERE name = 'acme'"));
   const group = Number(await db.scalar("SELECT id FROM groups WHERE name = 'main'"));
@@ -107,9 +108,15 @@ test('keys and accounts created and rotated through the admin API', async () => 
   // A credential sealed through the API opens too: make it the only account.
   const fileAcct = Number(await db.scalar("SELECT id FROM accounts WHERE name = 'file-acct'"));
   assert.equal((await admin.patch(`/accounts/${fileAcct}`, { status: 'disabled' })).status, 200);
-  const r = await chat(gw, apiKey, chatReq(MODEL));
-  assert.equal(r.status, 200, r.text);
-  assert.equal((await mock.last()).headers.authorization, `Bearer ${API_CRED_ROTATED}`);
+  // Every worker reloads its account snapshot on the change (within milliseconds).
+  await waitFor(async () => {
+    const r = await chat(gw, apiKey, chatReq(MODEL));
+    assert.equal(r.status, 200, r.text);
+    return (await mock.last()).headers.authorization === `Bearer ${API_CRED_ROTATED}`;
+  }, { timeout: 1000, interval: 20, what: 'the API account to serve' });
+  await mock.reset();
+  for (let i = 0; i < 6; i++) assert.equal((await chat(gw, apiKey, chatReq(MODEL))).status, 200);
+  assert.deepEqual(Object.keys((await mock.stats()).credentials), [API_CRED_ROTATED], 'the rotated credential, opened from its sealed form');
   assert.equal((await admin.patch(`/accounts/${fileAcct}`, { status: 'active' })).status, 200);
 });
 

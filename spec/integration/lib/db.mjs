@@ -204,9 +204,18 @@ export function stateEnv(db, { redis = SUITE_REDIS } = {}) {
   };
 }
 
-/** harness.startGateway with Postgres (db) and Redis. */
-export function startStateGateway(db, overrides = {}, { mock, redis, env = {}, ...opts } = {}) {
-  return startGateway(overrides, { mock, env: { ...stateEnv(db, { redis }), ...env }, ...opts });
+/**
+ * harness.startGateway with Postgres (db) and Redis. Billing is off unless `billing` is
+ * true: with it, every request also reserves its maximum cost in Redis and records the
+ * reservation in Postgres before the upstream call, and money fails closed. The
+ * billing files test that; here it would turn the faults these tests inject on purpose
+ * (a stuck key table, a dead Redis) into billing_unavailable and hide what they check.
+ * With billing on, its spool goes to a temp dir.
+ */
+export function startStateGateway(db, overrides = {}, { mock, redis, env = {}, billing = false, ...opts } = {}) {
+  const o = { ...overrides };
+  o.billing = billing ? { spool_dir: tempDir('spool'), ...(overrides.billing || {}) } : { enabled: false, ...(overrides.billing || {}) };
+  return startGateway(o, { mock, env: { ...stateEnv(db, { redis }), ...env }, ...opts });
 }
 
 // ---- HTTP -------------------------------------------------------------------------------
