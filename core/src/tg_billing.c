@@ -75,9 +75,6 @@ static const char INIT_SQL[] =
     "AND r.state IN ('reserved', 'pending_reconciliation')), 0)) * 1000000000)::bigint, -1) "
     "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
 
-static const char RESERVE_SQL[] =
-    "INSERT INTO reservations (request_id, attempt, tenant_id, api_key_id, amount, model) "
-    "VALUES ($1, $2::int, $3::bigint, $4::bigint, $5::numeric, $6) ON CONFLICT DO NOTHING";
 
 typedef struct pending_s {
     json_t *obj;
@@ -179,29 +176,12 @@ int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multipl
 /* ---- reservation ---------------------------------------------------------------------- */
 
 static void reserve_send(tg_reserve_t *x);
+static void enqueue(tg_billing_t *b, json_t *item);
 
 static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
     if (!x->detached)
         x->cb(x->ud, status, code, msg);
     free(x);
-}
-
-static void pg_reserved(void *ud, const PGresult *res, const char *err) {
-    tg_reserve_t *x = ud;
-    TG_UNUSED(res);
-    if (err) {
-        /* Not durable: give the Redis hold back and refuse (money fails closed). */
-        tg_log_warn("billing: reservation %s not recorded in Postgres (%s); refused", x->request_id, err);
-        tg_redis_t *redis = tg_state_redis(x->b->st);
-        if (redis) {
-            const char *argv[4] = {x->keys[0], x->keys[1], x->keys[2], "0"};
-            tg_redis_eval(redis, x->b->settle_script, 3, 4, argv, NULL, NULL, NULL);
-        }
-        reserve_finish(x, 503, "billing_unavailable", "the request could not be reserved against the balance; try again");
-        return;
-    }
-    x->b->stats.reserved++;
-    reserve_finish(x, 0, NULL, NULL);
 }
 
 static void init_loaded(void *ud, const PGresult *res, const char *err) {
@@ -245,14 +225,22 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
             reserve_finish(x, 402, "insufficient_balance", "the balance cannot cover the request's maximum cost");
         return;
     }
-    /* Durable record of the hold, before the upstream is called. */
-    char attempt[16], tenant[24], key[24], amount[32];
-    snprintf(attempt, sizeof(attempt), "%d", x->r.attempt);
-    snprintf(tenant, sizeof(tenant), "%lld", (long long)x->r.tenant_id);
-    snprintf(key, sizeof(key), "%lld", (long long)x->r.key_id);
+    /* The hold is in Redis (atomic, before the upstream call); its Postgres row goes
+     * with the next settlement batch, in order, or to the local spool when Postgres is
+     * unreachable: no request waits on Postgres. */
+    char amount[32];
     tg_money_format(x->r.amount, amount);
-    const char *params[6] = {x->request_id, attempt, tenant, key, amount, x->model};
-    tg_pg_query(tg_state_pg(b->st), RESERVE_SQL, 6, params, pg_reserved, x);
+    json_t *o = json_object();
+    json_object_set_new(o, "op", json_string("reserve"));
+    json_object_set_new(o, "request_id", json_string(x->request_id));
+    json_object_set_new(o, "attempt", json_integer(x->r.attempt));
+    json_object_set_new(o, "tenant_id", json_integer(x->r.tenant_id));
+    json_object_set_new(o, "api_key_id", json_integer(x->r.key_id));
+    json_object_set_new(o, "amount", json_string(amount));
+    json_object_set_new(o, "model", json_string(x->model));
+    enqueue(b, o);
+    b->stats.reserved++;
+    reserve_finish(x, 0, NULL, NULL);
 }
 
 static void reserve_send(tg_reserve_t *x) {
@@ -369,6 +357,8 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
     b->stats.batches++;
     for (int i = 0; i < PQntuples(res); i++) {
         const char *outcome = PQgetvalue(res, i, 1);
+        if (!strcmp(outcome, "reserved"))
+            continue;
         if (!strcmp(outcome, "settled"))
             b->stats.settled++;
         else if (!strcmp(outcome, "duplicate"))
@@ -477,13 +467,17 @@ static json_t *settlement_json(const tg_settlement_t *s) {
     return o;
 }
 
-void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
-    release_attempts(b, s, s->cost);
-    json_array_append_new(b->queue, settlement_json(s));
+static void enqueue(tg_billing_t *b, json_t *item) {
+    json_array_append_new(b->queue, item);
     if (json_array_size(b->queue) >= BATCH_MAX)
         flush(b);
     else if (!uv_is_active((uv_handle_t *)&b->flush_timer))
         uv_timer_start(&b->flush_timer, flush_cb, 1, 0);
+}
+
+void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
+    release_attempts(b, s, s->cost);
+    enqueue(b, settlement_json(s));
 }
 
 static void noop_cb(void *ud, const PGresult *res, const char *err) {

@@ -451,6 +451,28 @@ static int apply_section(apply_t *a, const char *name, const char *table, const 
             lua_pop(L, 1);
             break;
         }
+        /* Every field of the item must be known: a typo is refused, naming it. */
+        static const char *const extra_keys[] = {"tenant", "group", "key", "key_sha256", "credential", "groups", NULL};
+        lua_pushnil(L);
+        while (rc == TG_OK && lua_next(L, -2)) {
+            lua_pop(L, 1);
+            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            int known = 0;
+            for (const field_t *f = fields; k && f->lua && !known; f++)
+                known = !strcmp(f->lua, k);
+            for (const char *const *e = extra_keys; k && *e && !known; e++)
+                known = !strcmp(*e, k) && ((!strcmp(table, "api_keys") && strcmp(*e, "credential") && strcmp(*e, "groups")) ||
+                                           (!strcmp(table, "accounts") && (!strcmp(*e, "credential") || !strcmp(*e, "groups"))));
+            if (!known) {
+                rc = afail(a, "unknown field \"%s\"", k ? k : "?");
+                lua_pop(L, 1);
+                break;
+            }
+        }
+        if (rc != TG_OK) {
+            lua_pop(L, 1);
+            break;
+        }
         const char *cols[32];
         ftype_t types[32];
         int create_only[32];
@@ -493,6 +515,10 @@ static const field_t tenant_fields[] = {
     {"name", "name", F_TEXT, 0, NULL},
     {"budget", "budget", F_NUMERIC, 0, NULL},
     {"status", "status", F_TEXT, 0, "active"},
+    {"rpm", "rpm", F_INT, 0, NULL},
+    {"rpm_burst", "rpm_burst", F_INT, 0, NULL},
+    {"tpm", "tpm", F_INT, 0, NULL},
+    {"concurrency", "concurrency", F_INT, 0, NULL},
     {"balance", "balance", F_NUMERIC, 1, NULL},
     {"balance", "opening_balance", F_NUMERIC, 1, NULL},
     {NULL, NULL, 0, 0, NULL},
@@ -670,6 +696,7 @@ static const field_t key_fields[] = {
     {"allowed_models", "allowed_models", F_TEXTARR, 0, NULL},
     {"ip_allow", "ip_allow", F_CIDRARR, 0, NULL},
     {"rpm", "rpm", F_INT, 0, NULL},
+    {"rpm_burst", "rpm_burst", F_INT, 0, NULL},
     {"tpm", "tpm", F_INT, 0, NULL},
     {"concurrency", "concurrency", F_INT, 0, NULL},
     {"budget", "budget", F_NUMERIC, 0, NULL},

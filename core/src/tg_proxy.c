@@ -105,6 +105,7 @@ struct proxy_req_s {
     int64_t reserved_amount;      /* nano-USD, all attempts */
     int64_t est_input;
     int64_t stream_chunks;        /* content events streamed to the client */
+    uint64_t first_token_ns;      /* the first content event of a stream */
     int up_err;                   /* tg_uperr_t of a failed upstream call, 0 none */
     /* Routing and retries. */
     int attempt;                  /* 1-based */
@@ -136,6 +137,9 @@ struct proxy_req_s {
 };
 
 static void proxy_run(proxy_req_t *p);
+
+/* Time to first token: the first content event of a stream, else the first body byte. */
+#define TTFT_NS(p) ((p)->first_token_ns ? (p)->first_token_ns : (p)->first_byte_ns)
 
 /* ---- per-worker state --------------------------------------------------------------- */
 
@@ -282,8 +286,8 @@ static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t 
     }
     tg_buf_printf(&b, ",\"bytes_in\":%llu,\"bytes_out\":%llu", (unsigned long long)req->bytes_in,
                   (unsigned long long)req->bytes_out);
-    if (p->first_byte_ns)
-        tg_buf_printf(&b, ",\"ttft_ms\":%.3f", (double)(p->first_byte_ns - req->start_ns) / 1e6);
+    if (TTFT_NS(p))
+        tg_buf_printf(&b, ",\"ttft_ms\":%.3f", (double)(TTFT_NS(p) - req->start_ns) / 1e6);
     else
         tg_buf_appends(&b, ",\"ttft_ms\":null");
     uint64_t up_ns = p->upstream_start_ns ? (p->upstream_end_ns ? p->upstream_end_ns : now) - p->upstream_start_ns : 0;
@@ -310,8 +314,8 @@ static void on_finish(tg_request_t *req, int aborted) {
     }
     uint64_t now = tg_now_ns();
     tg_metrics_t *m = &req->worker->metrics;
-    if (p->first_byte_ns)
-        tg_histogram_observe(&m->ttft, (p->first_byte_ns - req->start_ns) / 1000);
+    if (TTFT_NS(p))
+        tg_histogram_observe(&m->ttft, (TTFT_NS(p) - req->start_ns) / 1000);
     if (p->upstream_start_ns) {
         uint64_t up = (p->upstream_end_ns ? p->upstream_end_ns : now) - p->upstream_start_ns;
         uint64_t total = now - req->start_ns;
@@ -353,7 +357,7 @@ static void on_finish(tg_request_t *req, int aborted) {
         c->usage_reasoning = p->usage.reasoning;
         c->usage_known = p->usage.known;
         c->status = aborted && req->status < 400 ? 499 : req->status;
-        c->ttft_ms = p->first_byte_ns ? (double)(p->first_byte_ns - req->start_ns) / 1e6 : -1;
+        c->ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1;
         c->total_ms = (double)(now - req->start_ns) / 1e6;
         if (p->usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE)) {
             c->usage_input = billed.input;
@@ -392,7 +396,7 @@ static void on_finish(tg_request_t *req, int aborted) {
                 .estimated = estimated,
                 .attempts = p->reserved,
                 .status = aborted && req->status < 400 ? 499 : req->status,
-                .ttft_ms = p->first_byte_ns ? (double)(p->first_byte_ns - req->start_ns) / 1e6 : -1,
+                .ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
                 .total_ms = (double)(now - req->start_ns) / 1e6,
             };
             tg_billing_settle(p->pw->billing, &s);
@@ -1285,8 +1289,12 @@ static int phase_reserve(proxy_req_t *p) {
 static void sse_event(void *ud, const char *event, size_t event_len, const char *data, size_t data_len) {
     proxy_req_t *p = ud;
     int usage_found = 0;
-    if (data_len && memmem(data, data_len, "\"content\"", 9))
-        p->stream_chunks++;
+    if (data_len && (memmem(data, data_len, "\"content\"", 9) || memmem(data, data_len, "text_delta", 10) ||
+                     memmem(data, data_len, "output_text.delta", 17))) {
+        /* Time to first token: the first event that carries content. */
+        if (!p->stream_chunks++)
+            p->first_token_ns = tg_now_ns();
+    }
     if (data_len && memmem(data, data_len, "usage", 5))
         usage_found = tg_usage_merge_json(&p->usage, p->up_proto, data, data_len) == 1;
     if (p->xlate) {
@@ -1447,6 +1455,8 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
     p->account = NULL;
     p->up = NULL;
     p->first_byte_ns = 0;
+    p->first_token_ns = 0;
+    p->stream_chunks = 0;
     p->upstream_status = 0;
     p->up_err = 0;
     memset(&p->usage, 0, sizeof(p->usage));
@@ -1645,7 +1655,7 @@ static void up_done(void *ud) {
     }
     if (p->health) {
         int ok = p->upstream_status < 500 && p->upstream_status != 429;
-        double ttft = p->first_byte_ns ? (double)(p->first_byte_ns - p->upstream_start_ns) / 1e6 : -1;
+        double ttft = TTFT_NS(p) ? (double)(TTFT_NS(p) - p->upstream_start_ns) / 1e6 : -1;
         tg_health_end(p->health, ok, ttft);
         p->health = NULL;
     }

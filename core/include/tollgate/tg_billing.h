@@ -2,10 +2,13 @@
  * Two-phase metering and idempotent settlement.
  *
  * Before the upstream call a request reserves the upper bound of its cost (estimated
- * input + max output, priced) twice: in Redis, atomically against the tenant's live
- * available balance and the key's budget (one script, hash tag {t:<tenant>}), and
- * durably in Postgres as a `reserved` row. A balance that cannot cover the bound
- * refuses the request (402), so concurrent requests can never overspend.
+ * input + max output, priced) in Redis, atomically against the tenant's live available
+ * balance and the key's budget (one script, hash tag {t:<tenant>}); a balance that cannot
+ * cover the bound refuses the request (402), so concurrent requests can never overspend.
+ * The reservation's durable Postgres row (`reserved`) is written by the settlement
+ * batcher, in order and within a millisecond, or appended to the local fsync'd spool when
+ * Postgres is unreachable — so no request waits on Postgres, and a Postgres outage does
+ * not stop traffic for tenants whose balance is live in Redis.
  *
  * After the response, the exact usage is priced and settled: the Redis reservation's
  * unused part is returned exactly once (the reservation key is deleted by the same

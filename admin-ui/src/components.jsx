@@ -1,0 +1,286 @@
+// Building blocks shared by the pages: loading and error states, empty states that say
+// what to do next, tables, forms, a confirmation dialog, and a hook for API loads.
+import { useCallback, useEffect, useRef, useState } from 'preact/hooks';
+
+export function Spinner({ label = 'Loading…' }) {
+  return (
+    <div class="spinner" role="status" aria-live="polite">
+      <span class="spinner-dot" aria-hidden="true" />
+      {label}
+    </div>
+  );
+}
+
+export function ErrorBox({ error, onRetry }) {
+  if (!error) return null;
+  return (
+    <div class="error" role="alert">
+      <strong>Something went wrong.</strong> {error.plain || error.message || String(error)}
+      {onRetry && (
+        <button type="button" class="link" onClick={onRetry}>
+          Try again
+        </button>
+      )}
+    </div>
+  );
+}
+
+export function Notice({ kind = 'info', children }) {
+  return <div class={`notice notice-${kind}`}>{children}</div>;
+}
+
+export function Empty({ title, children }) {
+  return (
+    <div class="empty">
+      <strong>{title}</strong>
+      <div>{children}</div>
+    </div>
+  );
+}
+
+/** A page heading with an optional right-hand side (buttons). */
+export function PageHead({ title, sub, children }) {
+  return (
+    <header class="page-head">
+      <div>
+        <h1>{title}</h1>
+        {sub && <p class="sub">{sub}</p>}
+      </div>
+      <div class="page-actions">{children}</div>
+    </header>
+  );
+}
+
+/**
+ * Runs fn() now and whenever deps change or reload() is called; returns
+ * {data, error, loading, reload}. A load started later wins over an earlier one.
+ */
+export function useLoad(fn, deps = []) {
+  const [state, setState] = useState({ data: null, error: null, loading: true });
+  const seq = useRef(0);
+  const reload = useCallback(async () => {
+    const my = ++seq.current;
+    setState((s) => ({ ...s, loading: true, error: null }));
+    try {
+      const data = await fn();
+      if (my === seq.current) setState({ data, error: null, loading: false });
+    } catch (error) {
+      if (my === seq.current) setState((s) => ({ ...s, error, loading: false }));
+    }
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, deps);
+  useEffect(() => {
+    reload();
+  }, [reload]);
+  return { ...state, reload };
+}
+
+/** A button that shows progress while its async onClick runs and reports failures. */
+export function ActionButton({ onClick, children, busyLabel, class: cls = '', onError, ...rest }) {
+  const [busy, setBusy] = useState(false);
+  const click = async (e) => {
+    e.preventDefault();
+    if (busy) return;
+    setBusy(true);
+    try {
+      await onClick();
+    } catch (err) {
+      if (onError) onError(err);
+      else throw err;
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <button type="button" class={`${cls} ${busy ? 'busy' : ''}`} disabled={busy || rest.disabled} onClick={click} {...rest}>
+      {busy ? busyLabel || 'Working…' : children}
+    </button>
+  );
+}
+
+/** A labelled form field. */
+export function Field({ label, hint, children, wide }) {
+  return (
+    <label class={`field ${wide ? 'wide' : ''}`}>
+      <span class="field-label">{label}</span>
+      {children}
+      {hint && <span class="hint">{hint}</span>}
+    </label>
+  );
+}
+
+/**
+ * A form that submits with progress and shows the API's error in plain words.
+ * onSubmit(values) gets the named inputs' values as strings (checkbox groups as arrays).
+ */
+export function Form({ onSubmit, submitLabel = 'Save', busyLabel = 'Saving…', children, onCancel, class: cls = '' }) {
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState(null);
+  const submit = async (e) => {
+    e.preventDefault();
+    const form = e.currentTarget;
+    const values = {};
+    for (const el of form.elements) {
+      if (!el.name) continue;
+      if (el.type === 'checkbox') {
+        if (el.dataset.multi) {
+          values[el.name] = values[el.name] || [];
+          if (el.checked) values[el.name].push(el.value);
+        } else values[el.name] = el.checked;
+      } else values[el.name] = el.value;
+    }
+    setBusy(true);
+    setError(null);
+    try {
+      await onSubmit(values, form);
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <form class={`form ${cls}`} onSubmit={submit} noValidate>
+      <div class="form-fields">{children}</div>
+      <ErrorBox error={error} />
+      <div class="form-actions">
+        <button type="submit" class="primary" disabled={busy}>
+          {busy ? busyLabel : submitLabel}
+        </button>
+        {onCancel && (
+          <button type="button" onClick={onCancel} disabled={busy}>
+            Cancel
+          </button>
+        )}
+      </div>
+    </form>
+  );
+}
+
+/** A modal dialog: children are its body; closes on Escape and on the backdrop. */
+export function Modal({ title, onClose, children, wide }) {
+  const ref = useRef(null);
+  useEffect(() => {
+    const key = (e) => e.key === 'Escape' && onClose?.();
+    document.addEventListener('keydown', key);
+    ref.current?.querySelector('input, select, textarea, button.primary')?.focus();
+    return () => document.removeEventListener('keydown', key);
+  }, [onClose]);
+  return (
+    <div class="modal-backdrop" onClick={(e) => e.target === e.currentTarget && onClose?.()}>
+      <div class={`modal ${wide ? 'wide' : ''}`} role="dialog" aria-modal="true" aria-label={title} ref={ref}>
+        <header>
+          <h2>{title}</h2>
+          {onClose && (
+            <button type="button" class="link close" aria-label="Close" onClick={onClose}>
+              ×
+            </button>
+          )}
+        </header>
+        <div class="modal-body">{children}</div>
+      </div>
+    </div>
+  );
+}
+
+/** Asks before a destructive action; runs it with progress and shows its error. */
+export function Confirm({ title, children, confirmLabel = 'Confirm', danger, onConfirm, onClose }) {
+  const [error, setError] = useState(null);
+  return (
+    <Modal title={title} onClose={onClose}>
+      <div class="confirm-text">{children}</div>
+      <ErrorBox error={error} />
+      <div class="form-actions">
+        <ActionButton
+          class={danger ? 'danger' : 'primary'}
+          busyLabel="Working…"
+          onClick={async () => {
+            setError(null);
+            await onConfirm();
+            onClose();
+          }}
+          onError={setError}
+        >
+          {confirmLabel}
+        </ActionButton>
+        <button type="button" onClick={onClose}>
+          Cancel
+        </button>
+      </div>
+    </Modal>
+  );
+}
+
+/** A data table: columns [{key, label, render?(row), num?}], rows, a row key. */
+export function Table({ columns, rows, rowKey = (r) => r.id, empty, class: cls = '' }) {
+  if (!rows.length) return empty || null;
+  return (
+    <div class="table-wrap">
+      <table class={cls}>
+        <thead>
+          <tr>
+            {columns.map((c) => (
+              <th key={c.key} class={c.num ? 'num' : ''}>
+                {c.label}
+              </th>
+            ))}
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((r) => (
+            <tr key={rowKey(r)} data-row={rowKey(r)}>
+              {columns.map((c) => (
+                <td key={c.key} class={c.num ? 'num' : ''} data-col={c.key}>
+                  {c.render ? c.render(r) : r[c.key] ?? '—'}
+                </td>
+              ))}
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** A select whose initial choice is `initial` (Preact has no defaultValue for selects). */
+export function Select({ name, initial, options }) {
+  return (
+    <select name={name}>
+      {options.map(([value, label]) => (
+        <option key={value} value={value} selected={value === initial}>
+          {label}
+        </option>
+      ))}
+    </select>
+  );
+}
+
+export function Badge({ kind = 'neutral', children }) {
+  return <span class={`badge badge-${kind}`}>{children}</span>;
+}
+
+/** Copies text to the clipboard; falls back to selecting it where the API is missing
+ *  (plain http on a non-localhost address is not a secure context). */
+export function CopyButton({ text, targetRef }) {
+  const [done, setDone] = useState('');
+  const copy = async () => {
+    try {
+      if (!navigator.clipboard) throw new Error('no clipboard API');
+      await navigator.clipboard.writeText(text);
+      setDone('Copied');
+    } catch {
+      const el = targetRef?.current;
+      if (el) {
+        el.focus();
+        el.select();
+        const ok = document.execCommand && document.execCommand('copy');
+        setDone(ok ? 'Copied' : 'Selected: press Ctrl+C');
+      } else setDone('Copy it by hand');
+    }
+  };
+  return (
+    <button type="button" class="primary" onClick={copy}>
+      {done || 'Copy'}
+    </button>
+  );
+}

@@ -1,0 +1,339 @@
+// Upstream accounts: the pool the gateway routes to. Status, health (disabled, cooling
+// down, no credential), recent load from usage rows, enable/disable, clearing a
+// cooldown, and the groups each serves.
+import { useState } from 'preact/hooks';
+
+import { api, listAll } from '../api.js';
+import { Badge, Confirm, Empty, ErrorBox, Field, Form, Modal, Notice, PageHead, Select, Spinner, Table, useLoad } from '../components.jsx';
+import { ago, ms, num, splitList, when } from '../format.js';
+import { navigate } from '../router.js';
+
+export function health(a, now = Date.now()) {
+  if (a.status !== 'active') return { kind: 'neutral', text: 'disabled' };
+  if (a.cooldown_until && Date.parse(a.cooldown_until) > now) return { kind: 'warn', text: `cooling down until ${when(a.cooldown_until)}` };
+  if (!a.has_credential) return { kind: 'warn', text: 'no credential' };
+  return { kind: 'ok', text: 'ok' };
+}
+
+function AccountForm({ account, groups, onDone, onCancel }) {
+  const inGroups = new Set(account?.groups || []);
+  return (
+    <Form
+      submitLabel={account ? 'Save account' : 'Create account'}
+      busyLabel="Saving…"
+      onCancel={onCancel}
+      onSubmit={async (v) => {
+        if (!v.name.trim()) throw { plain: 'Give the account a name.' };
+        if (!/^https?:\/\//.test(v.base_url.trim())) throw { plain: 'The base URL must start with http:// or https://, e.g. https://api.openai.com/v1.' };
+        let modelMap;
+        try {
+          modelMap = v.model_map.trim() ? JSON.parse(v.model_map) : {};
+        } catch (e) {
+          throw { plain: `The model map must be a JSON object: ${e.message}` };
+        }
+        const body = {
+          name: v.name.trim(),
+          provider: v.provider,
+          base_url: v.base_url.trim(),
+          kind: v.kind,
+          models: splitList(v.models),
+          model_map: modelMap,
+          groups: (v.groups || []).map(Number),
+        };
+        for (const k of ['concurrency', 'priority', 'weight']) {
+          if (v[k].trim() === '') continue;
+          const n = Number(v[k]);
+          if (!Number.isInteger(n)) throw { plain: `${k} must be a whole number.` };
+          body[k] = n;
+        }
+        if (v.cost_multiplier.trim()) body.cost_multiplier = v.cost_multiplier.trim();
+        if (v.credential) body.credential = v.credential;
+        if (account) await api.patch(`/accounts/${account.id}`, body);
+        else await api.post('/accounts', body);
+        onDone();
+      }}
+    >
+      <Field label="Name">
+        <input name="name" defaultValue={account?.name ?? ''} placeholder="openai-main" />
+      </Field>
+      <Field label="Provider">
+        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic']]} />
+      </Field>
+      <Field label="Base URL" hint="e.g. https://api.openai.com/v1" wide>
+        <input name="base_url" defaultValue={account?.base_url ?? ''} placeholder="https://api.openai.com/v1" />
+      </Field>
+      <Field
+        label="Credential"
+        hint={account ? (account.has_credential ? 'Stored sealed; blank keeps it.' : 'None stored yet.') : 'The provider API key; stored sealed (AES-256-GCM), never shown again.'}
+        wide
+      >
+        <input name="credential" type="password" autocomplete="off" placeholder={account?.has_credential ? '••••••• (unchanged)' : 'sk-…'} />
+      </Field>
+      <Field label="Kind">
+        <Select name="kind" initial={account?.kind ?? 'metered'} options={[['metered', 'metered'], ['subscription', 'subscription']]} />
+      </Field>
+      <Field label="Concurrency" hint="Requests at once.">
+        <input name="concurrency" inputMode="numeric" defaultValue={account?.concurrency ?? 16} />
+      </Field>
+      <Field label="Priority" hint="Higher is tried first.">
+        <input name="priority" inputMode="numeric" defaultValue={account?.priority ?? 0} />
+      </Field>
+      <Field label="Weight" hint="Share among equal priority.">
+        <input name="weight" inputMode="numeric" defaultValue={account?.weight ?? 100} />
+      </Field>
+      <Field label="Cost multiplier">
+        <input name="cost_multiplier" inputMode="decimal" defaultValue={account?.cost_multiplier ?? '1'} />
+      </Field>
+      <Field label="Models" hint="Comma-separated; blank: any model." wide>
+        <input name="models" defaultValue={(account?.models || []).join(', ')} placeholder="gpt-4o-mini, gpt-4o" />
+      </Field>
+      <Field label="Model map (JSON)" hint='Client model → upstream model, e.g. {"gpt-4o-mini": "gpt-4o-mini-2024-07-18"}' wide>
+        <textarea name="model_map" rows={2} class="mono" defaultValue={JSON.stringify(account?.model_map ?? {})} />
+      </Field>
+      <fieldset class="field wide">
+        <legend class="field-label">Groups it serves</legend>
+        {groups.length ? (
+          <div class="checks">
+            {groups.map((g) => (
+              <label key={g.id} class="check">
+                <input type="checkbox" name="groups" data-multi="1" value={String(g.id)} defaultChecked={inGroups.has(g.id)} /> {g.name}
+              </label>
+            ))}
+          </div>
+        ) : (
+          <span class="hint">No groups yet: create one on the Groups page so keys can reach this account.</span>
+        )}
+      </fieldset>
+    </Form>
+  );
+}
+
+/** What the console can tell about an account without a test endpoint. */
+function TestInfo({ account, recent, groups, onClose }) {
+  const rows = recent.filter((r) => r.account_id === account.id).slice(-20).reverse();
+  const gnames = groups.filter((g) => (account.groups || []).includes(g.id)).map((g) => g.name);
+  const model = account.models?.[0] || 'gpt-4o-mini';
+  return (
+    <Modal title={`Test ${account.name}`} onClose={onClose} wide>
+      <Notice kind="warn">
+        The admin API has no endpoint that sends a test request through one account, so the console cannot test it by itself.
+        What it can show is the account's last requests; to test it now, send a request with a key of a group it serves.
+      </Notice>
+      <h3>Last requests through this account (past hour)</h3>
+      {rows.length ? (
+        <table class="compact">
+          <thead>
+            <tr>
+              <th>when</th>
+              <th>model</th>
+              <th>status</th>
+              <th class="num">TTFT</th>
+              <th class="num">total</th>
+            </tr>
+          </thead>
+          <tbody>
+            {rows.map((r) => (
+              <tr key={r.id}>
+                <td>{ago(r.created_at)}</td>
+                <td>{r.model}</td>
+                <td>
+                  <Badge kind={r.status >= 200 && r.status < 300 ? 'ok' : 'bad'}>{r.status ?? '—'}</Badge>
+                </td>
+                <td class="num">{ms(r.ttft_ms)}</td>
+                <td class="num">{ms(r.total_ms)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      ) : (
+        <Empty title="No billed requests through this account in the past hour.">Send one as below, then open this again.</Empty>
+      )}
+      <h3>Test by hand</h3>
+      {gnames.length ? (
+        <pre class="mono">{`curl ${location.origin}/v1/chat/completions \\
+  -H "Authorization: Bearer <a key of group ${gnames[0]}>" \\
+  -H "Content-Type: application/json" \\
+  -d '{"model":"${model}","messages":[{"role":"user","content":"ping"}]}'`}</pre>
+      ) : (
+        <p>This account serves no group yet, so no key can reach it: edit it and tick a group.</p>
+      )}
+    </Modal>
+  );
+}
+
+export function Accounts() {
+  const { data, error, loading, reload } = useLoad(async () => {
+    const since = new Date(Date.now() - 3600e3).toISOString();
+    const [accounts, groups, recent] = await Promise.all([
+      listAll('/accounts'),
+      listAll('/groups'),
+      // Load over the past hour, from usage rows; without usage rows this is empty.
+      listAll('/usage', { query: { from: since }, limit: 1000, maxRows: 5000 }).catch(() => []),
+    ]);
+    return { accounts, groups, recent };
+  });
+  const [editing, setEditing] = useState(null);
+  const [testing, setTesting] = useState(null);
+  const [confirm, setConfirm] = useState(null);
+  const accounts = data?.accounts || [];
+  const groups = data?.groups || [];
+  const recent = data?.recent || [];
+
+  const load = (a) => {
+    const rs = recent.filter((r) => r.account_id === a.id);
+    if (!rs.length) return <span class="muted">idle</span>;
+    const busy = rs.reduce((s, r) => s + (Number(r.total_ms) || 0), 0) / 3600e3;
+    const okN = rs.filter((r) => r.status >= 200 && r.status < 300).length;
+    return (
+      <span title="from usage rows of the past hour">
+        {num(rs.length)} req/h · {num(busy, 2)} of {num(a.concurrency)} slots · {Math.round((100 * okN) / rs.length)}% ok
+      </span>
+    );
+  };
+
+  const columns = [
+    { key: 'id', label: 'id', num: true },
+    {
+      key: 'name',
+      label: 'name',
+      render: (a) => (
+        <>
+          <strong>{a.name}</strong>
+          <div class="muted small-text">{a.base_url}</div>
+        </>
+      ),
+    },
+    { key: 'provider', label: 'provider', render: (a) => `${a.provider} · ${a.kind}` },
+    { key: 'status', label: 'status', render: (a) => <Badge kind={a.status === 'active' ? 'ok' : 'neutral'}>{a.status}</Badge> },
+    {
+      key: 'health',
+      label: 'health',
+      render: (a) => {
+        const h = health(a);
+        return <Badge kind={h.kind}>{h.text}</Badge>;
+      },
+    },
+    { key: 'load', label: 'load (past hour)', render: load },
+    { key: 'prio', label: 'priority / weight', render: (a) => `${a.priority} / ${a.weight}` },
+    { key: 'models', label: 'models', render: (a) => (a.models?.length ? a.models.join(', ') : <span class="muted">any</span>) },
+    {
+      key: 'groups',
+      label: 'groups',
+      render: (a) =>
+        (a.groups || []).length ? (
+          a.groups.map((id) => groups.find((g) => g.id === id)?.name ?? `#${id}`).join(', ')
+        ) : (
+          <span class="bad">none</span>
+        ),
+    },
+    {
+      key: 'actions',
+      label: '',
+      render: (a) => (
+        <div class="row-actions">
+          <button type="button" class="small" onClick={() => setTesting(a)}>
+            Test
+          </button>
+          <button type="button" class="small" onClick={() => setEditing(a)}>
+            Edit
+          </button>
+          <button
+            type="button"
+            class={`small ${a.status === 'active' ? 'danger' : 'primary'}`}
+            onClick={() =>
+              setConfirm({
+                title: a.status === 'active' ? `Disable ${a.name}?` : `Enable ${a.name}?`,
+                text: a.status === 'active' ? 'No new request is routed to it; requests in flight finish.' : 'It takes requests again.',
+                label: a.status === 'active' ? 'Disable' : 'Enable',
+                danger: a.status === 'active',
+                run: () => api.patch(`/accounts/${a.id}`, { status: a.status === 'active' ? 'disabled' : 'active' }),
+              })
+            }
+          >
+            {a.status === 'active' ? 'Disable' : 'Enable'}
+          </button>
+          {a.cooldown_until && Date.parse(a.cooldown_until) > Date.now() && (
+            <button
+              type="button"
+              class="small"
+              onClick={() =>
+                setConfirm({
+                  title: `End the cooldown of ${a.name}?`,
+                  text: 'It is routed to again at once.',
+                  label: 'End cooldown',
+                  run: () => api.patch(`/accounts/${a.id}`, { cooldown_until: null }),
+                })
+              }
+            >
+              End cooldown
+            </button>
+          )}
+        </div>
+      ),
+    },
+  ];
+
+  return (
+    <div>
+      <PageHead title="Accounts" sub="Upstream provider accounts the gateway routes to, by group, priority and weight.">
+        <button type="button" class="primary" onClick={() => setEditing('new')}>
+          New account
+        </button>
+      </PageHead>
+      <ErrorBox error={error} onRetry={reload} />
+      {loading && !data ? (
+        <Spinner label="Loading accounts…" />
+      ) : (
+        <Table
+          columns={columns}
+          rows={accounts}
+          empty={
+            !error && (
+              <Empty title="No upstream accounts yet.">
+                Add the provider accounts requests go to (base URL and API key), and tick the{' '}
+                <a href="/admin/groups" onClick={(e) => (e.preventDefault(), navigate('groups'))}>
+                  groups
+                </a>{' '}
+                they serve. Until then, only keys without a group work, through the config's static upstream.
+              </Empty>
+            )
+          }
+        />
+      )}
+      {accounts.length > 0 && (
+        <p class="hint">
+          Load comes from the usage rows of the past hour (requests, average slots busy, share answered 2xx); live in-flight
+          counts per account are not exposed by the API.
+        </p>
+      )}
+      {editing && (
+        <Modal title={editing === 'new' ? 'New account' : `Edit ${editing.name}`} onClose={() => setEditing(null)} wide>
+          <AccountForm
+            account={editing === 'new' ? null : editing}
+            groups={groups}
+            onCancel={() => setEditing(null)}
+            onDone={() => {
+              setEditing(null);
+              reload();
+            }}
+          />
+        </Modal>
+      )}
+      {testing && <TestInfo account={testing} recent={recent} groups={groups} onClose={() => setTesting(null)} />}
+      {confirm && (
+        <Confirm
+          title={confirm.title}
+          confirmLabel={confirm.label}
+          danger={confirm.danger}
+          onClose={() => setConfirm(null)}
+          onConfirm={async () => {
+            await confirm.run();
+            reload();
+          }}
+        >
+          {confirm.text}
+        </Confirm>
+      )}
+    </div>
+  );
+}

@@ -1,0 +1,376 @@
+// The operator's console end to end, in Debian's Chromium driven by playwright-core,
+// against the real gateway with a fresh, migrated Postgres database, Redis and the mock
+// upstream. What an operator does on a first day: log in, create a tenant, a group, an
+// account pointing at the mock, a price and a key; see the key once and copy it; call
+// the gateway with it from the OpenAI SDK; see the request on the dashboard and in usage;
+// revoke the key and see the next call refused; log out. Every page is photographed
+// for review (the path is printed; $TG_SCREENSHOT_DIR, or a temp directory).
+//
+// Throughout, the browser must report no Content-Security-Policy violation and no
+// uncaught error, and the admin API must answer no 5xx.
+
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, test } from 'node:test';
+
+import { ADMIN_TOKEN, CLIENT_KEY, REPO, sleep, startMock, stopAll, UPSTREAM_KEY, waitFor } from '../integration/lib/harness.mjs';
+import { createDb, startStateGateway } from '../integration/lib/db.mjs';
+
+const CHROMIUM = process.env.TG_CHROMIUM || '/usr/bin/chromium';
+const MODEL = 'gpt-4o-mini';
+
+let mock;
+let db;
+let gw;
+let ctx;
+let page;
+let profileDir;
+const shotDir = process.env.TG_SCREENSHOT_DIR || fs.mkdtempSync(path.join(os.tmpdir(), 'tollgate-console-shots-'));
+const problems = [];   // CSP violations, uncaught errors
+const serverErrors = []; // 5xx answers seen by the browser
+let shotN = 0;
+
+before(async () => {
+  const { chromium } = await import('playwright-core');
+  mock = await startMock();
+  db = await createDb();
+  // One shipped plugin, so the Plugins page has something to show: an alias clients may use.
+  const plugins = { dirs: [path.join(REPO, 'plugins')], enabled: [{ name: 'model-map', config: { aliases: { 'gpt-4': MODEL } } }] };
+  gw = await startStateGateway(db, { plugins }, { mock });
+  profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'tollgate-chromium-'));
+  fs.mkdirSync(shotDir, { recursive: true });
+  ctx = await chromium.launchPersistentContext(profileDir, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1440, height: 900 },
+    acceptDownloads: true,
+    timeout: 30000,
+  });
+  await ctx.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: gw.url });
+  page = ctx.pages()[0] || (await ctx.newPage());
+  page.setDefaultTimeout(15000);
+  page.on('console', (m) => {
+    if (/Content Security Policy|Refused to (load|execute|apply|connect|frame)/i.test(m.text())) problems.push(`CSP: ${m.text()}`);
+  });
+  page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}`));
+  page.on('response', (r) => {
+    if (r.status() >= 500) serverErrors.push(`${r.status()} ${r.request().method()} ${r.url()}`);
+  });
+});
+
+after(async () => {
+  await ctx?.close().catch(() => {});
+  if (profileDir) fs.rmSync(profileDir, { recursive: true, force: true });
+  await stopAll();
+  await db?.drop();
+  console.log(`console screenshots: ${shotDir}`);
+});
+
+async function shot(name) {
+  shotN += 1;
+  const file = path.join(shotDir, `${String(shotN).padStart(2, '0')}-${name}.png`);
+  await sleep(150); // let charts and transitions settle
+  // The whole page, cut at 1150 px (the usage table can be long).
+  const height = Math.min(1150, await page.evaluate(() => document.documentElement.scrollHeight));
+  await page.screenshot({ path: file, fullPage: true, clip: { x: 0, y: 0, width: 1440, height } });
+  return file;
+}
+
+/** Clicks a navigation link and waits for the page heading. */
+async function go(label) {
+  await page.locator('nav.side').getByRole('link', { name: label, exact: true }).click();
+  await page.getByRole('heading', { level: 1, name: label, exact: true }).waitFor();
+}
+
+const modal = () => page.locator('.modal');
+
+async function submitModal(button) {
+  await modal().getByRole('button', { name: button, exact: true }).click();
+  await modal().waitFor({ state: 'detached' });
+}
+
+const row = (text) => page.locator('tbody tr', { hasText: text });
+
+async function statValue(testid) {
+  return (await page.locator(`[data-testid="${testid}"] .stat-value`).textContent()).trim();
+}
+
+/** A chat completion through the gateway with `key` (OpenAI SDK, no retries). */
+async function chat(key, text = 'hello [mock chunks=3]') {
+  const { default: OpenAI } = await import('openai');
+  const client = new OpenAI({ apiKey: key, baseURL: gw.baseURL, maxRetries: 0, timeout: 15000 });
+  return client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: text }] });
+}
+
+let plainKey;
+
+test('log in: a wrong token is explained, the right one opens the dashboard', async () => {
+  await page.goto(`${gw.url}/admin/`);
+  const token = page.locator('input[name="token"]');
+  await token.waitFor();
+  await shot('login');
+  await token.fill('not-the-token');
+  await page.getByRole('button', { name: 'Log in' }).click();
+  await page.getByText('That admin token is wrong.').waitFor();
+  await shot('login-wrong-token');
+  await token.fill(ADMIN_TOKEN);
+  await page.getByRole('button', { name: 'Log in' }).click();
+  await page.getByRole('heading', { level: 1, name: 'Dashboard' }).waitFor();
+  await page.locator('[data-testid="stat-requests"]').waitFor();
+  assert.equal(await statValue('stat-requests'), '0', 'no client traffic yet');
+  await page.getByText('No client traffic yet.').waitFor();
+  await shot('dashboard-empty');
+
+  // The session is an HttpOnly cookie: page scripts cannot read it.
+  assert.equal(await page.evaluate(() => document.cookie), '');
+  const cookies = await ctx.cookies(`${gw.url}/admin/`);
+  const c = cookies.find((x) => x.name === 'tg_session');
+  assert.ok(c && c.httpOnly && c.sameSite === 'Strict' && c.path === '/admin', JSON.stringify(cookies));
+});
+
+test('tenants: empty state, create, a duplicate explained in plain words, top up', async () => {
+  await go('Tenants');
+  await page.getByText('No tenants yet.').waitFor();
+  await shot('tenants-empty');
+
+  await page.getByRole('button', { name: 'New tenant' }).click();
+  await modal().locator('input[name="name"]').fill('acme');
+  await modal().locator('input[name="balance"]').fill('10');
+  await submitModal('Create tenant');
+  await row('acme').waitFor();
+  assert.equal((await row('acme').locator('td[data-col="balance"]').textContent()).trim(), '$10.00');
+
+  await page.getByRole('button', { name: 'New tenant' }).click();
+  await modal().locator('input[name="name"]').fill('acme');
+  await modal().getByRole('button', { name: 'Create tenant' }).click();
+  await modal().getByText('That already exists: pick another name').waitFor();
+  await shot('tenants-duplicate-error');
+  await modal().getByRole('button', { name: 'Cancel' }).click();
+
+  await row('acme').getByRole('button', { name: 'Top up' }).click();
+  await modal().locator('input[name="amount"]').fill('5.50');
+  await modal().locator('input[name="note"]').fill('invoice 1');
+  await submitModal('Add to balance');
+  await page.waitForFunction(() => document.querySelector('tbody tr td[data-col="balance"]')?.textContent.trim() === '$15.50');
+  await shot('tenants');
+  const ledger = await db.query("SELECT kind, amount::float8 AS amount, note FROM ledger WHERE kind = 'topup'");
+  assert.deepEqual(ledger, [{ kind: 'topup', amount: 5.5, note: 'invoice 1' }], 'the top-up is in the ledger');
+});
+
+test('groups and accounts: a group, an account on the mock serving it, a price', async () => {
+  await go('Groups');
+  await page.getByText('No groups yet.').waitFor();
+  await page.getByRole('button', { name: 'New group' }).click();
+  await modal().locator('input[name="name"]').fill('standard');
+  await submitModal('Create group');
+  await row('standard').waitFor();
+
+  await go('Accounts');
+  await page.getByText('No upstream accounts yet.').waitFor();
+  await shot('accounts-empty');
+  await page.getByRole('button', { name: 'New account' }).click();
+  await modal().locator('input[name="name"]').fill('mock-a');
+  await modal().locator('input[name="base_url"]').fill(`${mock.url}/v1`);
+  await modal().locator('input[name="credential"]').fill(UPSTREAM_KEY);
+  await modal().locator('input[name="concurrency"]').fill('8');
+  await modal().getByLabel('standard').check();
+  await submitModal('Create account');
+  await row('mock-a').waitFor();
+  assert.equal((await row('mock-a').locator('td[data-col="health"]').textContent()).trim(), 'ok');
+  assert.equal((await row('mock-a').locator('td[data-col="groups"]').textContent()).trim(), 'standard');
+  await shot('accounts');
+  await row('mock-a').getByRole('button', { name: 'Test' }).click();
+  await modal().getByText('no endpoint that sends a test request').waitFor();
+  await shot('accounts-test');
+  await modal().getByRole('button', { name: 'Close' }).click();
+
+  await go('Groups');
+  assert.equal((await row('standard').locator('td[data-col="accounts"]').textContent()).trim(), 'mock-a');
+  await shot('groups');
+
+  await go('Prices');
+  await page.getByRole('button', { name: 'Add price' }).click();
+  await modal().locator('input[name="model"]').fill(MODEL);
+  await modal().locator('input[name="input"]').fill('0.15');
+  await modal().locator('input[name="output"]').fill('0.60');
+  await submitModal('Add price');
+  await row(MODEL).waitFor();
+  await shot('prices');
+});
+
+test('keys: the new key is shown once with a copy button, and it works', async () => {
+  await go('Keys');
+  await page.getByText('No keys yet.').waitFor();
+  await page.getByRole('button', { name: 'New key' }).click();
+  await modal().locator('input[name="name"]').fill('e2e-key');
+  await modal().locator('input[name="rpm"]').fill('600');
+  assert.equal(await modal().locator('select[name="group_id"] option:checked').textContent(), 'standard');
+  await modal().getByRole('button', { name: 'Create key' }).click();
+
+  const shown = page.locator('[data-testid="new-key"]');
+  await shown.waitFor();
+  plainKey = await shown.inputValue();
+  assert.match(plainKey, /^tg-[A-Za-z0-9]{20,}$/);
+  await modal().getByRole('button', { name: 'Copy', exact: true }).click();
+  await modal().getByRole('button', { name: 'Copied', exact: true }).waitFor();
+  const clip = await page.evaluate(() => navigator.clipboard.readText().catch(() => null));
+  if (clip !== null) assert.equal(clip, plainKey, 'the clipboard holds the key');
+  await shot('keys-new-key');
+  await modal().getByRole('button', { name: 'I have copied it' }).click();
+  await modal().waitFor({ state: 'detached' });
+
+  await row('e2e-key').waitFor();
+  assert.equal((await row('e2e-key').locator('td[data-col="status"]').textContent()).trim(), 'active');
+  assert.match(await row('e2e-key').locator('td[data-col="limits"]').textContent(), /600 rpm/);
+  await shot('keys');
+  await page.reload();
+  await row('e2e-key').waitFor();
+  assert.ok(!(await page.content()).includes(plainKey), 'the plain key is never shown again');
+
+  // The key reaches the mock through the account (the first call may wait for the
+  // account snapshot to pick up the new account).
+  const res = await waitFor(async () => chat(plainKey), { timeout: 10000, interval: 200, what: 'a first successful call' });
+  assert.match(res.choices[0].message.content, /tok1 tok2 tok3/);
+  for (let i = 0; i < 2; i++) await chat(plainKey);
+  const stats = await mock.stats();
+  assert.ok(JSON.stringify(stats).includes(UPSTREAM_KEY), `the mock saw the account's credential: ${JSON.stringify(stats)}`);
+});
+
+test('the dashboard shows the requests, live', async () => {
+  await go('Dashboard');
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid="stat-requests"] .stat-value')?.textContent.replace(/,/g, '')) >= 3, null, { timeout: 15000 });
+  await page.locator('tr[data-route="chat_completions"][data-status="200"]').waitFor();
+  const ok = Number((await page.locator('tr[data-route="chat_completions"][data-status="200"] td.num').textContent()).replace(/,/g, ''));
+  assert.ok(ok >= 3, `200s on the dashboard: ${ok}`);
+
+  // Traffic while the operator watches: the key's requests (some streamed, with a
+  // first-token delay) and, with the config's static key, some the upstream refuses.
+  const { default: OpenAI } = await import('openai');
+  const client = new OpenAI({ apiKey: plainKey, baseURL: gw.baseURL, maxRetries: 0, timeout: 15000 });
+  const until = Date.now() + 9000;
+  let sent = 0;
+  const traffic = (async () => {
+    while (Date.now() < until) {
+      const n = sent++;
+      const calls = [
+        client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: `hi ${n} [mock chunks=4 interval_ms=${20 + (n % 5) * 15}]` }], stream: n % 2 === 0 })
+          .then(async (r) => { if (r[Symbol.asyncIterator]) for await (const _ of r); }),
+      ];
+      if (n % 6 === 0) {
+        calls.push(fetch(`${gw.baseURL}/chat/completions`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${CLIENT_KEY}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'busy [mock status=429]' }] }),
+        }).then((r) => r.arrayBuffer()));
+      }
+      await Promise.allSettled(calls);
+      await sleep(60);
+    }
+  })();
+  await page.waitForFunction(() => {
+    const v = (id) => document.querySelector(`[data-testid="${id}"] .stat-value`)?.textContent ?? '';
+    return Number(v('stat-rps')) > 0 && /ms/.test(v('stat-ttft')) && /%/.test(v('stat-errors')) && v('stat-errors') !== '0.0%';
+  }, null, { timeout: 15000 });
+  await traffic;
+  await page.locator('tr[data-route="chat_completions"][data-status="429"]').waitFor();
+  assert.ok(sent > 20, `sent ${sent} requests`);
+  await shot('dashboard');
+});
+
+test('usage: the requests are listed (when billing writes usage rows) and export as CSV', async () => {
+  // Usage rows are written by the billing issue; wait a little for them.
+  let rows = -1;
+  const deadline = Date.now() + 6000;
+  for (;;) {
+    const n = Number(await db.scalar('SELECT count(*) FROM usage'));
+    if ((n >= 3 && n === rows) || Date.now() > deadline) {
+      rows = n;
+      break;
+    }
+    rows = n;
+    await sleep(500);
+  }
+  await go('Usage');
+  if (rows === 0) {
+    // TODO(billing): once the billing issue writes usage rows, this branch should never
+    // run; the assertions below then cover the explorer and the CSV. Until then, the
+    // explorer must say clearly that there is nothing and why.
+    await page.getByText('No usage rows match.').waitFor();
+    await shot('usage-empty');
+    console.log('usage: no usage rows were written (billing not landed?): checked the empty state only');
+    return;
+  }
+  await page.locator('[data-testid="usage-table"]').waitFor();
+  assert.equal(await page.locator('[data-testid="usage-count"]').textContent(), String(rows));
+  assert.ok((await page.locator('[data-testid="usage-table"] tbody tr').count()) >= 3);
+  assert.match(await page.locator('[data-testid="usage-table"]').textContent(), new RegExp(MODEL));
+  const keyRow = await db.query("SELECT id FROM api_keys WHERE name = 'e2e-key'");
+  await page.locator('select[name="key_id"]').selectOption(String(keyRow[0].id));
+  await page.getByRole('button', { name: 'Show', exact: true }).click();
+  await page.locator('[data-testid="usage-table"]').waitFor();
+  await shot('usage');
+  const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: /Export CSV/ }).click()]);
+  const csv = fs.readFileSync(await download.path(), 'utf8');
+  const lines = csv.trim().split('\r\n');
+  assert.match(lines[0], /^id,created_at,request_id,tenant_id,api_key_id/);
+  assert.ok(lines.length - 1 >= 3, `${lines.length - 1} CSV rows`);
+});
+
+test('capacity and plugins pages load; a plugin reload reports the new generation', async () => {
+  await go('Capacity');
+  await page.locator('[data-testid="capacity-table"]').waitFor();
+  assert.match(await page.locator('[data-testid="capacity-table"]').textContent(), /mock-a/);
+  await page.getByRole('button', { name: '14 days' }).click();
+  await page.getByRole('button', { name: '14 days', pressed: true }).waitFor();
+  await shot('capacity');
+
+  await go('Plugins');
+  await page.locator('[data-testid="plugin-generation"]').waitFor();
+  assert.match(await page.locator('tbody tr', { hasText: 'model-map' }).textContent(), /1\.0\.0/, 'the plugin and its version');
+  const mapCalls = Number((await page.locator('[data-testid="hook-table"] tr', { hasText: 'map_model' }).locator('td.num').first().textContent()).replace(/,/g, ''));
+  assert.ok(mapCalls >= 3, `map_model calls: ${mapCalls}`);
+  const before = Number(await statValue('plugin-generation'));
+  await page.getByRole('button', { name: 'Reload plugins' }).click();
+  await page.getByText(`Reloaded: generation ${before + 1} now serves.`).waitFor();
+  await page.waitForFunction((g) => document.querySelector('[data-testid="plugin-generation"] .stat-value')?.textContent === String(g), before + 1);
+  await shot('plugins');
+});
+
+test('revoking the key in the console refuses the next call with 401', async () => {
+  await go('Keys');
+  await row('e2e-key').getByRole('button', { name: 'Revoke' }).click();
+  await modal().getByText('cannot be undone').waitFor();
+  await submitModal('Revoke key');
+  await page.waitForFunction(() => [...document.querySelectorAll('tbody tr')].some((r) => r.textContent.includes('e2e-key') && r.querySelector('td[data-col="status"]')?.textContent.trim() === 'revoked'));
+  await shot('keys-revoked');
+  assert.equal(await db.scalar("SELECT status FROM api_keys WHERE name = 'e2e-key'"), 'revoked');
+
+  const status = await waitFor(async () => {
+    try {
+      await chat(plainKey);
+      return false;
+    } catch (e) {
+      return e.status;
+    }
+  }, { timeout: 5000, interval: 100, what: 'the revoked key to be refused' });
+  assert.equal(status, 401);
+
+  await go('Dashboard');
+  await page.locator('tr[data-route="chat_completions"][data-status="401"]').waitFor({ timeout: 15000 });
+  await shot('dashboard-after-revoke');
+});
+
+test('log out: the console and the admin API are closed to this browser again', async () => {
+  await page.getByRole('button', { name: 'Log out' }).click();
+  await page.locator('input[name="token"]').waitFor();
+  const status = await page.evaluate(async () => (await fetch('/admin/api/v1/tenants')).status);
+  assert.equal(status, 401);
+  await page.goto(`${gw.url}/admin/keys`);
+  await page.locator('input[name="token"]').waitFor();
+  assert.deepEqual(problems, [], 'no CSP violation or uncaught error in the browser');
+  assert.deepEqual(serverErrors, [], 'no 5xx from the gateway');
+});
