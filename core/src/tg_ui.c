@@ -206,23 +206,6 @@ static void session_delete(const tg_request_t *req) {
     pthread_mutex_unlock(&S.mu);
 }
 
-int tg_ui_session_count(void) {
-    int n = 0;
-    uint64_t now = tg_now_ms();
-    pthread_mutex_lock(&S.mu);
-    for (int i = 0; i < TG_UI_MAX_SESSIONS; i++)
-        n += S.s[i].used && S.s[i].expires_ms > now;
-    pthread_mutex_unlock(&S.mu);
-    return n;
-}
-
-void tg_ui_sessions_clear(void) {
-    pthread_mutex_lock(&S.mu);
-    memset(S.s, 0, sizeof(S.s));
-    S.fails = 0;
-    pthread_mutex_unlock(&S.mu);
-}
-
 int tg_ui_authorized(const tg_request_t *req) {
     char csrf[65];
     if (!session_lookup(req, csrf, NULL))
@@ -377,7 +360,7 @@ static void handle_logout(tg_request_t *req) {
 
 /* ---- static files -------------------------------------------------------------------- */
 
-const tg_ui_asset_t *tg_ui_asset_find(const char *path, size_t len) {
+static const tg_ui_asset_t *asset_find(const char *path, size_t len) {
     for (const tg_ui_asset_t *a = tg_ui_assets; a->path; a++)
         if (strlen(a->path) == len && !memcmp(a->path, path, len))
             return a;
@@ -479,14 +462,14 @@ static void serve_static(tg_request_t *req, const char *path) {
         return;
     }
     const char *rel = path + strlen("/admin/");
-    const tg_ui_asset_t *a = *rel ? tg_ui_asset_find(rel, strlen(rel)) : NULL;
+    const tg_ui_asset_t *a = *rel ? asset_find(rel, strlen(rel)) : NULL;
     if (!a && *rel && looks_like_file(rel)) {
         static const char msg[] = "not found\n";
         ui_send(req, 404, "text/plain; charset=utf-8", "Cache-Control: no-cache\r\n", msg, sizeof(msg) - 1);
         return;
     }
     if (!a)
-        a = tg_ui_asset_find("index.html", 10);
+        a = asset_find("index.html", 10);
     if (!a) {
         ui_send(req, 503, "text/html; charset=utf-8", "Cache-Control: no-cache\r\n", not_built_html,
              sizeof(not_built_html) - 1);

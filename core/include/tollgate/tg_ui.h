@@ -76,13 +76,4 @@ void tg_ui_handle(tg_request_t *req, const char *path);
  */
 int tg_ui_authorized(const tg_request_t *req);
 
-/** Number of live (unexpired) sessions; for tests and metrics. */
-int tg_ui_session_count(void);
-
-/** Drops every session (tests; an operator rotating the admin token restarts anyway). */
-void tg_ui_sessions_clear(void);
-
-/** Finds the asset for a path relative to the dist root (no leading '/'), or NULL. */
-const tg_ui_asset_t *tg_ui_asset_find(const char *path, size_t len);
-
 #endif
