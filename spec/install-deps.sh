@@ -96,24 +96,34 @@ else
   summary+=("${#wanted[@]} Debian packages present")
 fi
 
-# npm ci in spec/ when node_modules is missing or the lock (or package.json) changed.
-if [ "$run_only" != 1 ] && [ -f "$here/package-lock.json" ]; then
-  stamp="$here/node_modules/.tg-lock.sha256"
-  want=$(cat "$here/package.json" "$here/package-lock.json" | sha256sum | cut -d' ' -f1)
-  if [ ! -d "$here/node_modules" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "== npm ci in $here" >>"$log"
-    ok=0
-    for try in 1 2 3; do
-      if (cd "$here" && npm ci --no-audit --no-fund --loglevel=warn </dev/null) >>"$log" 2>&1
-      then ok=1; break; fi
-      echo "== npm ci failed (try $try)" >>"$log"; sleep $((try * 5))
-    done
-    [ $ok = 1 ] || fail "npm ci in $here"
-    echo "$want" >"$stamp"
-    summary+=("npm ci done")
-  else
-    summary+=("node_modules up to date")
+# npm ci in a folder when node_modules is missing or the lock (or package.json) changed:
+# spec/ (test clients) unless --run, and admin-ui/ (the console, embedded by the build)
+# whenever npm is there.
+npm_ci() {
+  local dir=$1
+  [ -f "$dir/package-lock.json" ] || return 0
+  local stamp="$dir/node_modules/.tg-lock.sha256" want
+  want=$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -d' ' -f1)
+  if [ -d "$dir/node_modules" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    summary+=("$(basename "$dir")/node_modules up to date")
+    return 0
   fi
+  echo "== npm ci in $dir" >>"$log"
+  local ok=0 try
+  for try in 1 2 3; do
+    if (cd "$dir" && npm ci --no-audit --no-fund --loglevel=warn </dev/null) >>"$log" 2>&1
+    then ok=1; break; fi
+    echo "== npm ci failed (try $try)" >>"$log"; sleep $((try * 5))
+  done
+  [ $ok = 1 ] || fail "npm ci in $dir"
+  echo "$want" >"$stamp"
+  summary+=("npm ci in $(basename "$dir") done")
+}
+if [ "$run_only" != 1 ]; then
+  npm_ci "$here"
+fi
+if command -v npm >/dev/null 2>&1; then
+  npm_ci "$(cd "$here/.." && pwd)/admin-ui"
 fi
 
 # A last check of what the build really needs, so a broken install is caught here.

@@ -20,6 +20,7 @@
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_state.h"
+#include "tollgate/tg_ui.h"
 
 typedef enum { C_ID, C_TEXT, C_INT, C_NUMERIC, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
 
@@ -362,11 +363,11 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
             /* The plain key is shown once, in this response, and stored nowhere. */
             json_t *j = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
             json_object_set_new(j, "key", json_string(a->new_key));
+            memset(a->new_key, 0, sizeof(a->new_key)); /* before replying: a is freed with the request */
             char *s = json_dumps(j, JSON_COMPACT);
             reply_json(req, 201, s, strlen(s));
             free(s);
             json_decref(j);
-            memset(a->new_key, 0, sizeof(a->new_key));
         } else {
             reply_json(req, 201, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
         }
@@ -884,7 +885,7 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
         reply_error(req, 403, "admin_disabled", "the admin API is disabled: set admin_token or TOLLGATE_ADMIN_TOKEN");
         return;
     }
-    if (!admin_authorized(req)) {
+    if (!admin_authorized(req) && !tg_ui_authorized(req)) {
         reply_error(req, 401, "invalid_admin_token", "missing or wrong admin token");
         return;
     }

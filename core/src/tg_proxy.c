@@ -31,6 +31,7 @@
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_translate.h"
+#include "tollgate/tg_ui.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_usage.h"
 
@@ -600,8 +601,16 @@ static int phase_route(proxy_req_t *p) {
         tg_admin_handle(req, req->url.data, query);
         return TG_DECLINED;
     }
-    if (strncmp(p->path, "/admin/", 7) == 0)
-        req->route = TG_ROUTE_ADMIN;
+    if (strcmp(p->path, "/admin") == 0 || strncmp(p->path, "/admin/", 7) == 0) {
+        /* The console: its files, login, logout and session (tg_ui). */
+        req->handler_data = NULL;
+        req->abort_cb = NULL;
+        req->drain_cb = NULL;
+        req->finish_cb = NULL;
+        preq_free(p);
+        tg_ui_handle(req, req->url.data);
+        return TG_DECLINED;
+    }
     return fail(p, 404, "invalid_request_error", "not_found", "unknown route");
 not_allowed_get:
     p->error = "method_not_allowed";

@@ -2,7 +2,8 @@
  * The admin REST API under /admin/api/v1/ (documented in spec/openapi.yaml): CRUD for
  * tenants, users, keys, groups, accounts and prices, tenant top-ups, usage queries, and
  * the plugin status and reload. Every call needs `Authorization: Bearer <admin token>`
- * (compared in constant time). Writes publish an invalidation so every gateway instance
+ * (compared in constant time), or the console's session cookie plus its x-csrf-token
+ * header on writes (tg_ui.h). Writes publish an invalidation so every gateway instance
  * drops what it cached.
  */
 #ifndef TOLLGATE_TG_ADMIN_H
