@@ -341,9 +341,10 @@ void tg_accounts_destroy(tg_accounts_t *a) {
     upstream_entry_t *e = a->upstreams;
     while (e) {
         upstream_entry_t *next = e->next;
+        /* The client frees itself once its connections have closed; it no longer reads
+         * e->cfg or the URL after creation. */
         tg_upstream_destroy(e->up);
-        /* e->cfg stays referenced by closing connections only through the upstream,
-         * which frees itself before the loop ends; the url string goes with it. */
+        free(e->url);
         free(e);
         e = next;
     }

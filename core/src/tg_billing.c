@@ -94,6 +94,7 @@ struct tg_billing_s {
     uv_timer_t spool_timer;
     uv_timer_t reconcile_timer;
     int replaying;
+    int closing; /* timers still closing */
     tg_billing_stats_t stats;
 };
 
@@ -571,7 +572,15 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     b->cfg = *cfg;
     b->spool_dir = strdup(cfg->spool_dir ? cfg->spool_dir : "var/spool");
     b->cfg.spool_dir = b->spool_dir;
-    mkdir(b->spool_dir, 0700);
+    /* mkdir -p: the spool must exist before the first settlement needs it. */
+    for (char *q = b->spool_dir + 1; *q; q++)
+        if (*q == '/') {
+            *q = '\0';
+            mkdir(b->spool_dir, 0700);
+            *q = '/';
+        }
+    if (mkdir(b->spool_dir, 0700) != 0 && errno != EEXIST)
+        tg_log_error("billing: cannot create the spool folder %s: %s", b->spool_dir, strerror(errno));
     snprintf(b->spool_path, sizeof(b->spool_path), "%s/settlements-w%d.jsonl", b->spool_dir, cfg->worker);
     b->queue = json_array();
     tg_redis_t *redis = tg_state_redis(st);
@@ -595,19 +604,29 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     return b;
 }
 
+/* b is freed once its three timers are closed. */
+static void timer_closed(uv_handle_t *h) {
+    tg_billing_t *b = h->data;
+    if (--b->closing == 0)
+        free(b);
+}
+
 void tg_billing_destroy(tg_billing_t *b) {
     if (!b)
         return;
+    /* Called after the worker's Postgres and Redis clients are gone (their pending
+     * callbacks already ran, spooling what they carried). */
     /* Whatever is still queued goes to the spool: replayed at the next start. */
     if (json_array_size(b->queue))
         spool_append(b, b->queue);
     json_decref(b->queue);
-    uv_close((uv_handle_t *)&b->flush_timer, NULL);
-    uv_close((uv_handle_t *)&b->spool_timer, NULL);
-    uv_close((uv_handle_t *)&b->reconcile_timer, NULL);
+    b->queue = NULL;
     free(b->spool_dir);
-    /* b itself is freed with the loop's last iteration: the timers reference it. */
-    b->loop = NULL;
+    b->spool_dir = NULL;
+    b->closing = 3;
+    uv_close((uv_handle_t *)&b->flush_timer, timer_closed);
+    uv_close((uv_handle_t *)&b->spool_timer, timer_closed);
+    uv_close((uv_handle_t *)&b->reconcile_timer, timer_closed);
 }
 
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b) { return &b->stats; }

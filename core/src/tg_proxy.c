@@ -185,17 +185,20 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     proxy_worker_t *pw = w->proxy;
     if (!pw)
         return;
+    /* Order matters: the account loader's query is cancelled, then the database and
+     * Redis clients go (their pending callbacks run with errors: billing spools what it
+     * carried), then billing, which still owns its queue and spool. */
     tg_upstream_destroy(pw->upstream);
-    tg_billing_destroy(pw->billing);
-    tg_health_destroy(pw->health);
     tg_accounts_destroy(pw->accounts);
-    tg_limits_destroy(pw->limits);
     if (pw->plugins)
         tg_plugins_destroy(pw->plugins);
-    free(pw);
-    w->proxy = NULL;
     tg_state_destroy(w->state);
     w->state = NULL;
+    tg_limits_destroy(pw->limits);
+    tg_billing_destroy(pw->billing);
+    tg_health_destroy(pw->health);
+    free(pw);
+    w->proxy = NULL;
 }
 
 /* ---- request lifecycle -------------------------------------------------------------- */

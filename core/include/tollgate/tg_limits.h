@@ -15,8 +15,9 @@
  * {t:<tenant id>}, so the scripts run unchanged on Redis Cluster.
  *
  * When Redis does not answer (timeout, disconnected), the on_limiter_down policy decides
- * per limit: closed (refuse, 503), open (admit), or local (a per-instance bucket of the
- * same limit). See README "Limits" for what each choice can over-admit.
+ * per limit: closed (refuse, 503), open (admit), or local (a per-worker bucket of the
+ * same limit, so an instance with W workers admits up to W times the limit). See README
+ * "Limits" for what each choice can over-admit.
  */
 #ifndef TOLLGATE_TG_LIMITS_H
 #define TOLLGATE_TG_LIMITS_H
