@@ -14,6 +14,7 @@
 #include <libpq-fe.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -657,6 +658,16 @@ static void auth_done(void *ud, tg_principal_t *pr, const char *err) {
         proxy_run(p);
 }
 
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_free(void) { EVP_MD_free(sha256_md); }
+
+static void sha256_fetch(void) {
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    atexit(sha256_free);
+}
+
 static int phase_auth(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_str_t key = {NULL, 0};
@@ -675,11 +686,9 @@ static int phase_auth(proxy_req_t *p) {
         return fail(p, 401, "invalid_request_error", "invalid_api_key",
                     "missing API key: send Authorization: Bearer <key>");
     unsigned char digest[32];
-    /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: keep it. */
-    static __thread EVP_MD *sha256;
-    if (!sha256)
-        sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
-    if (!sha256 || !EVP_Digest(key.p, key.len, digest, NULL, sha256, NULL))
+    /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: fetch it once. */
+    pthread_once(&sha256_once, sha256_fetch);
+    if (!sha256_md || !EVP_Digest(key.p, key.len, digest, NULL, sha256_md, NULL))
         SHA256((const unsigned char *)key.p, key.len, digest);
     tg_principal_t *pr = NULL;
     int rc = tg_state_auth(req->worker->state, digest, auth_done, p, &pr, &p->auth_wait);
