@@ -5,6 +5,8 @@
 #                         (spec/unit/test_translate.c, spec/golden/translate/<case>/)
 #   unit-asan.translate   the same under ASan + UBSan, from the release build, when the
 #                         sanitizer build exists (skipped otherwise)
+#   unit.translate_sdk    the translated golden streams and bodies replayed through the
+#                         official openai and @anthropic-ai/sdk clients (node, no server)
 #   tg_translate_bench    translation cost per request and per streamed chunk against
 #                         passthrough (spec/bench/translate_bench.sh runs it)
 # The libFuzzer targets fuzz_translate_request and fuzz_translate_stream are registered
@@ -21,6 +23,14 @@ if(NOT TG_FUZZ AND NOT TG_SANITIZE)
     COMMAND sh -c "[ -x \"$0/tg_unit\" ] || { echo \"skipped: no asan build\"; exit 77; }; exec \"$0/tg_unit\" translate"
             ${TG_PROTO_ASAN_DIR})
   set_tests_properties(unit-asan.translate PROPERTIES LABELS "protocols;unit;asan" SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+
+find_program(TG_NODE node)
+if(TG_NODE)
+  add_test(NAME unit.translate_sdk
+    COMMAND sh -c "[ -d \"$1/node_modules/openai\" ] || { echo \"skipped: no spec/node_modules\"; exit 77; }; exec \"$0\" --test \"$1/golden/translate/check_sdk.mjs\""
+            ${TG_NODE} ${CMAKE_CURRENT_SOURCE_DIR})
+  set_tests_properties(unit.translate_sdk PROPERTIES LABELS "protocols;unit" SKIP_RETURN_CODE 77 TIMEOUT 120)
 endif()
 
 add_executable(tg_translate_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/translate_bench.c)

@@ -54,7 +54,9 @@
  * file ids, previous_response_id, background, JSON output formats for an Anthropic
  * upstream, stop sequences for a Responses upstream, unknown roles and part types.
  * Thinking / reasoning blocks in the history are dropped when the upstream is another
- * protocol (their signatures are only valid for the provider that made them).
+ * protocol (their signatures are only valid for the provider that made them), and so
+ * is thinking / reasoning output on its way to a client of another protocol (the text,
+ * tool calls, stop reason and usage, reasoning tokens included, are carried).
  *
  * Usage. Billing never reads the translated bytes: the gateway extracts usage from the
  * upstream's own events with tg_usage (upstream protocol). The translator renders the
