@@ -19,7 +19,8 @@
  *             fed in 4 KiB reads through the SSE parser and tg_xlate_event, per event;
  *             today = the SSE parser and the passthrough translator (parse, usage,
  *             re-frame: the gateway's path whenever it edits a stream).
- * Times are wall-clock ns per operation, best of 5 runs.
+ * Times are thread CPU ns per operation (immune to other processes on the machine),
+ * best of 9 runs.
  */
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_translate.h"
@@ -32,7 +33,7 @@ static volatile size_t sink;
 
 static double now_ns(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
@@ -82,6 +83,7 @@ static const char chat_response[] =
 /* ---- streams ------------------------------------------------------------------------ */
 
 #define CHUNKS 1000
+#define RUNS 9 /* best of */
 
 static void stream_of(tg_proto_t p, tg_buf_t *b) {
     if (p == TG_PROTO_OPENAI_CHAT) {
@@ -281,9 +283,9 @@ int main(int argc, char **argv) {
             tg_buf_appends(&bytes, body);
             free(body);
             op_t o = {protos[i], protos[j], req[i], &bytes, {0}, dst};
-            double t = best_of(5, iters, op_request, &o);
-            double p = best_of(5, iters, op_memcpy, &o);
-            double g = best_of(5, iters, op_dumps, &o);
+            double t = best_of(RUNS, iters, op_request, &o);
+            double p = best_of(RUNS, iters, op_memcpy, &o);
+            double g = best_of(RUNS, iters, op_dumps, &o);
             printf("| request | %s -> %s | %zu | %.0f | %.0f | %.0f | %.0f |\n", proto_short(protos[i]),
                    proto_short(protos[j]), bytes.len, t, p, g, t - g);
             tg_buf_free(&bytes);
@@ -294,9 +296,9 @@ int main(int argc, char **argv) {
                 continue;
             op_t o = {protos[i], protos[j], NULL, &resp[i], {0}, dst};
             tg_buf_init(&o.out);
-            double t = best_of(5, iters, op_response, &o);
-            double p = best_of(5, iters, op_memcpy, &o);
-            double g = best_of(5, iters, op_usage, &o);
+            double t = best_of(RUNS, iters, op_response, &o);
+            double p = best_of(RUNS, iters, op_memcpy, &o);
+            double g = best_of(RUNS, iters, op_usage, &o);
             printf("| response | %s -> %s | %zu | %.0f | %.0f | %.0f | %.0f |\n", proto_short(protos[i]),
                    proto_short(protos[j]), resp[i].len, t, p, g, t - g);
             tg_buf_free(&o.out);
@@ -305,20 +307,20 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++) {
         op_t o = {protos[i], protos[i], NULL, &streams[i], {0}, dst};
         tg_buf_init(&o.out);
-        double p = best_of(5, siters, op_memcpy, &o) / (CHUNKS + 4);
-        double g = best_of(5, siters, op_stream, &o) / (CHUNKS + 4);
+        double p = best_of(RUNS, siters, op_memcpy, &o) / (CHUNKS + 4);
+        double g = best_of(RUNS, siters, op_stream, &o) / (CHUNKS + 4);
         for (int j = 0; j < 3; j++) {
             if (i == j)
                 continue;
             o.to = protos[j];
-            double t = best_of(5, siters, op_stream, &o) / (CHUNKS + 4);
+            double t = best_of(RUNS, siters, op_stream, &o) / (CHUNKS + 4);
             printf("| stream chunk | %s -> %s | %zu | %.0f | %.1f | %.0f | %.0f |\n", proto_short(protos[i]),
                    proto_short(protos[j]), streams[i].len / (CHUNKS + 4), t, p, g, t - g);
         }
         tg_buf_free(&o.out);
     }
     printf("\nFor scale, on this machine: jansson parses one 86-byte Anthropic text delta in %.0f ns.\n",
-           best_of(5, iters * 10, op_parse_event, NULL));
+           best_of(RUNS, iters * 10, op_parse_event, NULL));
     for (int i = 0; i < 3; i++) {
         tg_buf_free(&resp[i]);
         tg_buf_free(&streams[i]);
