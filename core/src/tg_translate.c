@@ -35,6 +35,15 @@ const char *tg__str(const json_t *obj, const char *key) {
     return json_string_value(json_object_get(obj, key));
 }
 
+int64_t tg__int(const json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
+}
+
+json_t *tg__schema(const json_t *params) {
+    return params ? json_incref((json_t *)params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
+}
+
 /*
  * JSON string escaping, copying runs of plain bytes at once (this is on the path of every
  * streamed token). Bytes >= 0x80 are copied as they are: callers pass strings that came

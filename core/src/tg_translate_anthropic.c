@@ -114,7 +114,8 @@ static int decode_block(const json_t *blk, const char *role, const char *where, 
             return tg__fail(err, errlen, "%s: tool_use needs an id and a name", where);
         json_t *input = json_object_get(blk, "input");
         char *args = json_is_object(input) ? json_dumps(input, JSON_COMPACT) : NULL;
-        b = json_pack("{s:s,s:s,s:s,s:s}", "type", "tool_use", "id", id, "name", name, "arguments", args ? args : "{}");
+        b = json_pack("{s:s,s:s,s:s,s:s}", "type", "tool_use", "id", id, "name", name, "arguments",
+                      args ? args : "{}");
         free(args);
     } else if (!strcmp(type, "tool_result")) {
         b = result_block(blk, where, err, errlen);
@@ -368,8 +369,7 @@ int tg__anthropic_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t 
             if (json_object_get(t, "description"))
                 json_object_set(nt, "description", json_object_get(t, "description"));
             json_t *params = json_object_get(t, "parameters");
-            json_object_set_new(nt, "input_schema",
-                                params ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties"));
+            json_object_set_new(nt, "input_schema", tg__schema(params));
             json_array_append_new(tools, nt);
         }
         json_object_set_new(out, "tools", tools);
@@ -418,14 +418,16 @@ int tg__anthropic_resp_decode(const json_t *doc, tg__resp_t *r) {
     json_array_foreach(content, i, b) {
         const char *type = tg__str(b, "type");
         if (type && !strcmp(type, "text") && json_string_length(json_object_get(b, "text"))) {
-            json_array_append_new(r->content, json_pack("{s:s,s:O}", "type", "text", "text", json_object_get(b, "text")));
+            json_array_append_new(r->content,
+                                  json_pack("{s:s,s:O}", "type", "text", "text", json_object_get(b, "text")));
         } else if (type && !strcmp(type, "tool_use")) {
             json_t *input = json_object_get(b, "input");
             char *args = input ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
             json_array_append_new(r->content,
                                   json_pack("{s:s,s:s,s:s,s:s}", "type", "tool_use", "id",
                                             tg__str(b, "id") ? tg__str(b, "id") : "", "name",
-                                            tg__str(b, "name") ? tg__str(b, "name") : "", "arguments", args ? args : "{}"));
+                                            tg__str(b, "name") ? tg__str(b, "name") : "", "arguments",
+                                            args ? args : "{}"));
             free(args);
         }
     }
@@ -603,7 +605,9 @@ static void an_stop(tg_xlate_t *x, tg_buf_t *out) {
 
 static void an_end(tg_xlate_t *x, tg_buf_t *out) {
     tg__sse_begin(out, "message_delta");
-    tg_buf_printf(out, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},\"usage\":",
+    tg_buf_printf(out,
+                  "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
+                  "\"usage\":",
                   tg__fin_anthropic(x->fin));
     tg__usage_anthropic(&x->usage, out);
     tg_buf_appends(out, "}\n\n");

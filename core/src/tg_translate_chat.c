@@ -130,7 +130,8 @@ static int decode_message(const json_t *m, size_t i, tg__ir_t *ir, char *err, si
                             "use tool_calls",
                             i);
         if (json_object_get(m, "audio") && !json_is_null(json_object_get(m, "audio")))
-            return tg__fail(err, errlen, "messages[%zu].audio: audio cannot be translated to another provider's API", i);
+            return tg__fail(err, errlen,
+                            "messages[%zu].audio: audio cannot be translated to another provider's API", i);
         if (json_is_string(content)) {
             tg__ir_add(ir, "assistant", json_pack("{s:s,s:O}", "type", "text", "text", content));
         } else if (json_is_array(content)) {
@@ -355,7 +356,7 @@ static json_t *chat_part(const json_t *b, char *err, size_t errlen) {
             json_object_set(f, "filename", json_object_get(b, "filename"));
         return json_pack("{s:s,s:o}", "type", "file", "file", f);
     }
-    tg__fail(err, errlen, "a %s block cannot be sent to an OpenAI chat upstream", type);
+    tg__fail(err, errlen, "a \"%s\" block cannot be sent to an OpenAI chat upstream", type);
     return NULL;
 }
 
@@ -433,13 +434,15 @@ static int encode_assistant(const json_t *turn, json_t *messages, char *err, siz
         } else {
             tg_buf_free(&text);
             json_decref(calls);
-            return tg__fail(err, errlen, "an assistant turn with a %s block cannot be sent to an OpenAI chat upstream",
-                            type);
+            return tg__fail(err, errlen,
+                            "an assistant turn cannot carry a \"%s\" block to an OpenAI chat upstream", type);
         }
     }
     json_t *m = json_pack("{s:s}", "role", "assistant");
-    json_object_set_new(m, "content", text.len || !json_array_size(calls) ? json_stringn(text.data ? text.data : "", text.len)
-                                                                           : json_null());
+    /* content is null only beside tool calls, as OpenAI sends it. */
+    json_t *content = text.len || !json_array_size(calls) ? json_stringn(text.data ? text.data : "", text.len)
+                                                          : json_null();
+    json_object_set_new(m, "content", content);
     if (json_array_size(calls))
         json_object_set(m, "tool_calls", calls);
     json_array_append_new(messages, m);
@@ -471,7 +474,7 @@ int tg__chat_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errle
             if (json_object_get(t, "description"))
                 json_object_set(fn, "description", json_object_get(t, "description"));
             json_t *params = json_object_get(t, "parameters");
-            json_object_set_new(fn, "parameters", params ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties"));
+            json_object_set_new(fn, "parameters", tg__schema(params));
             if (json_object_get(t, "strict"))
                 json_object_set(fn, "strict", json_object_get(t, "strict"));
             json_array_append_new(tools, json_pack("{s:s,s:o}", "type", "function", "function", fn));
@@ -506,7 +509,8 @@ int tg__chat_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errle
         } else {
             json_t *js = json_deep_copy(ir->format);
             json_object_del(js, "type");
-            json_object_set_new(out, "response_format", json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js));
+            json_object_set_new(out, "response_format",
+                                json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js));
         }
     }
     if (ir->effort)
@@ -537,8 +541,7 @@ int tg__chat_resp_decode(const json_t *doc, tg__resp_t *r) {
         return TG_ERROR;
     r->id = tg__str(doc, "id");
     r->model = tg__str(doc, "model");
-    json_t *created = json_object_get(doc, "created");
-    r->created = json_is_integer(created) ? json_integer_value(created) : 0;
+    r->created = tg__int(doc, "created");
     const json_t *c = first_choice(doc);
     json_t *msg = json_object_get(c, "message");
     json_t *text = tg__join_text(json_object_get(msg, "content"), "");
@@ -653,8 +656,7 @@ void tg__chat_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dle
         tg__x_error(x, error_type(tg__str(e, "type")), msg, out);
         return;
     }
-    json_t *created = json_object_get(doc, "created");
-    tg__x_meta(x, tg__str(doc, "id"), tg__str(doc, "model"), json_is_integer(created) ? json_integer_value(created) : 0);
+    tg__x_meta(x, tg__str(doc, "id"), tg__str(doc, "model"), tg__int(doc, "created"));
     if (json_is_object(json_object_get(doc, "usage")))
         tg__x_usage(x, data, dlen);
     const json_t *c = first_choice(doc);

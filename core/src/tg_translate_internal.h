@@ -182,6 +182,10 @@ void tg__x_usage(tg_xlate_t *x, const char *data, size_t dlen);
 int tg__fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The string member, or NULL. */
 const char *tg__str(const json_t *obj, const char *key);
+/* The integer member, or 0. */
+int64_t tg__int(const json_t *obj, const char *key);
+/* A tool's parameters, or the empty object schema when it has none (new reference). */
+json_t *tg__schema(const json_t *params);
 /* Appends "\"" + escaped s + "\"". */
 void tg__put_str(tg_buf_t *b, const char *s, size_t n);
 void tg__put_cstr(tg_buf_t *b, const char *s);

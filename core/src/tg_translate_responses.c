@@ -168,7 +168,8 @@ static int decode_item(const json_t *it, size_t i, tg__ir_t *ir, char *err, size
             json_decref(content);
             return tg__fail(err, errlen, "input[%zu].output must be a string or an array", i);
         }
-        tg__ir_add(ir, "user", json_pack("{s:s,s:s,s:o}", "type", "tool_result", "tool_use_id", id, "content", content));
+        tg__ir_add(ir, "user",
+                   json_pack("{s:s,s:s,s:o}", "type", "tool_result", "tool_use_id", id, "content", content));
         return TG_OK;
     }
     if (!strcmp(type, "reasoning"))
@@ -293,7 +294,8 @@ static json_t *input_part(const json_t *b, const char *text_type) {
     if (!strcmp(type, "image")) {
         json_t *url = tg__str(b, "url") ? json_incref(json_object_get(b, "url")) : data_url_of(b);
         const char *detail = tg__str(b, "detail");
-        return json_pack("{s:s,s:o,s:s}", "type", "input_image", "image_url", url, "detail", detail ? detail : "auto");
+        return json_pack("{s:s,s:o,s:s}", "type", "input_image", "image_url", url, "detail",
+                         detail ? detail : "auto");
     }
     /* a document */
     json_t *p = json_pack("{s:s}", "type", "input_file");
@@ -302,8 +304,10 @@ static json_t *input_part(const json_t *b, const char *text_type) {
     } else {
         json_object_set_new(p, "file_data", data_url_of(b));
         const char *media = tg__str(b, "media_type");
+        /* Responses wants a file name beside inline data. */
         if (!tg__str(b, "filename"))
-            json_object_set_new(p, "filename", json_string(!strcmp(media, "application/pdf") ? "document.pdf" : "document"));
+            json_object_set_new(p, "filename",
+                                json_string(!strcmp(media, "application/pdf") ? "document.pdf" : "document"));
     }
     if (tg__str(b, "filename"))
         json_object_set(p, "filename", json_object_get(b, "filename"));
@@ -370,8 +374,7 @@ int tg__responses_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t 
             if (json_object_get(t, "description"))
                 json_object_set(nt, "description", json_object_get(t, "description"));
             json_t *params = json_object_get(t, "parameters");
-            json_object_set_new(nt, "parameters",
-                                params ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties"));
+            json_object_set_new(nt, "parameters", tg__schema(params));
             /* Responses makes function tools strict unless told otherwise, and a strict
              * tool refuses the schemas chat and Anthropic clients usually send. */
             json_t *strict = json_object_get(t, "strict");
@@ -426,8 +429,7 @@ int tg__responses_resp_decode(const json_t *doc, tg__resp_t *r) {
         return TG_ERROR;
     r->id = tg__str(doc, "id");
     r->model = tg__str(doc, "model");
-    json_t *created = json_object_get(doc, "created_at");
-    r->created = json_is_integer(created) ? json_integer_value(created) : 0;
+    r->created = tg__int(doc, "created_at");
     r->fin = fin_from_status(doc);
     size_t i, j;
     json_t *it, *p;
@@ -560,8 +562,7 @@ void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
         x->d_kind = TG__BLK_NONE;
     } else if (!strcmp(type, "response.created") || !strcmp(type, "response.in_progress")) {
         json_t *r = json_object_get(doc, "response");
-        json_t *created = json_object_get(r, "created_at");
-        tg__x_meta(x, tg__str(r, "id"), tg__str(r, "model"), json_is_integer(created) ? json_integer_value(created) : 0);
+        tg__x_meta(x, tg__str(r, "id"), tg__str(r, "model"), tg__int(r, "created_at"));
         tg__x_start(x, out);
     } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
         tg__x_usage(x, data, dlen);
@@ -640,7 +641,8 @@ static void rs_text(tg_xlate_t *x, const char *s, size_t n, tg_buf_t *out) {
         ev_begin(x, out, "response.output_item.added");
         tg_buf_printf(out, ",\"output_index\":%d,\"item\":{\"id\":", x->e_index);
         item_id(x, out);
-        tg_buf_appends(out, ",\"type\":\"message\",\"status\":\"in_progress\",\"content\":[],\"role\":\"assistant\"}}\n\n");
+        tg_buf_appends(out,
+                       ",\"type\":\"message\",\"status\":\"in_progress\",\"content\":[],\"role\":\"assistant\"}}\n\n");
         ev_begin(x, out, "response.content_part.added");
         item_ref(x, out);
         tg_buf_appends(out, ",\"content_index\":0,\"part\":{\"type\":\"output_text\",\"annotations\":[],\"logprobs\":[],"
