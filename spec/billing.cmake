@@ -1,0 +1,33 @@
+# Integration tests of the billing issue: spec/integration/billing_*.test.mjs, the real
+# binary against real Postgres and Redis and the mock upstream (helpers in
+# spec/integration/lib/billing.mjs). Included by spec/CMakeLists.txt.
+#
+# Each file is one ctest test, `integration.<file>`, labelled `billing;integration`.
+# spec/run.sh exports TOLLGATE_PG and TOLLGATE_REDIS; without them the tests are skipped
+# (exit 77). Each file makes its own database on that Postgres; billing_crash and
+# billing_pg_restart also start a private Redis (and billing_pg_restart a private
+# Postgres, which it stops and starts). They measure money moving between Redis and
+# Postgres while requests run, so they hold RESOURCE_LOCK redis like the state and
+# limits tests and run one at a time even under ctest -j.
+
+find_program(TG_NODE node)
+if(NOT TG_NODE)
+  message(WARNING "node not found: billing integration tests not registered")
+  return()
+endif()
+
+file(GLOB TG_BILLING_IT CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/integration/billing_*.test.mjs)
+foreach(file ${TG_BILLING_IT})
+  get_filename_component(name ${file} NAME)
+  string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
+
+  add_test(NAME integration.${name}
+    COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+            ${TG_NODE} ${file})
+  set_tests_properties(integration.${name} PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+    LABELS "billing;integration"
+    TIMEOUT 240
+    SKIP_RETURN_CODE 77
+    RESOURCE_LOCK redis)
+endforeach()

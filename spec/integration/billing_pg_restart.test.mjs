@@ -1,0 +1,187 @@
+// Postgres restarted under load loses no settlement. A private Postgres (this test
+// stops and starts it) and a private Redis; requests run continuously from several
+// clients while Postgres is down for a few seconds. New requests then fail closed at
+// the reservation (503 billing_unavailable: money is never spent unchecked), but the
+// requests already past it finish, and their settlements go to the gateway's fsync'd
+// spool and are replayed (every 2 s) once Postgres is back: every 200 the clients got
+// has exactly one usage row with its exact usage, and `ledger verify` passes. The same
+// holds when Postgres goes away again while the spool is being replayed.
+//
+// reconcile_after_ms is long here, so what settles these requests is the spool, not
+// the reconciler's rule for lost requests.
+
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { after, before, test } from 'node:test';
+
+import { sleep, startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
+import { chat, startRedis, tally } from './lib/db.mjs';
+import {
+  accountsMoney,
+  billedSetup,
+  chatBody,
+  costOf,
+  count,
+  ledger,
+  liveMoney,
+  mockInputTokens,
+  startBilledGateway,
+  startPrivatePg,
+  usageRows,
+} from './lib/billing.mjs';
+
+const TEXT = 'under load [mock delay_ms=400 chunks=3]';
+const BODY = chatBody(TEXT, { maxTokens: 50 });
+const A = costOf(mockInputTokens(TEXT), 3);
+let mock;
+let pg;
+let redis;
+let bill;
+let gw;
+
+before(async () => {
+  mock = await startMock();
+  pg = await startPrivatePg();
+  redis = await startRedis();
+  bill = await billedSetup({ mock, balance: '100', pg: pg.conninfo, redis: redis.url });
+  // A query waits at most 1 s for Postgres: past that a reservation is refused (503)
+  // and a settlement goes to the spool.
+  gw = await startBilledGateway(bill, { postgres_timeout_ms: 1000, billing: { reconcile_after_ms: 600000 } },
+    { mock, spoolDir: tempDir('spool') });
+});
+
+after(async () => {
+  await stopAll();
+  await redis?.stop();
+  await pg?.remove();
+});
+
+/** Clients sending BODY back to back until stop(); every answer is recorded. */
+function load(clients) {
+  const results = [];
+  let running = true;
+  const loops = Array.from({ length: clients }, async () => {
+    while (running) {
+      const t = Date.now();
+      try {
+        const r = await chat(gw, bill.key, BODY, { timeout: 20000 });
+        results.push({ t, status: r.status, id: r.headers['x-request-id'], code: r.json?.error?.code });
+      } catch (e) {
+        results.push({ t, status: 0, error: e.message });
+        await sleep(50);
+      }
+    }
+  });
+  return {
+    results,
+    async stop() {
+      running = false;
+      await Promise.all(loops);
+      return results;
+    },
+  };
+}
+
+/** Waits until every id has a usage row; then checks each is exact and unique. */
+async function checkBilledOnce(ids, timeout = 20000) {
+  const list = ids.map((x) => `'${x}'`).join(',');
+  await waitFor(async () => Number(await bill.db.scalar(`SELECT count(DISTINCT request_id) FROM usage WHERE request_id IN (${list})`)) === ids.length,
+    { timeout, what: `usage rows of all ${ids.length} answered requests` }).catch(async (e) => {
+    const have = (await bill.db.scalar(`SELECT count(*) FROM usage WHERE request_id IN (${list})`));
+    throw new Error(`${e.message}: ${have} of ${ids.length} have one — settlements were lost\n${gw.proc.tail(30)}`);
+  });
+  for (const id of ids) {
+    const rows = await usageRows(bill, id);
+    assert.equal(rows.length, 1, `request ${id}: exactly one usage row`);
+    assert.equal(rows[0].estimated, false, `request ${id}: billed from the upstream's usage, not estimated`);
+    assert.equal(rows[0].cost, A, `request ${id}: billed its exact cost`);
+  }
+}
+
+/** How many settlements the gateway has logged as spooled so far. */
+function spooled() {
+  return gw.proc.lines.stderr.reduce((n, l) => n + Number(/(\d+) settlement\(s\) spooled/.exec(l)?.[1] ?? 0), 0);
+}
+
+async function verify() {
+  const v = await ledger(bill, 'verify');
+  assert.equal(v.code, 0, `ledger verify:\n${v.stdout}${v.stderr}`);
+}
+
+test('Postgres stopped for 4 s under load: every 200 is billed exactly once after the spool replay', async () => {
+  const l = load(8);
+  await sleep(1500);
+  const down = Date.now();
+  await pg.stop();
+  await sleep(4000);
+  await pg.start();
+  const up = Date.now();
+  // The gateway reconnects (with backoff): wait for 20 answers after it is back.
+  await waitFor(() => l.results.filter((r) => r.status === 200 && r.t > up).length >= 20,
+    { timeout: 20000, what: 'requests to succeed again after Postgres is back' }).catch((e) => {
+    throw new Error(`${e.message}: ${JSON.stringify(tally(l.results.filter((r) => r.t > up).map((r) => r.status)))}\n${gw.proc.tail(20)}`);
+  });
+  const results = await l.stop();
+
+  const statuses = tally(results.map((r) => r.status));
+  const ok = results.filter((r) => r.status === 200);
+  const refused = results.filter((r) => r.status !== 200);
+  for (const r of refused) {
+    assert.equal(r.status, 503, `only 503s besides 200s: ${JSON.stringify(r)}`);
+    assert.equal(r.code, 'billing_unavailable', JSON.stringify(r));
+  }
+  assert.ok(refused.length > 0, `the outage was felt: ${JSON.stringify(statuses)}`);
+  assert.ok(ok.some((r) => r.t < down), 'requests succeeded before the outage');
+  assert.ok(spooled() > 0,
+    `some settlements had to be spooled (requests in flight when Postgres stopped)\n${gw.proc.tail(20)}`);
+
+  await checkBilledOnce(ok.map((r) => r.id));
+  assert.equal(await count(bill, 'usage'), ok.length, 'no usage row for a refused request');
+  assert.equal(await count(bill, 'reservations', "state <> 'reconciled'"), 0,
+    'no reservation left open (none for a refused request either)');
+  const m = await accountsMoney(bill);
+  assert.equal(m.balance, 100_000_000_000n - BigInt(ok.length) * A);
+  const live = await liveMoney(bill);
+  assert.equal(live.reserved, 0n);
+  assert.equal(live.avail, m.balance);
+  await verify();
+});
+
+test('Postgres goes away again while the spool is replayed: the replay is kept and retried, never dropped', async () => {
+  const before = await count(bill, 'usage');
+  const spooledBefore = spooled();
+  // Six requests are past their reservation when Postgres stops: they settle into the spool.
+  const inflight = Array.from({ length: 6 }, () => chat(gw, bill.key, chatBody('spooled [mock delay_ms=1200 chunks=3]', { maxTokens: 50 }), { timeout: 20000 }));
+  await sleep(400);
+  await pg.stop();
+  const rs = await Promise.all(inflight);
+  assert.deepEqual(tally(rs.map((r) => r.status)), { 200: 6 });
+  await waitFor(() => spooled() >= spooledBefore + 6, { timeout: 15000, what: 'the 6 settlements to be spooled' }).catch((e) => {
+    throw new Error(`${e.message} (${spooled() - spooledBefore} spooled)\n${gw.proc.tail(20)}`);
+  });
+
+  // Postgres comes back, but the settlement tables are locked (a long maintenance
+  // statement, say), so the replay waits on the server; then Postgres stops again.
+  const replays = () => gw.proc.lines.stderr.filter((l) => /replaying/.test(l)).length;
+  const replaysBefore = replays();
+  await pg.start();
+  const locker = spawn('psql', ['-X', '-q', '-d', bill.conninfo, '-c',
+    'BEGIN; LOCK TABLE billing_dedup IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(60); COMMIT;'],
+  { stdio: 'ignore', env: { ...process.env, PGAPPNAME: 'tg-billing-locker' } });
+  const lockerExit = new Promise((resolve) => locker.on('exit', resolve));
+  try {
+    await waitFor(() => replays() > replaysBefore, { timeout: 15000, interval: 20, what: 'the spool replay to start' });
+    await sleep(200);
+    await pg.stop();
+  } finally {
+    locker.kill('SIGKILL');
+    await lockerExit;
+  }
+  await sleep(1000);
+  await pg.start();
+
+  await checkBilledOnce(rs.map((r) => r.headers['x-request-id']));
+  assert.equal(await count(bill, 'usage'), before + 6);
+  assert.equal(await count(bill, 'reservations', "state <> 'reconciled'"), 0);
+  await verify();
+});
