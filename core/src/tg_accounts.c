@@ -367,9 +367,13 @@ int tg_snapshot_candidates(const tg_snapshot_t *s, int64_t group_id, const char 
             g = &s->groups[i];
     if (!g)
         return 0;
+    /* Large groups: start at a rotating offset, so every account gets its turn in the
+     * bounded candidate list. */
+    static _Thread_local unsigned rot;
+    unsigned start = g->n > max ? rot++ % (unsigned)g->n : 0;
     int n = 0;
-    for (int i = 0; i < g->n && n < max; i++) {
-        const tg_account_t *acc = g->accounts[i];
+    for (int j = 0; j < g->n && n < max; j++) {
+        const tg_account_t *acc = g->accounts[(start + (unsigned)j) % (unsigned)g->n];
         if (!acc->active || acc->cooldown_until_ms > now_ms)
             continue;
         int serves = acc->nmodels == 0 || (acc->model_map && json_object_get(acc->model_map, model));

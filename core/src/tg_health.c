@@ -96,6 +96,7 @@ void tg_health_end(tg_health_entry_t *e, int ok, double ttft_ms) {
             e->half_open = 0;
             e->cooldown_until_ms = 0;
             e->cooldown_ms = 0;
+            e->err_ewma = 0;
         }
     } else {
         e->failures++;

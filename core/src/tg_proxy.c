@@ -116,6 +116,7 @@ struct proxy_req_s {
     int retry_other;              /* the next attempt must use another account if any */
     int norder, next_order;
     tg_redis_req_t *slot_rq;
+    uv_timer_t *slot_timer;       /* renews the slot lease while the call runs */
     int64_t slot_account;         /* holds a slot lease on this account */
     uint64_t slot_wait_since;     /* every account was full since (ms), 0 not waiting */
     tg_health_entry_t *health;    /* of the current account, while a call runs */
@@ -213,6 +214,8 @@ static void preq_free(proxy_req_t *p) {
     if (p->sticky_rq)
         tg_redis_cancel(p->sticky_rq);
     slot_release(p);
+    if (p->slot_timer)
+        uv_close((uv_handle_t *)p->slot_timer, (uv_close_cb)free);
     if (p->retry_timer) {
         uv_timer_stop(p->retry_timer);
         uv_close((uv_handle_t *)p->retry_timer, (uv_close_cb)free);
@@ -1020,14 +1023,34 @@ static int healthy_enough(tg_health_entry_t *e, const tg_account_t *acc) {
            (acc->concurrency <= 0 || e->inflight < acc->concurrency);
 }
 
-/* Default order: priority, then health (error EWMA, load), weighted random among equals. */
-static double default_score(proxy_worker_t *pw, const tg_account_t *acc) {
-    tg_health_entry_t *e = tg_health_get(pw->health, acc->id);
-    double load = acc->concurrency > 0 ? (double)e->inflight / acc->concurrency : 0;
-    uint32_t r = 0;
-    tg_random_bytes(&r, sizeof(r));
-    double jitter = (double)(r % 1000) / 1000.0 * (double)TG_MAX(acc->weight, 1) / 100.0;
-    return (double)acc->priority * 1000.0 - e->err_ewma * 500.0 - load * 100.0 + jitter;
+/* Default order: priority; a half-open account's trial first; then the
+ * account furthest below its fair share (picks / effective weight), where the effective
+ * weight shrinks with the error EWMA and the load, so a failing account gets less but
+ * not nothing and a recovered one earns its share back. Deterministic, no RNG. */
+typedef struct {
+    const tg_account_t *acc;
+    int trial;
+    double key;
+} ord_t;
+
+static int ord_cmp(const void *x, const void *y) {
+    const ord_t *a = x, *b = y;
+    if (a->acc->priority != b->acc->priority)
+        return a->acc->priority > b->acc->priority ? -1 : 1;
+    if (a->trial != b->trial)
+        return a->trial ? -1 : 1;
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    return a->acc->id < b->acc->id ? -1 : a->acc->id > b->acc->id;
+}
+
+static void default_key(proxy_worker_t *pw, ord_t *o, int64_t now) {
+    tg_health_entry_t *e = tg_health_get(pw->health, o->acc->id);
+    double load = o->acc->concurrency > 0 ? (double)e->inflight / o->acc->concurrency : 0;
+    double ok = 1 - e->err_ewma;
+    double w = (double)TG_MAX(o->acc->weight, 1) * ok * ok * TG_MAX(1 - load, 0.01);
+    o->trial = e->half_open && !e->probing && e->cooldown_until_ms && e->cooldown_until_ms <= now;
+    o->key = (e->picks + 1) / w;
 }
 
 static int phase_select(proxy_req_t *p) {
@@ -1066,8 +1089,11 @@ static int phase_select(proxy_req_t *p) {
     /* Health filters: cooling accounts and busy trials are skipped; a retry that must move
      * skips the accounts already tried (unless nothing else is left). */
     int n = 0;
+    static _Thread_local unsigned rot;
+    unsigned start = nall ? rot++ % (unsigned)nall : 0;
     for (int pass = 0; pass < 2 && n == 0; pass++)
-        for (int i = 0; i < nall && n < 64; i++) {
+        for (int j = 0; j < nall && n < 64; j++) {
+            int i = (int)((start + (unsigned)j) % (unsigned)nall);
             tg_health_entry_t *e = tg_health_get(pw->health, all[i]->id);
             if (!tg_health_available(e, now))
                 continue;
@@ -1118,22 +1144,20 @@ static int phase_select(proxy_req_t *p) {
             first = p->cands[p->ctx.selected];
     }
     /* The rest in default order: when the first one's slot is full, the next is tried. */
-    double score[64];
+    ord_t ord[64];
+    int m = 0;
     for (int i = 0; i < n; i++)
-        score[i] = default_score(pw, cands[i]);
+        if (cands[i] != first) {
+            ord[m].acc = cands[i];
+            default_key(pw, &ord[m], now);
+            m++;
+        }
+    qsort(ord, (size_t)m, sizeof(ord[0]), ord_cmp);
     p->norder = 0;
     if (first)
         p->order[p->norder++] = first;
-    for (int k = 0; k < n; k++) {
-        int best = -1;
-        for (int i = 0; i < n; i++)
-            if (cands[i] && cands[i] != first && (best < 0 || score[i] > score[best]))
-                best = i;
-        if (best < 0)
-            break;
-        p->order[p->norder++] = cands[best];
-        cands[best] = NULL;
-    }
+    for (int i = 0; i < m; i++)
+        p->order[p->norder++] = ord[i].acc;
     p->next_order = 0;
     return TG_OK;
 }
@@ -1142,6 +1166,7 @@ static int phase_select(proxy_req_t *p) {
 
 static void use_account(proxy_req_t *p, const tg_account_t *acc) {
     p->account = acc;
+    tg_health_get(p->pw->health, acc->id)->picks += 1;
     p->up_proto = upstream_proto(p, acc->provider);
     p->up = acc->upstream;
     p->credential = acc->credential;
@@ -1154,6 +1179,8 @@ static void use_account(proxy_req_t *p, const tg_account_t *acc) {
 }
 
 static void slot_release(proxy_req_t *p) {
+    if (p->slot_timer)
+        uv_timer_stop(p->slot_timer);
     if (!p->slot_account)
         return;
     tg_redis_t *redis = tg_state_redis(p->req->worker->state);
@@ -1169,6 +1196,28 @@ static void slot_release(proxy_req_t *p) {
 static int slot_try(proxy_req_t *p);
 static void retry_timer_cb(uv_timer_t *t);
 
+static void slot_renew_cb(uv_timer_t *t) {
+    proxy_req_t *p = t->data;
+    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    if (!p->slot_account || !redis)
+        return;
+    char key[64], ttl[16];
+    snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
+    snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
+    const char *argv[4] = {key, p->req->id, "1000000000", ttl};
+    tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, NULL, NULL);
+}
+
+static void slot_renew_start(proxy_req_t *p) {
+    if (!p->slot_timer) {
+        p->slot_timer = malloc(sizeof(uv_timer_t));
+        uv_timer_init(&p->req->worker->loop, p->slot_timer);
+        p->slot_timer->data = p;
+    }
+    uint64_t every = (uint64_t)TG_MAX(p->req->worker->gw->cfg->limiter.lease_ttl_ms / 3, 100);
+    uv_timer_start(p->slot_timer, slot_renew_cb, every, every);
+}
+
 static void slot_got(void *ud, redisReply *r, const char *err) {
     proxy_req_t *p = ud;
     p->slot_rq = NULL;
@@ -1181,6 +1230,7 @@ static void slot_got(void *ud, redisReply *r, const char *err) {
     }
     if (r->integer == 1) {
         p->slot_account = acc->id;
+        slot_renew_start(p);
         use_account(p, acc);
         proxy_run(p);
         return;
@@ -1437,6 +1487,16 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
     /* The static upstream of the config file is a single target: no retries there. */
     if (!p->account || !can_retry(p))
         return 0;
+    {
+        /* Nothing left to retry on: the client gets this answer (with its Retry-After). */
+        const tg_account_t *all[256];
+        int64_t now = (int64_t)tg_wall_ms();
+        int nall = tg_snapshot_candidates(p->snap, p->principal->group_id, p->model, now, all, 256), avail = 0;
+        for (int i = 0; i < nall && !avail; i++)
+            avail = tg_health_available(tg_health_get(p->pw->health, all[i]->id), now);
+        if (!avail)
+            return 0;
+    }
     int action = TG_RETRY_OTHER;
     uint32_t r = 0;
     tg_random_bytes(&r, sizeof(r));

@@ -22,6 +22,7 @@ typedef struct {
     int half_open;          /* cooled before: the next request is a trial */
     int probing;            /* a trial request is in flight */
     uint64_t successes, failures;
+    double picks;           /* requests routed here by this worker (fair share) */
 } tg_health_entry_t;
 
 tg_health_t *tg_health_create(void);
