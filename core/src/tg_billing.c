@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "tollgate/tg_crypto.h"
@@ -76,6 +77,14 @@ static const char INIT_SQL[] =
     "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
 
 
+/* This process's identity for reservations and the reconciler lock (made once). */
+static char instance_id[40];
+static pthread_once_t instance_once = PTHREAD_ONCE_INIT;
+static void make_instance_id(void) { tg_random_id(instance_id); }
+
+#define ALIVE_KEY "tollgate:alive"
+#define ALIVE_TTL_MS 15000
+
 typedef struct pending_s {
     json_t *obj;
     struct pending_s *next;
@@ -95,6 +104,7 @@ struct tg_billing_s {
     uv_timer_t reconcile_timer;
     int replaying;
     int closing; /* timers still closing */
+    uint64_t pg_down_until; /* after a failed batch: straight to the spool until then */
     tg_billing_stats_t stats;
 };
 
@@ -226,6 +236,14 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
             reserve_finish(x, 402, "insufficient_balance", "the balance cannot cover the request's maximum cost");
         return;
     }
+    if (x->detached) {
+        /* The client left while we reserved: the upstream is never called, so the hold
+         * goes straight back and nothing is recorded. */
+        const char *argv[4] = {x->keys[0], x->keys[1], x->keys[2], "0"};
+        tg_redis_eval(tg_state_redis(b->st), b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+        reserve_finish(x, 0, NULL, NULL);
+        return;
+    }
     /* The hold is in Redis (atomic, before the upstream call); its Postgres row goes
      * with the next settlement batch, in order, or to the local spool when Postgres is
      * unreachable: no request waits on Postgres. */
@@ -239,6 +257,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
     json_object_set_new(o, "api_key_id", json_integer(x->r.key_id));
     json_object_set_new(o, "amount", json_string(amount));
     json_object_set_new(o, "model", json_string(x->model));
+    json_object_set_new(o, "instance", json_string(instance_id));
     enqueue(b, o);
     b->stats.reserved++;
     reserve_finish(x, 0, NULL, NULL);
@@ -274,7 +293,9 @@ tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_
     x->r.model = x->model;
     x->cb = cb;
     x->ud = ud;
-    snprintf(x->key_init, sizeof(x->key_init), "%s", "");
+    /* A key without a budget needs no live key balance: "-1" tells the script so, and no
+     * request of such a key ever waits on Postgres. */
+    snprintf(x->key_init, sizeof(x->key_init), "%s", r->key_budget ? "" : "-1");
     fmt_keys(x->keys, r->tenant_id, r->key_id, x->request_id, r->attempt);
     if (!tg_state_redis(b->st) || !tg_state_pg(b->st)) {
         uv_timer_t *t = malloc(sizeof(*t));
@@ -310,15 +331,18 @@ void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
 
 static void flush(tg_billing_t *b);
 
-static void spool_append(tg_billing_t *b, json_t *batch) {
+/* Appends a batch to the spool (fsync'd). Returns 0, or -1 when it could not be written:
+ * then the batch is kept in memory (re-queued) unless it is the queue itself. */
+static int spool_append(tg_billing_t *b, json_t *batch) {
     char *text = json_dumps(batch, JSON_COMPACT);
     int fd = open(b->spool_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0) {
         tg_log_error("billing: cannot open the spool %s: %s — settlements kept in memory only", b->spool_path,
                      strerror(errno));
-        json_array_extend(b->queue, batch);
+        if (batch != b->queue)
+            json_array_extend(b->queue, batch);
         free(text);
-        return;
+        return -1;
     }
     size_t n = strlen(text);
     text[n] = '\n';
@@ -326,7 +350,11 @@ static void spool_append(tg_billing_t *b, json_t *batch) {
     text[n] = '\0';
     if (w != (ssize_t)(n + 1) || fsync(fd) != 0) {
         tg_log_error("billing: spool write failed: %s", strerror(errno));
-        json_array_extend(b->queue, batch);
+        if (batch != b->queue)
+            json_array_extend(b->queue, batch);
+        close(fd);
+        free(text);
+        return -1;
     } else {
         b->stats.spooled += json_array_size(batch);
         tg_log_warn("billing: Postgres unreachable: %zu settlement(s) spooled to %s", json_array_size(batch),
@@ -334,6 +362,7 @@ static void spool_append(tg_billing_t *b, json_t *batch) {
     }
     close(fd);
     free(text);
+    return 0;
 }
 
 typedef struct {
@@ -347,9 +376,14 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
     tg_billing_t *b = c->b;
     b->inflight_batches--;
     if (err) {
-        if (!c->from_spool)
-            spool_append(b, c->batch);
-        else
+        /* Never dropped: a failed batch (a replayed one too) goes (back) to the spool, and
+         * so does everything queued behind it; for two seconds new batches skip Postgres
+         * (the replay timer tries it again). */
+        spool_append(b, c->batch);
+        b->pg_down_until = tg_now_ms() + 2000;
+        if (b->queue && json_array_size(b->queue) && spool_append(b, b->queue) == 0)
+            json_array_clear(b->queue);
+        if (c->from_spool)
             b->replaying = 0;
         json_decref(c->batch);
         free(c);
@@ -403,9 +437,15 @@ static void send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
 }
 
 static void flush(tg_billing_t *b) {
-    /* Few transactions under load: everything queued goes in one (bounded) batch, with at
-     * most two batches in flight per worker. */
-    while (json_array_size(b->queue) && b->inflight_batches < 2) {
+    /* Few transactions under load: everything queued goes in one (bounded) batch. */
+    /* One batch in flight per worker: a reservation row and its settlement, queued in
+     * that order, must also commit in that order. */
+    if (tg_now_ms() < b->pg_down_until && json_array_size(b->queue)) {
+        if (spool_append(b, b->queue) == 0)
+            json_array_clear(b->queue);
+        return;
+    }
+    while (json_array_size(b->queue) && b->inflight_batches < 1) {
         json_t *batch = json_array();
         size_t n = TG_MIN(json_array_size(b->queue), (size_t)BATCH_MAX);
         for (size_t i = 0; i < n; i++)
@@ -479,6 +519,29 @@ static void enqueue(tg_billing_t *b, json_t *item) {
 void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
     release_attempts(b, s, s->cost);
     enqueue(b, settlement_json(s));
+}
+
+void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
+                                int attempt) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (!redis)
+        return;
+    char keys[3][128];
+    fmt_keys(keys, tenant_id, key_id, request_id, attempt);
+    const char *argv[4] = {keys[0], keys[1], keys[2], "0"};
+    tg_redis_eval(redis, b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+}
+
+void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
+    if (!b)
+        return;
+    uint64_t end = tg_now_ms() + (uint64_t)timeout_ms;
+    flush(b);
+    while ((json_array_size(b->queue) || b->inflight_batches) && tg_now_ms() < end) {
+        uv_run(loop, UV_RUN_ONCE);
+        if (json_array_size(b->queue))
+            flush(b);
+    }
 }
 
 static void noop_cb(void *ud, const PGresult *res, const char *err) {
@@ -566,6 +629,7 @@ static void spool_cb(uv_timer_t *t) {
 static void reconcile_cb(uv_timer_t *t);
 
 tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billing_config_t *cfg) {
+    pthread_once(&instance_once, make_instance_id);
     tg_billing_t *b = calloc(1, sizeof(*b));
     b->loop = loop;
     b->st = st;
@@ -597,7 +661,7 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     uv_timer_init(loop, &b->reconcile_timer);
     b->reconcile_timer.data = b;
     if (cfg->reconciler) {
-        uint64_t every = (uint64_t)TG_MAX(cfg->reconcile_after_ms / 4, 500);
+        uint64_t every = (uint64_t)TG_MIN(TG_MAX(cfg->reconcile_after_ms / 4, 500), ALIVE_TTL_MS / 3);
         uv_timer_start(&b->reconcile_timer, reconcile_cb, every, every);
         uv_unref((uv_handle_t *)&b->reconcile_timer);
     }
@@ -646,6 +710,7 @@ static const char DUE_SQL[] =
     "(sum(r.amount) * 1000000000)::bigint, coalesce(min(r.model), '') FROM reservations r "
     "WHERE (r.state = 'pending_reconciliation' OR r.state = 'reserved') "
     "AND r.created_at < now() - $1::int * interval '1 millisecond' "
+    "AND NOT (coalesce(r.instance, '') = ANY ($2::text[])) "
     "AND NOT EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.request_id) "
     "GROUP BY r.request_id LIMIT 500";
 
@@ -680,16 +745,51 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
                     b->cfg.charge_unknown ? "charged the reserved bound" : "released");
 }
 
-static char instance_id[40];
+
+static void alive_cb(void *ud, redisReply *r, const char *err) {
+    tg_billing_t *b = ud;
+    if (err || !r || r->type != REDIS_REPLY_ARRAY || !b->loop)
+        return;
+    /* Reservations of live instances are theirs to settle, however long they run. */
+    tg_buf_t arr;
+    tg_buf_init(&arr);
+    tg_buf_appends(&arr, "{");
+    for (size_t i = 0; i < r->elements; i++)
+        if (r->element[i]->str) {
+            tg_buf_appends(&arr, i ? ",\"" : "\"");
+            tg_buf_append_json_escaped(&arr, r->element[i]->str, r->element[i]->len);
+            tg_buf_appends(&arr, "\"");
+        }
+    tg_buf_appends(&arr, "}");
+    char ms[16];
+    snprintf(ms, sizeof(ms), "%d", b->cfg.reconcile_after_ms);
+    const char *params[2] = {ms, arr.data};
+    tg_pg_query(tg_state_pg(b->st), DUE_SQL, 2, params, due_cb, b);
+    tg_buf_free(&arr);
+}
 
 static void lock_cb(void *ud, redisReply *r, const char *err) {
     tg_billing_t *b = ud;
     if (err || !r || r->type != REDIS_REPLY_INTEGER || r->integer != 1 || !b->loop)
         return;
-    char ms[16];
-    snprintf(ms, sizeof(ms), "%d", b->cfg.reconcile_after_ms);
-    const char *params[1] = {ms};
-    tg_pg_query(tg_state_pg(b->st), DUE_SQL, 1, params, due_cb, b);
+    char now[32];
+    snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
+    const char *argv[4] = {"ZRANGEBYSCORE", ALIVE_KEY, now, "+inf"};
+    tg_redis_command(tg_state_redis(b->st), alive_cb, b, 4, argv, NULL);
+}
+
+/* Every instance (worker 0) says it is alive: a sorted set member with its expiry. */
+static void heartbeat(tg_billing_t *b) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (!redis)
+        return;
+    char until[32], now[32];
+    snprintf(until, sizeof(until), "%llu", (unsigned long long)(tg_wall_ms() + ALIVE_TTL_MS));
+    snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
+    const char *add[4] = {"ZADD", ALIVE_KEY, until, instance_id};
+    tg_redis_command(redis, NULL, NULL, 4, add, NULL);
+    const char *trim[4] = {"ZREMRANGEBYSCORE", ALIVE_KEY, "-inf", now};
+    tg_redis_command(redis, NULL, NULL, 4, trim, NULL);
 }
 
 static void reconcile_cb(uv_timer_t *t) {
@@ -697,8 +797,7 @@ static void reconcile_cb(uv_timer_t *t) {
     tg_redis_t *redis = tg_state_redis(b->st);
     if (!redis || !tg_state_pg(b->st))
         return;
-    if (!instance_id[0])
-        tg_random_id(instance_id);
+    heartbeat(b);
     char ttl[16];
     snprintf(ttl, sizeof(ttl), "%d", TG_MAX(b->cfg.reconcile_after_ms, 2000));
     const char *argv[6] = {"EVAL", LOCK_LUA, "1", "tollgate:reconciler", instance_id, ttl};
@@ -840,8 +939,11 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
     redisContext *rc = redis_connect_sync(redis_url);
     char ms[16];
     snprintf(ms, sizeof(ms), "%d", older_than_ms);
-    const char *params[1] = {ms};
-    PGresult *due = PQexecParams(c, DUE_SQL, 1, NULL, params, NULL, NULL, 0);
+    /* An operator's explicit pass: every instance counts as gone (run it when the
+     * gateways that held these requests are stopped, or with --older-than-ms above the
+     * longest request). */
+    const char *params[2] = {ms, "{}"};
+    PGresult *due = PQexecParams(c, DUE_SQL, 2, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(due) != PGRES_TUPLES_OK) {
         fprintf(stderr, "ledger reconcile: %s", PQerrorMessage(c));
         PQclear(due);

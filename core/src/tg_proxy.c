@@ -190,6 +190,8 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     /* Order matters: the account loader's query is cancelled, then the database and
      * Redis clients go (their pending callbacks run with errors: billing spools what it
      * carried), then billing, which still owns its queue and spool. */
+    /* Settlements still queued go to Postgres now (bounded), not to the spool. */
+    tg_billing_drain(pw->billing, &w->loop, 3000);
     tg_upstream_destroy(pw->upstream);
     tg_accounts_destroy(pw->accounts);
     if (pw->plugins)
@@ -1350,6 +1352,7 @@ static int phase_reserve(proxy_req_t *p) {
         .key_id = pr->key_id,
         .model = p->model,
         .amount = amount,
+        .key_budget = pr->budget[0] != '\0',
     };
     p->reserve = tg_billing_reserve(pw->billing, &r, reserve_done, p);
     return TG_AGAIN;
@@ -1527,6 +1530,11 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
     int64_t elapsed = (int64_t)((tg_now_ns() - p->req->start_ns) / 1000000);
     if (delay < 0 || elapsed + delay >= cfg->routing.deadline_ms)
         return 0;
+    /* A known failure cost nothing: its hold goes back before the next attempt reserves. */
+    if (p->reserved == p->attempt && p->pw->billing && (failure == TG_UPFAIL_STATUS || failure == TG_UPFAIL_CONNECT ||
+                                                          failure == TG_UPFAIL_TIMEOUT_CONNECT))
+        tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
+                                   p->attempt);
     /* Reset this attempt's upstream state and go back to account selection. */
     if (p->account && p->ntried < 8)
         p->tried[p->ntried++] = p->account->id;

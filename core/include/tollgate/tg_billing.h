@@ -66,6 +66,7 @@ typedef struct {
     int64_t tenant_id, key_id;
     const char *model;
     int64_t amount; /* nano-USD */
+    int key_budget; /* the key has a budget (else only the tenant's balance is checked) */
 } tg_reserve_req_t;
 
 /** Reserves; the callback runs exactly once, never synchronously. */
@@ -91,6 +92,13 @@ typedef struct {
  * caller's point of view (spooled when Postgres is unreachable).
  */
 void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s);
+/** An attempt that failed with a known outcome (an error status, a connect failure)
+ *  costs nothing: its hold goes back now, before the next attempt reserves. */
+void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
+                                int attempt);
+/** Sends what is queued and waits (running the loop) until Postgres took it or
+ *  timeout_ms passed; what is left goes to the spool at destroy. For shutdown. */
+void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms);
 /** Usage is unknown (upstream timed out after the request was sent): the reservations
  *  become pending_reconciliation and keep holding the money. */
 void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts);
