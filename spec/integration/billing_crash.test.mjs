@@ -9,9 +9,10 @@
 // gateway of another test on the suite's Redis could hold it.
 
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { after, before, test } from 'node:test';
 
-import { startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
+import { sleep, startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
 import { chat, startRedis } from './lib/db.mjs';
 import {
   CRED,
@@ -153,4 +154,50 @@ test('a request still running after reconcile_after_ms is billed its exact usage
   assert.equal(m.balance, before.balance - exact);
   await gw.stop();
   await verifyLedger(bill);
+});
+
+test('kill -9 while Postgres is slow to record the reservations: after restart and reconciliation, ledger verify passes', async () => {
+  // Reservation rows are written by the settlement batches. Postgres is slow (the
+  // reservations table locked by another session) when the gateway dies, with ten
+  // streams in flight whose money is held in Redis: the holds must still be found and
+  // settled after the restart, or the live balance stays short for ever.
+  await restarted?.stop();
+  const gw = await startBilledGateway(bill, { billing: { unknown_usage: 'charge' } }, { mock, spoolDir });
+  const warm = await chat(gw, bill.key, chatBody('warm [mock chunks=1]'));
+  assert.equal(warm.status, 200, warm.text);
+  await waitUsageRow(bill, warm.headers['x-request-id']);
+  const before = await accountsMoney(bill);
+
+  const locker = spawn('psql', ['-X', '-q', '-d', bill.conninfo, '-c', 'BEGIN; LOCK TABLE reservations IN SHARE MODE; SELECT pg_sleep(30); COMMIT;'],
+    { stdio: 'ignore' });
+  const lockerExit = new Promise((resolve) => locker.on('exit', resolve));
+  await waitFor(async () => Number(await bill.db.scalar(
+    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'reservations' AND l.mode = 'ShareLock' AND l.granted")) > 0,
+  { timeout: 5000, what: 'the lock on reservations' });
+  const body = chatBody('held while Postgres is slow [mock chunks=200 interval_ms=50]', { maxTokens: 1000, stream: true });
+  const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
+  const streams = Array.from({ length: 10 }, () => streamChat(gw, bill.key, body, { timeout: 30000 }).catch((e) => ({ error: e.message })));
+  await waitFor(async () => (await liveMoney(bill)).reserved === 10n * R, { timeout: 5000, what: 'ten holds in Redis' });
+  await sleep(500);
+  gw.proc.signal('SIGKILL');
+  await gw.proc.exited;
+  locker.kill('SIGKILL');
+  await lockerExit;
+  await Promise.all(streams);
+
+  restarted = await startBilledGateway(bill, { billing: { unknown_usage: 'charge' } }, { mock, spoolDir });
+  // reconcile_after_ms is 2 s; give the reconciler 10 s.
+  let v;
+  const deadline = Date.now() + 10000;
+  do {
+    await sleep(1000);
+    v = await ledger(bill, 'verify');
+  } while (v.code !== 0 && Date.now() < deadline);
+  const live = await liveMoney(bill);
+  const m = await accountsMoney(bill);
+  assert.equal(v.code, 0, `ledger verify 10 s after the restart:\n${v.stdout}${v.stderr}\n` +
+    `Redis avail=${live.avail} reserved=${live.reserved}; Postgres balance=${m.balance} (before: ${before.balance}); ` +
+    `reservation rows: ${JSON.stringify(await bill.db.query("SELECT state, count(*) FROM reservations GROUP BY state"))}`);
+  assert.equal(live.reserved, 0n, 'nothing held any more');
+  assert.equal(live.avail, m.balance);
 });

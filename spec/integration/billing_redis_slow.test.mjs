@@ -2,8 +2,10 @@
 // stopped waiting for it (redis_timeout_ms): the request is refused (503, money fails
 // closed), but the hold the script took must not stay in the live balance for ever —
 // otherwise the tenant's available money shrinks by the bound with every such timeout
-// and `ledger verify` reports Redis and Postgres apart. A private Redis, made to stall
-// for 1.5 s by a long-running script.
+// and `ledger verify` reports Redis and Postgres apart. And a client that leaves while
+// its reservation is still in flight was never served: it must not be charged. A
+// private Redis, made to stall for 1.5 s by a long-running script; the account has no
+// concurrency limit, so the reservation is the request's first Redis call.
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -18,6 +20,7 @@ import {
   ledger,
   liveMoney,
   startBilledGateway,
+  streamChat,
   usageRows,
   waitUsageRow,
 } from './lib/billing.mjs';
@@ -34,7 +37,7 @@ let gw;
 before(async () => {
   mock = await startMock();
   redis = await startRedis();
-  bill = await billedSetup({ mock, balance: '10', redis: redis.url });
+  bill = await billedSetup({ mock, balance: '10', redis: redis.url, concurrency: 0 });
   gw = await startBilledGateway(bill, { workers: 1, redis_timeout_ms: 250 }, { mock });
   const r = await chat(gw, bill.key, chatBody('warm [mock chunks=1]'));
   assert.equal(r.status, 200, r.text);
@@ -73,6 +76,42 @@ test('a reservation whose Redis reply times out: refused or served, but its hold
   assert.equal(live.reserved, 0n, `nothing is held any more (${detail})`);
   assert.equal(live.avail, m.balance, `the live balance equals the Postgres balance (${detail})`);
   assert.equal(await count(bill, 'reservations', "state = 'reserved'"), 0);
+  const v = await ledger(bill, 'verify');
+  assert.equal(v.code, 0, `ledger verify:\n${v.stdout}${v.stderr}`);
+});
+
+test('client gone while its reservation is in flight: the upstream is never called, nothing is charged, the hold returns', async () => {
+  // This gateway waits up to 5 s for Redis, so the reservation completes after the
+  // client left (the request is detached from it).
+  const g = await startBilledGateway(bill, { workers: 1, redis_timeout_ms: 5000 }, { mock });
+  const warm = await chat(g, bill.key, chatBody('warm [mock chunks=1]'));
+  assert.equal(warm.status, 200, warm.text);
+  await waitUsageRow(bill, warm.headers['x-request-id']);
+  await mock.reset();
+  const before = await accountsMoney(bill);
+  const reservationsBefore = await count(bill, 'reservations');
+
+  const stall = redisCli(redis.url, 'EVAL', STALL, '0', '1500');
+  await sleep(50);
+  const r = await streamChat(g, bill.key, { ...chatBody('leave during the reservation [mock chunks=5]', { maxTokens: 500 }), stream: false },
+    { abortAfterMs: 400 });
+  assert.equal(r.aborted, true);
+  assert.equal(r.status, 0, 'the client left before any answer');
+  await stall;
+
+  // Longer than reconcile_after_ms (2 s) plus a reconciler pass.
+  await sleep(5000);
+  assert.equal((await mock.stats()).total, 0, 'the upstream was never called');
+  const res = await bill.db.query(`SELECT request_id, state, (amount * 1000000000)::bigint::text AS amount,
+    (settled_cost * 1000000000)::bigint::text AS settled_cost FROM reservations ORDER BY created_at DESC LIMIT 1`);
+  const detail = JSON.stringify({ reservation: (await count(bill, 'reservations')) > reservationsBefore ? res[0] : null });
+  const m = await accountsMoney(bill);
+  assert.equal(m.balance, before.balance, `nothing charged for a request that never ran: ${detail}`);
+  const live = await liveMoney(bill);
+  assert.equal(live.reserved, 0n, `the hold was returned: ${detail}`);
+  assert.equal(live.avail, m.balance);
+  assert.equal(await count(bill, 'reservations', "state = 'reserved'"), 0, `no reservation left reserved: ${detail}`);
+  await g.stop();
   const v = await ledger(bill, 'verify');
   assert.equal(v.code, 0, `ledger verify:\n${v.stdout}${v.stderr}`);
 });

@@ -340,14 +340,16 @@ export async function settleBatch(conninfo, batch) {
  * and then fire at the same instant (pg_sleep until a common start time). Resolves with
  * each process's stdout lines.
  */
-export async function psqlConcurrent(conninfo, sqls, { startInMs = 2500, timeout = 60000 } = {}) {
+export async function psqlConcurrent(conninfo, sqls, { startInMs = 2500, timeout = 120000 } = {}) {
   const at = new Date(Date.now() + startInMs).toISOString();
   const gate = `SELECT pg_sleep(greatest(0, extract(epoch FROM (${lit(at)}::timestamptz - clock_timestamp()))))`;
   return Promise.all(sqls.map((sql) => new Promise((resolve, reject) => {
     execFile('psql', ['-X', '-q', '-A', '-t', '-v', 'ON_ERROR_STOP=1', '-d', conninfo, '-c', gate, '-c', sql],
       { timeout, maxBuffer: 1 << 20 }, (err, stdout, stderr) => {
+        const lines = stdout.split('\n').filter(Boolean);
         if (err) reject(new Error(`psql failed: ${stderr || err.message}`));
-        else resolve(stdout.split('\n').filter(Boolean));
+        else if (!lines.length) reject(new Error(`psql printed no result (stdout ${JSON.stringify(stdout)}, stderr ${JSON.stringify(stderr)})`));
+        else resolve(lines);
       });
   })));
 }
