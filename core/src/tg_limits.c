@@ -496,6 +496,12 @@ void tg_admit_cancel(tg_admit_t *a) {
 void tg_admit_release(tg_admit_t *a, int64_t actual_tokens) {
     if (!a)
         return;
+    if (a->state != A_ADMITTED && !a->local) {
+        /* Still asking Redis (or waiting for a slot): the client left first. The pending
+         * reply gives back whatever it took and frees the handle. */
+        tg_admit_cancel(a);
+        return;
+    }
     tg_limits_t *l = a->l;
     if (a->local) {
         local_get(l, a->lim.key_id)->inflight--;
