@@ -37,3 +37,10 @@ add_executable(tg_translate_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/translate_be
 target_compile_options(tg_translate_bench PRIVATE ${TG_WARN})
 target_link_libraries(tg_translate_bench PRIVATE tollgate_core)
 set_target_properties(tg_translate_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+
+# The official SDKs against the real gateway with upstreams of both kinds.
+if(TG_NODE)
+  add_test(NAME integration.protocols_sdk COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/protocols_sdk.test.mjs)
+  set_tests_properties(integration.protocols_sdk PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "protocols;integration" TIMEOUT 120)
+endif()
