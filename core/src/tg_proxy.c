@@ -1055,6 +1055,8 @@ static void default_key(proxy_worker_t *pw, ord_t *o, int64_t now) {
     o->key = (e->picks + 1) / w;
 }
 
+static void retry_timer_cb(uv_timer_t *t);
+
 static int phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
@@ -1074,8 +1076,20 @@ static int phase_select(proxy_req_t *p) {
     }
     if (!p->snap)
         p->snap = tg_accounts_snapshot(pw->accounts);
-    if (!p->snap)
+    if (!p->snap) {
+        /* Just started: the first snapshot is on its way; wait for it (up to 3 s). */
+        if (tg_now_ns() - p->req->start_ns < 3000000000ull) {
+            if (!p->retry_timer) {
+                p->retry_timer = malloc(sizeof(uv_timer_t));
+                uv_timer_init(&p->req->worker->loop, p->retry_timer);
+                p->retry_timer->data = p;
+            }
+            p->phase = PHASE_SELECT;
+            uv_timer_start(p->retry_timer, retry_timer_cb, 20, 0);
+            return TG_AGAIN;
+        }
         return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
+    }
     const tg_account_t *all[256], *cands[64];
     const char *model = p->req->route == TG_ROUTE_MODELS ? "" : p->model;
     int64_t now = (int64_t)tg_wall_ms();
@@ -1196,7 +1210,6 @@ static void slot_release(proxy_req_t *p) {
 }
 
 static int slot_try(proxy_req_t *p);
-static void retry_timer_cb(uv_timer_t *t);
 
 static void slot_renew_cb(uv_timer_t *t) {
     proxy_req_t *p = t->data;
