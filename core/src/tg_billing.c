@@ -210,6 +210,13 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
     tg_reserve_t *x = ud;
     tg_billing_t *b = x->b;
     if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
+        /* The script may have run even though its reply did not come (a timeout): give
+         * back whatever it held. Sent on the same connection, so Redis runs it after the
+         * script; when the script did not run it finds nothing to return. */
+        if (tg_state_redis(b->st)) {
+            const char *argv[4] = {x->keys[0], x->keys[1], x->keys[2], "0"};
+            tg_redis_eval(tg_state_redis(b->st), b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+        }
         reserve_finish(x, 503, "billing_unavailable",
                        "the balance could not be checked (the limiter store is unavailable); try again");
         return;
