@@ -9,6 +9,12 @@
 # spec/integration/lib/db.mjs). They measure timing (cooldowns, slot leases) and share
 # one Redis with the state and limits tests, so they hold RESOURCE_LOCK redis.
 
+# The in-process selection benchmark (spec/bench/select_bench.sh runs it).
+add_executable(tg_select_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/select_bench.c)
+target_compile_options(tg_select_bench PRIVATE ${TG_WARN})
+target_link_libraries(tg_select_bench PRIVATE tollgate_core)
+set_target_properties(tg_select_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+
 find_program(TG_NODE node)
 if(NOT TG_NODE)
   message(WARNING "node not found: routing integration tests not registered")

@@ -13,10 +13,23 @@
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_tls.h"
 
+/* The accounts of one group that list or map one model (the any-model ones are apart). */
+typedef struct {
+    const char *model; /* points into an account's models or model_map (the snapshot owns it) */
+    const tg_account_t **acc;
+    int n;
+} model_pool_t;
+
+/* One group, indexed for tg_select: nothing on the request path scans all its members. */
 typedef struct {
     int64_t group_id;
-    tg_account_t **accounts;
+    const tg_account_t **by_id; /* every member, by id (sticky lookups) */
     int n;
+    const tg_account_t **any;   /* members that list no models, by priority then id */
+    int nany;
+    model_pool_t *models;       /* by model name; each pool by priority then id */
+    int nmodels;
+    const tg_account_t **listed; /* storage of models[].acc */
 } group_t;
 
 typedef struct {
@@ -81,8 +94,12 @@ static void snapshot_free(tg_snapshot_t *s) {
         json_decref(a->model_map);
     }
     free(s->accounts);
-    for (size_t i = 0; i < s->ngroups; i++)
-        free(s->groups[i].accounts);
+    for (size_t i = 0; i < s->ngroups; i++) {
+        free(s->groups[i].by_id);
+        free(s->groups[i].any);
+        free(s->groups[i].models);
+        free(s->groups[i].listed);
+    }
     free(s->groups);
     for (size_t i = 0; i < s->nprices; i++)
         free(s->prices[i].model);
@@ -148,6 +165,115 @@ static char **json_string_list(const char *text, int *n) {
     return out;
 }
 
+/* ---- the group index ------------------------------------------------------------------ */
+
+/* Priority first (highest first), then id: a tier is a contiguous run. */
+static int prio_cmp(const void *x, const void *y) {
+    const tg_account_t *a = *(const tg_account_t *const *)x, *b = *(const tg_account_t *const *)y;
+    if (a->priority != b->priority)
+        return a->priority > b->priority ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static int memb_cmp(const void *x, const void *y) {
+    const tg_membership_t *a = x, *b = y;
+    if (a->group_id != b->group_id)
+        return a->group_id < b->group_id ? -1 : 1;
+    return a->account_id < b->account_id ? -1 : a->account_id > b->account_id;
+}
+
+typedef struct {
+    const char *model;
+    const tg_account_t *acc;
+} listing_t;
+
+static int listing_cmp(const void *x, const void *y) {
+    const listing_t *a = x, *b = y;
+    int c = strcmp(a->model, b->model);
+    return c ? c : prio_cmp(&a->acc, &b->acc);
+}
+
+static const tg_account_t *account_by_id(const tg_snapshot_t *s, int64_t id) {
+    size_t lo = 0, hi = s->naccounts;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->accounts[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < s->naccounts && s->accounts[lo].id == id ? &s->accounts[lo] : NULL;
+}
+
+/* Indexes one group from its members (by id): the any-model pool by priority, and a
+ * pool per model name that some member lists or maps. */
+static void group_index(group_t *g) {
+    g->any = malloc((size_t)g->n * sizeof(*g->any) + 1);
+    size_t nlist = 0;
+    for (int i = 0; i < g->n; i++) {
+        const tg_account_t *acc = g->by_id[i];
+        if (acc->nmodels == 0)
+            g->any[g->nany++] = acc;
+        else
+            nlist += (size_t)acc->nmodels + (json_is_object(acc->model_map) ? json_object_size(acc->model_map) : 0);
+    }
+    qsort(g->any, (size_t)g->nany, sizeof(*g->any), prio_cmp);
+    listing_t *l = malloc(nlist * sizeof(*l) + 1);
+    size_t k = 0;
+    for (int i = 0; i < g->n; i++) {
+        const tg_account_t *acc = g->by_id[i];
+        if (acc->nmodels == 0)
+            continue;
+        for (int m = 0; m < acc->nmodels; m++)
+            l[k++] = (listing_t){acc->models[m], acc};
+        if (json_is_object(acc->model_map)) {
+            const char *key;
+            json_t *v;
+            json_object_foreach(acc->model_map, key, v) l[k++] = (listing_t){key, acc};
+        }
+    }
+    qsort(l, k, sizeof(*l), listing_cmp);
+    g->listed = malloc(k * sizeof(*g->listed) + 1);
+    g->models = malloc(k * sizeof(*g->models) + 1);
+    size_t nl = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (i > 0 && l[i].acc == l[i - 1].acc && !strcmp(l[i].model, l[i - 1].model))
+            continue; /* listed and mapped: once */
+        if (i == 0 || strcmp(l[i].model, l[i - 1].model) != 0)
+            g->models[g->nmodels++] = (model_pool_t){l[i].model, &g->listed[nl], 0};
+        g->listed[nl++] = l[i].acc;
+        g->models[g->nmodels - 1].n++;
+    }
+    free(l);
+}
+
+/* Builds s->groups (sorted by id) from the memberships; m is sorted in place. */
+static void snapshot_index(tg_snapshot_t *s, tg_membership_t *m, size_t nm) {
+    if (nm)
+        qsort(m, nm, sizeof(*m), memb_cmp);
+    size_t ngroups = 0;
+    for (size_t i = 0; i < nm; i++)
+        ngroups += i == 0 || m[i].group_id != m[i - 1].group_id;
+    s->groups = calloc(ngroups + 1, sizeof(group_t));
+    for (size_t i = 0; i < nm; i++) {
+        const tg_account_t *acc = account_by_id(s, m[i].account_id);
+        if (!acc || (i > 0 && !memb_cmp(&m[i], &m[i - 1])))
+            continue;
+        group_t *g = s->ngroups ? &s->groups[s->ngroups - 1] : NULL;
+        if (!g || g->group_id != m[i].group_id) {
+            g = &s->groups[s->ngroups++];
+            g->group_id = m[i].group_id;
+            size_t j = i;
+            while (j < nm && m[j].group_id == g->group_id)
+                j++;
+            g->by_id = malloc((j - i) * sizeof(*g->by_id));
+        }
+        g->by_id[g->n++] = acc;
+    }
+    for (size_t i = 0; i < s->ngroups; i++)
+        group_index(&s->groups[i]);
+}
+
 static void schedule_retry(tg_accounts_t *a);
 
 static void load_cb(void *ud, const PGresult *res, const char *err) {
@@ -169,7 +295,8 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
     a->npending_prices = 0;
     int rows = PQntuples(res);
     s->accounts = calloc((size_t)rows + 1, sizeof(tg_account_t));
-    json_t *memberships = json_array();
+    tg_membership_t *memb = NULL;
+    size_t nmemb = 0, capmemb = 0;
     for (int r = 0; r < rows; r++) {
         tg_account_t *acc = &s->accounts[s->naccounts];
         acc->id = atoll(PQgetvalue(res, r, 0));
@@ -209,33 +336,18 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
         size_t gi;
         json_t *g;
         json_array_foreach(groups, gi, g) {
-            json_t *pair = json_pack("[II]", (json_int_t)json_integer_value(g), (json_int_t)s->naccounts);
-            json_array_append_new(memberships, pair);
+            if (nmemb == capmemb) {
+                capmemb = capmemb ? capmemb * 2 : 64;
+                memb = realloc(memb, capmemb * sizeof(*memb));
+            }
+            memb[nmemb++] = (tg_membership_t){json_integer_value(g), acc->id};
         }
         json_decref(groups);
         s->naccounts++;
     }
     OPENSSL_cleanse(key, sizeof(key));
-    /* Index by group. */
-    size_t mi;
-    json_t *m;
-    json_array_foreach(memberships, mi, m) {
-        int64_t gid = json_integer_value(json_array_get(m, 0));
-        tg_account_t *acc = &s->accounts[json_integer_value(json_array_get(m, 1))];
-        group_t *grp = NULL;
-        for (size_t k = 0; k < s->ngroups; k++)
-            if (s->groups[k].group_id == gid)
-                grp = &s->groups[k];
-        if (!grp) {
-            s->groups = realloc(s->groups, (s->ngroups + 1) * sizeof(group_t));
-            grp = &s->groups[s->ngroups++];
-            memset(grp, 0, sizeof(*grp));
-            grp->group_id = gid;
-        }
-        grp->accounts = realloc(grp->accounts, (size_t)(grp->n + 1) * sizeof(tg_account_t *));
-        grp->accounts[grp->n++] = acc;
-    }
-    json_decref(memberships);
+    snapshot_index(s, memb, nmemb);
+    free(memb);
     tg_snapshot_t *old = a->current;
     a->current = s;
     tg_snapshot_release(old);
@@ -357,54 +469,91 @@ const char *tg_account_map_model(const tg_account_t *acc, const char *model) {
     return json_is_string(v) ? json_string_value(v) : model;
 }
 
-int tg_snapshot_candidates(const tg_snapshot_t *s, int64_t group_id, const char *model, int64_t now_ms,
-                           const tg_account_t **out, int max) {
-    if (!s)
-        return 0;
-    const group_t *g = NULL;
-    for (size_t i = 0; i < s->ngroups; i++)
-        if (s->groups[i].group_id == group_id)
-            g = &s->groups[i];
-    if (!g)
-        return 0;
-    /* Large groups: start at a rotating offset, so every account gets its turn in the
-     * bounded candidate list. */
-    static _Thread_local unsigned rot;
-    unsigned start = g->n > max ? rot++ % (unsigned)g->n : 0;
-    int n = 0;
-    for (int j = 0; j < g->n && n < max; j++) {
-        const tg_account_t *acc = g->accounts[(start + (unsigned)j) % (unsigned)g->n];
-        if (!acc->active || acc->cooldown_until_ms > now_ms)
-            continue;
-        int serves = acc->nmodels == 0 || (acc->model_map && json_object_get(acc->model_map, model));
-        for (int k = 0; k < acc->nmodels && !serves; k++)
-            serves = !strcmp(acc->models[k], model);
-        if (serves)
-            out[n++] = acc;
+static const group_t *group_of(const tg_snapshot_t *s, int64_t group_id) {
+    size_t lo = 0, hi = s ? s->ngroups : 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->groups[mid].group_id < group_id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    return n;
+    return s && lo < s->ngroups && s->groups[lo].group_id == group_id ? &s->groups[lo] : NULL;
 }
 
-const tg_account_t *tg_accounts_pick_default(const tg_account_t *const *c, int n) {
-    if (n <= 0)
-        return NULL;
-    int best = c[0]->priority;
-    for (int i = 1; i < n; i++)
-        best = TG_MAX(best, c[i]->priority);
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (c[i]->priority == best)
-            total += (uint64_t)TG_MAX(c[i]->weight, 0) + 1;
-    uint64_t r = 0;
-    tg_random_bytes(&r, sizeof(r));
-    r %= total;
-    for (int i = 0; i < n; i++) {
-        if (c[i]->priority != best)
-            continue;
-        uint64_t w = (uint64_t)TG_MAX(c[i]->weight, 0) + 1;
-        if (r < w)
-            return c[i];
-        r -= w;
+int tg_snapshot_pool(const tg_snapshot_t *s, int64_t group_id, const char *model, tg_pool_t *out) {
+    memset(out, 0, sizeof(*out));
+    const group_t *g = group_of(s, group_id);
+    if (!g)
+        return 0;
+    out->acc[0] = g->any;
+    out->n[0] = g->nany;
+    int lo = 0, hi = g->nmodels;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(g->models[mid].model, model);
+        if (c == 0) {
+            out->acc[1] = g->models[mid].acc;
+            out->n[1] = g->models[mid].n;
+            break;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    return c[0];
+    return 1;
+}
+
+const tg_account_t *tg_snapshot_member(const tg_snapshot_t *s, int64_t group_id, int64_t account_id) {
+    const group_t *g = group_of(s, group_id);
+    int lo = 0, hi = g ? g->n : 0;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (g->by_id[mid]->id < account_id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return g && lo < g->n && g->by_id[lo]->id == account_id ? g->by_id[lo] : NULL;
+}
+
+int tg_account_serves(const tg_account_t *acc, const char *model) {
+    if (acc->nmodels == 0 || (json_is_object(acc->model_map) && json_object_get(acc->model_map, model)))
+        return 1;
+    for (int k = 0; k < acc->nmodels; k++)
+        if (!strcmp(acc->models[k], model))
+            return 1;
+    return 0;
+}
+
+static int account_id_cmp(const void *x, const void *y) {
+    const tg_account_t *a = x, *b = y;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+tg_snapshot_t *tg_snapshot_build(const tg_account_t *accounts, size_t n, const tg_membership_t *m, size_t nm) {
+    tg_snapshot_t *s = calloc(1, sizeof(*s));
+    s->refs = 1;
+    s->generation = 1;
+    s->accounts = calloc(n + 1, sizeof(tg_account_t));
+    for (size_t i = 0; i < n; i++) {
+        tg_account_t *acc = &s->accounts[i];
+        *acc = accounts[i];
+        acc->name = strdup(accounts[i].name ? accounts[i].name : "");
+        acc->provider = strdup(accounts[i].provider ? accounts[i].provider : "openai");
+        acc->credential = accounts[i].credential ? strdup(accounts[i].credential) : NULL;
+        acc->models = calloc((size_t)acc->nmodels + 1, sizeof(char *));
+        for (int k = 0; k < acc->nmodels; k++)
+            acc->models[k] = strdup(accounts[i].models[k]);
+        json_incref(acc->model_map);
+    }
+    s->naccounts = n;
+    qsort(s->accounts, n, sizeof(tg_account_t), account_id_cmp);
+    tg_membership_t *copy = malloc((nm + 1) * sizeof(*copy));
+    if (nm)
+        memcpy(copy, m, nm * sizeof(*copy));
+    snapshot_index(s, copy, nm);
+    free(copy);
+    return s;
 }

@@ -28,6 +28,7 @@
 #include "tollgate/tg_redis.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_select.h"
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
@@ -1020,41 +1021,6 @@ static int was_tried(const proxy_req_t *p, int64_t id) {
     return 0;
 }
 
-static int healthy_enough(tg_health_entry_t *e, const tg_account_t *acc) {
-    return e->err_ewma < 0.5 && (e->ttft_ewma_ms < 0 || e->ttft_ewma_ms < 30000) &&
-           (acc->concurrency <= 0 || e->inflight < acc->concurrency);
-}
-
-/* Default order: priority; a half-open account's trial first; then the
- * account furthest below its fair share (picks / effective weight), where the effective
- * weight shrinks with the error EWMA and the load, so a failing account gets less but
- * not nothing and a recovered one earns its share back. Deterministic, no RNG. */
-typedef struct {
-    const tg_account_t *acc;
-    int trial;
-    double key;
-} ord_t;
-
-static int ord_cmp(const void *x, const void *y) {
-    const ord_t *a = x, *b = y;
-    if (a->acc->priority != b->acc->priority)
-        return a->acc->priority > b->acc->priority ? -1 : 1;
-    if (a->trial != b->trial)
-        return a->trial ? -1 : 1;
-    if (a->key != b->key)
-        return a->key < b->key ? -1 : 1;
-    return a->acc->id < b->acc->id ? -1 : a->acc->id > b->acc->id;
-}
-
-static void default_key(proxy_worker_t *pw, ord_t *o, int64_t now) {
-    tg_health_entry_t *e = tg_health_get(pw->health, o->acc->id);
-    double load = o->acc->concurrency > 0 ? (double)e->inflight / o->acc->concurrency : 0;
-    double ok = 1 - e->err_ewma;
-    double w = (double)TG_MAX(o->acc->weight, 1) * ok * ok * TG_MAX(1 - load, 0.01);
-    o->trial = e->half_open && !e->probing && e->cooldown_until_ms && e->cooldown_until_ms <= now;
-    o->key = (e->picks + 1) / w;
-}
-
 static void retry_timer_cb(uv_timer_t *t);
 
 static int phase_select(proxy_req_t *p) {
@@ -1090,52 +1056,31 @@ static int phase_select(proxy_req_t *p) {
         }
         return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
     }
-    const tg_account_t *all[256], *cands[64];
+    /* The accounts to try, best first: a bounded sample of the group (tg_select.h). */
     const char *model = p->req->route == TG_ROUTE_MODELS ? "" : p->model;
-    int64_t now = (int64_t)tg_wall_ms();
-    int nall = tg_snapshot_candidates(p->snap, pr->group_id, model, now, all, 256);
-    if (p->proto == TG_PROTO_EMBEDDINGS) {
-        /* Embeddings are not translated: OpenAI accounts only. */
-        int k = 0;
-        for (int i = 0; i < nall; i++)
-            if (!strcmp(all[i]->provider, "openai"))
-                all[k++] = all[i];
-        nall = k;
-    }
-    /* Health filters: cooling accounts and busy trials are skipped; a retry that must move
-     * skips the accounts already tried (unless nothing else is left). */
-    int n = 0;
-    static _Thread_local unsigned rot;
-    unsigned start = nall ? rot++ % (unsigned)nall : 0;
-    for (int pass = 0; pass < 2 && n == 0; pass++)
-        for (int j = 0; j < nall && n < 64; j++) {
-            int i = (int)((start + (unsigned)j) % (unsigned)nall);
-            tg_health_entry_t *e = tg_health_get(pw->health, all[i]->id);
-            if (!tg_health_available(e, now))
-                continue;
-            if (pass == 0 && p->retry_other && was_tried(p, all[i]->id))
-                continue;
-            cands[n++] = all[i];
-        }
+    tg_select_t q = {
+        .group_id = pr->group_id,
+        .model = model,
+        .now_ms = (int64_t)tg_wall_ms(),
+        .openai_only = p->proto == TG_PROTO_EMBEDDINGS, /* embeddings are not translated */
+        .avoid = p->retry_other ? p->tried : NULL,
+        .navoid = p->retry_other ? p->ntried : 0,
+        .sticky = p->attempt == 1 ? p->sticky_account : 0,
+    };
+    int sticky = 0;
+    int n = tg_select(p->snap, pw->health, &q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), &sticky);
     if (n == 0) {
         char msg[256];
         snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", model);
         return fail(p, 503, "server_error", "no_account_available", msg);
     }
-    const tg_account_t *first = NULL;
-    /* A sticky conversation stays where its cache is while that account is healthy. */
-    if (p->sticky_account && p->attempt == 1)
-        for (int i = 0; i < n; i++)
-            if (cands[i]->id == p->sticky_account &&
-                healthy_enough(tg_health_get(pw->health, cands[i]->id), cands[i]))
-                first = cands[i];
     tg_plugins_t *pl = pw->plugins;
-    if (!first && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
-        /* The routing plugin scores the candidates the filters left. */
+    if (!sticky && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
+        /* The routing plugin scores the sampled candidates (at most TG_SELECT_MAX); its
+         * choice goes first, the rest keep their order for when its slot is full. */
         for (int i = 0; i < n; i++) {
-            const tg_account_t *acc = cands[i];
+            const tg_account_t *acc = p->order[i];
             tg_health_entry_t *e = tg_health_get(pw->health, acc->id);
-            p->cands[i] = acc;
             tg_ffi_account_t *fa = &p->accts[i];
             memset(fa, 0, sizeof(*fa));
             fa->id = acc->name;
@@ -1148,7 +1093,7 @@ static int phase_select(proxy_req_t *p) {
             fa->tried = was_tried(p, acc->id);
             fa->error_ewma = e->err_ewma;
             fa->ttft_ewma_ms = e->ttft_ewma_ms;
-            fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - now) : -1;
+            fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - q.now_ms) : -1;
             fa->cost = atof(acc->cost_multiplier);
         }
         p->ctx.accounts = p->accts;
@@ -1156,24 +1101,13 @@ static int phase_select(proxy_req_t *p) {
         p->ctx.selected = -1;
         if (tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &p->ctx) == TG_DONE)
             return plugin_reject(p);
-        if (p->ctx.selected >= 0 && p->ctx.selected < n)
-            first = p->cands[p->ctx.selected];
-    }
-    /* The rest in default order: when the first one's slot is full, the next is tried. */
-    ord_t ord[64];
-    int m = 0;
-    for (int i = 0; i < n; i++)
-        if (cands[i] != first) {
-            ord[m].acc = cands[i];
-            default_key(pw, &ord[m], now);
-            m++;
+        if (p->ctx.selected > 0 && p->ctx.selected < n) {
+            const tg_account_t *chosen = p->order[p->ctx.selected];
+            memmove(&p->order[1], &p->order[0], (size_t)p->ctx.selected * sizeof(p->order[0]));
+            p->order[0] = chosen;
         }
-    qsort(ord, (size_t)m, sizeof(ord[0]), ord_cmp);
-    p->norder = 0;
-    if (first)
-        p->order[p->norder++] = first;
-    for (int i = 0; i < m; i++)
-        p->order[p->norder++] = ord[i].acc;
+    }
+    p->norder = n;
     p->next_order = 0;
     return TG_OK;
 }
@@ -1505,12 +1439,10 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         return 0;
     {
         /* Nothing left to retry on: the client gets this answer (with its Retry-After). */
-        const tg_account_t *all[256];
-        int64_t now = (int64_t)tg_wall_ms();
-        int nall = tg_snapshot_candidates(p->snap, p->principal->group_id, p->model, now, all, 256), avail = 0;
-        for (int i = 0; i < nall && !avail; i++)
-            avail = tg_health_available(tg_health_get(p->pw->health, all[i]->id), now);
-        if (!avail)
+        const tg_account_t *any[1];
+        int sticky = 0;
+        tg_select_t q = {.group_id = p->principal->group_id, .model = p->model, .now_ms = (int64_t)tg_wall_ms()};
+        if (tg_select(p->snap, p->pw->health, &q, any, 1, &sticky) == 0)
             return 0;
     }
     int action = TG_RETRY_OTHER;

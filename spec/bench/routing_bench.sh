@@ -9,9 +9,10 @@
 #      between them per call, under the same wrk load (uprobe traps add a constant,
 #      so the 1-account group is the floor to compare against);
 #   3. where the time goes: perf record --call-graph dwarf under load, the share of
-#      the gateway's CPU in phase_select and in what it calls (tg_snapshot_candidates,
-#      tg_health_get, default_score, tg_random_bytes), turned into µs per request with
-#      the gateway's CPU time per request.
+#      the gateway's CPU in phase_select and in what it calls (tg_select,
+#      tg_snapshot_pool, tg_health_get), turned into µs per request with the gateway's
+#      CPU time per request.
+# spec/bench/select_bench.sh measures the selection alone, in process.
 # Plus a spread check: which accounts of the 10,000 receive traffic at all (the access
 # log's account_id over a few thousand requests).
 #
@@ -247,7 +248,7 @@ if [ $PERF = 1 ] && command -v perf >/dev/null; then
     echo "Share of the gateway's CPU samples in each function including what it calls, and"
     echo "that share times the gateway's CPU time per request (µs)."
     echo
-    SYMS=(phase_select tg_snapshot_candidates tg_health_get default_score tg_random_bytes healthy_enough slot_try tg_accounts_snapshot)
+    SYMS=(phase_select tg_select tg_snapshot_pool tg_health_get tg_random_bytes slot_try tg_accounts_snapshot)
     header="| accounts | req/s while recorded | CPU µs / request |"
     sep="|---|---|---|"
     for s in "${SYMS[@]}"; do header+=" $s |"; sep+="---|"; done

@@ -1,8 +1,8 @@
 /*
  * The per-worker snapshot of upstream accounts and the groups they serve, read from
  * Postgres at start and again whenever an admin change is published (tg_state). The
- * hot path never queries the database: picking an account is a scan of the group's
- * array in memory.
+ * hot path never queries the database: each group is indexed once per snapshot (by
+ * priority, by model, by id), and tg_select picks from that index in memory.
  *
  * Each distinct base URL gets one tg_upstream_t (connection pool) that lives as long
  * as the worker, so a refresh keeps pools warm. Credentials are opened (AES-256-GCM)
@@ -56,20 +56,43 @@ void tg_snapshot_release(tg_snapshot_t *s);
 size_t tg_snapshot_size(const tg_snapshot_t *s);
 
 /**
- * The candidates of a group for a model: active, not cooling down at now_ms, serving the
- * model (listed, or mapped, or the account lists no models). Fills out[] (max entries)
- * and returns how many. *upstream_model gets the mapped name for each candidate through
- * tg_account_map_model.
+ * The accounts of a group that serve one model, as two disjoint arrays owned by the
+ * snapshot: acc[0] the members that list no models (they serve any), acc[1] those that
+ * list or map this model. Each is sorted by priority (highest first), then id, so a
+ * priority tier is a contiguous run in each. Built when the snapshot is loaded: the
+ * lookup is a binary search over the group's model names, never a scan of its accounts.
  */
-int tg_snapshot_candidates(const tg_snapshot_t *s, int64_t group_id, const char *model, int64_t now_ms,
-                           const tg_account_t **out, int max);
+typedef struct {
+    const tg_account_t *const *acc[2];
+    int n[2];
+} tg_pool_t;
+
+/** Fills *out with the pool of (group, model). Returns 1, or 0 if the group has no
+ *  accounts in this snapshot (out is then empty). */
+int tg_snapshot_pool(const tg_snapshot_t *s, int64_t group_id, const char *model, tg_pool_t *out);
+/** The member of the group with this id, or NULL (binary search). */
+const tg_account_t *tg_snapshot_member(const tg_snapshot_t *s, int64_t group_id, int64_t account_id);
+/** 1 if the account serves `model`: it lists no models, or lists or maps this one. */
+int tg_account_serves(const tg_account_t *acc, const char *model);
+
+/** One account's membership of one group (tg_snapshot_build). */
+typedef struct {
+    int64_t group_id;
+    int64_t account_id;
+} tg_membership_t;
+
+/**
+ * A snapshot built from memory instead of Postgres, for tests and benchmarks: deep
+ * copies of the n accounts (name, provider, credential, models; model_map is
+ * referenced), indexed with the memberships m[0..nm) exactly like a loaded one.
+ * Memberships naming an unknown account are ignored. Release with tg_snapshot_release.
+ */
+tg_snapshot_t *tg_snapshot_build(const tg_account_t *accounts, size_t n, const tg_membership_t *m, size_t nm);
+
 /** The model name to send upstream for this account (the mapping, or `model`). */
 const char *tg_account_map_model(const tg_account_t *acc, const char *model);
 /** The list price of `model` (nano-USD per million tokens, from model_prices). Returns 1
  *  if the model has a price, 0 otherwise. */
 int tg_snapshot_price(const tg_snapshot_t *s, const char *model, struct tg_price_s *out);
-
-/** The default choice: highest priority, then weighted random by weight. NULL if n == 0. */
-const tg_account_t *tg_accounts_pick_default(const tg_account_t *const *c, int n);
 
 #endif

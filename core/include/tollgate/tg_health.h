@@ -30,6 +30,9 @@ void tg_health_destroy(tg_health_t *h);
 /** The entry of an account (created on first use). */
 tg_health_entry_t *tg_health_get(tg_health_t *h, int64_t account_id);
 
+/** How many accounts have an entry (tests: selection looks at a bounded few). */
+size_t tg_health_count(const tg_health_t *h);
+
 /** 1 if the account may take a request now (not cooling; a half-open account only when
  *  no trial is in flight). */
 int tg_health_available(tg_health_entry_t *e, int64_t now_ms);
