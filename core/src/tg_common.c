@@ -71,6 +71,38 @@ void tg_buf_printf(tg_buf_t *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
+size_t tg_fmt_u64(char *out, uint64_t v) {
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+void tg_buf_append_u64(tg_buf_t *b, uint64_t v) {
+    tg_buf_reserve(b, 20);
+    b->len += tg_fmt_u64(b->data + b->len, v);
+    b->data[b->len] = '\0';
+}
+
+void tg_buf_append_hex(tg_buf_t *b, uint64_t v) {
+    static const char hex[] = "0123456789abcdef";
+    char tmp[16];
+    size_t n = 0;
+    do {
+        tmp[n++] = hex[v & 15];
+        v >>= 4;
+    } while (v);
+    tg_buf_reserve(b, n);
+    for (size_t i = 0; i < n; i++)
+        b->data[b->len++] = tmp[n - 1 - i];
+    b->data[b->len] = '\0';
+}
+
 void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     tg_buf_reserve(b, n + 8);

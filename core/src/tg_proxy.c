@@ -49,6 +49,7 @@ typedef struct {
     tg_health_t *health;       /* per-account EWMAs, cooldowns, trials */
     int slot_script;           /* account slot lease (Redis) */
     int slot_release_script;
+    EVP_MD_CTX *sha;           /* reused for every key hash: no allocation per request */
 } proxy_worker_t;
 
 /* The account's own concurrency slot: KEYS[1] {a:<id>}:conc; ARGV id, limit, ttl_ms. */
@@ -167,6 +168,7 @@ void tg_proxy_worker_init(tg_worker_t *w) {
     pw->limits = tg_limits_create(&w->loop, w->state, &ac);
     pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers);
     pw->health = tg_health_create();
+    pw->sha = EVP_MD_CTX_new();
     if (tg_state_redis(w->state)) {
         pw->slot_script = tg_redis_script_register(tg_state_redis(w->state), SLOT_LUA);
         pw->slot_release_script = tg_redis_script_register(tg_state_redis(w->state), SLOT_RELEASE_LUA);
@@ -202,6 +204,7 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     tg_limits_destroy(pw->limits);
     tg_billing_destroy(pw->billing);
     tg_health_destroy(pw->health);
+    EVP_MD_CTX_free(pw->sha);
     free(pw);
     w->proxy = NULL;
 }
@@ -694,7 +697,9 @@ static int phase_auth(proxy_req_t *p) {
     unsigned char digest[32];
     /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: fetch it once. */
     pthread_once(&sha256_once, sha256_fetch);
-    if (!sha256_md || !EVP_Digest(key.p, key.len, digest, NULL, sha256_md, NULL))
+    EVP_MD_CTX *sha = p->pw->sha;
+    if (!sha256_md || !sha || !EVP_DigestInit_ex(sha, sha256_md, NULL) || !EVP_DigestUpdate(sha, key.p, key.len) ||
+        !EVP_DigestFinal_ex(sha, digest, NULL))
         SHA256((const unsigned char *)key.p, key.len, digest);
     tg_principal_t *pr = NULL;
     int rc = tg_state_auth(req->worker->state, digest, auth_done, p, &pr, &p->auth_wait);
@@ -1549,20 +1554,29 @@ static void up_head(void *ud, const tg_uphead_t *head) {
             return;
         }
     }
-    char extra[2048];
-    int n = snprintf(extra, sizeof(extra), "%s", head->extra_headers ? head->extra_headers : "");
-    if (head->retry_after && n >= 0 && (size_t)n < sizeof(extra))
-        snprintf(extra + n, sizeof(extra) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
-    if (is_sse)
-        strncat(extra, "Cache-Control: no-cache\r\n", sizeof(extra) - strlen(extra) - 1);
-    if (p->ctx_on) {
-        size_t el = strlen(extra);
-        snprintf(extra + el, sizeof(extra) - el, "x-tollgate-generation: %llu\r\n%.*s",
-                 (unsigned long long)p->ctx.generation, (int)p->ctx.resp_headers_len, p->ctx.resp_headers);
+    /* The common case — a plain answer with nothing to add — passes the upstream's
+     * header lines through without copying them. */
+    const char *extra = head->extra_headers ? head->extra_headers : "";
+    char more[2048];
+    if (head->retry_after || is_sse || p->ctx_on) {
+        int n = snprintf(more, sizeof(more), "%s", extra);
+        if (head->retry_after && n >= 0 && (size_t)n < sizeof(more))
+            snprintf(more + n, sizeof(more) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
+        if (is_sse)
+            strncat(more, "Cache-Control: no-cache\r\n", sizeof(more) - strlen(more) - 1);
+        if (p->ctx_on) {
+            size_t el = strlen(more);
+            snprintf(more + el, sizeof(more) - el, "x-tollgate-generation: %llu\r\n%.*s",
+                     (unsigned long long)p->ctx.generation, (int)p->ctx.resp_headers_len, p->ctx.resp_headers);
+        }
+        extra = more;
     }
+    /* A non-stream answer passed through byte for byte keeps its Content-Length (no
+     * chunk framing); streams and translated answers are chunked. */
+    int64_t length = !is_sse && !translating ? head->content_length : -1;
     tg_response_start(p->req, head->status,
                       p->xlate ? "text/event-stream" : head->content_type ? head->content_type : "application/json",
-                      extra, -1);
+                      extra, length);
 }
 
 static void up_body(void *ud, const char *data, size_t n) {
@@ -1604,62 +1618,6 @@ static void up_body(void *ud, const char *data, size_t n) {
     }
 }
 
-/*
- * The usage of a non-stream answer without parsing the whole document: the last
- * top-level-looking `"usage":` (not preceded by a backslash, so not inside a string) and
- * its object, brace-matched with strings skipped, parsed alone. Falls back to the whole
- * body when that fails.
- */
-static void usage_from_body(proxy_req_t *p) {
-    const char *b = p->body_copy.data;
-    size_t n = p->body_copy.len;
-    const char *hit = NULL;
-    for (const char *s = b; s && s < b + n;) {
-        const char *f = memmem(s, (size_t)(b + n - s), "\"usage\"", 7);
-        if (!f)
-            break;
-        if (f == b || f[-1] != '\\')
-            hit = f;
-        s = f + 7;
-    }
-    if (hit) {
-        const char *q = hit + 7;
-        while (q < b + n && (*q == ' ' || *q == ':' || *q == '\n' || *q == '\r' || *q == '\t'))
-            q++;
-        if (q < b + n && *q == '{') {
-            int depth = 0, in_str = 0;
-            const char *e = q;
-            for (; e < b + n; e++) {
-                char ch = *e;
-                if (in_str) {
-                    if (ch == '\\')
-                        e++;
-                    else if (ch == '"')
-                        in_str = 0;
-                } else if (ch == '"') {
-                    in_str = 1;
-                } else if (ch == '{') {
-                    depth++;
-                } else if (ch == '}' && --depth == 0) {
-                    break;
-                }
-            }
-            if (e < b + n) {
-                tg_buf_t doc;
-                tg_buf_init(&doc);
-                tg_buf_appends(&doc, "{\"usage\":");
-                tg_buf_append(&doc, q, (size_t)(e - q + 1));
-                tg_buf_appends(&doc, "}");
-                int rc = tg_usage_merge_json(&p->usage, p->up_proto, doc.data, doc.len);
-                tg_buf_free(&doc);
-                if (rc == 1)
-                    return;
-            }
-        }
-    }
-    tg_usage_merge_json(&p->usage, p->up_proto, b, n);
-}
-
 static void up_done(void *ud) {
     proxy_req_t *p = ud;
     p->call = NULL;
@@ -1698,7 +1656,7 @@ static void up_done(void *ud) {
     if (!p->first_byte_ns)
         p->first_byte_ns = p->upstream_end_ns;
     if (!p->sse_on && p->body_copy.len && p->upstream_status < 300)
-        usage_from_body(p);
+        tg_usage_merge_json(&p->usage, p->up_proto, p->body_copy.data, p->body_copy.len);
     if (p->buffer_whole) {
         tg_buf_t out;
         tg_buf_init(&out);
@@ -1817,23 +1775,37 @@ static int phase_upstream(proxy_req_t *p) {
     }
     tg_buf_t *b = &p->upstream_req;
     tg_buf_reset(b);
-    tg_buf_printf(b, "%s %s%s HTTP/1.1\r\nHost: %s\r\n", method, tg_upstream_path_prefix(u), suffix,
-                  tg_upstream_host_header(u));
-    if (p->credential && p->up_proto == TG_PROTO_ANTHROPIC)
-        tg_buf_printf(b, "x-api-key: %s\r\nanthropic-version: 2023-06-01\r\n", p->credential);
-    else if (p->credential)
-        tg_buf_printf(b, "Authorization: Bearer %s\r\n", p->credential);
-    tg_buf_printf(b, "x-request-id: %s\r\n", req->id);
-    if (p->traceparent[0])
-        tg_buf_printf(b, "traceparent: %s\r\n", p->traceparent);
-    if (!strcmp(method, "POST")) {
+    /* Appends, not printf: this head is built for every upstream call. */
+    tg_buf_appends(b, method);
+    tg_buf_appends(b, " ");
+    tg_buf_appends(b, tg_upstream_path_prefix(u));
+    tg_buf_appends(b, suffix);
+    tg_buf_appends(b, " HTTP/1.1\r\nHost: ");
+    tg_buf_appends(b, tg_upstream_host_header(u));
+    if (p->credential && p->up_proto == TG_PROTO_ANTHROPIC) {
+        tg_buf_appends(b, "\r\nx-api-key: ");
+        tg_buf_appends(b, p->credential);
+        tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");
+    } else if (p->credential) {
+        tg_buf_appends(b, "\r\nAuthorization: Bearer ");
+        tg_buf_appends(b, p->credential);
+    }
+    tg_buf_appends(b, "\r\nx-request-id: ");
+    tg_buf_appends(b, req->id);
+    if (p->traceparent[0]) {
+        tg_buf_appends(b, "\r\ntraceparent: ");
+        tg_buf_appends(b, p->traceparent);
+    }
+    if (method[0] == 'P') {
         const char *src = body ? body : req->body.data;
         size_t len = body ? body_len : req->body.len;
-        tg_buf_printf(b, "Content-Type: application/json\r\nAccept: %s\r\nContent-Length: %zu\r\n\r\n",
-                      p->stream ? "text/event-stream" : "application/json", len);
+        tg_buf_appends(b, p->stream ? "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: "
+                                    : "\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: ");
+        tg_buf_append_u64(b, len);
+        tg_buf_appends(b, "\r\n\r\n");
         tg_buf_append(b, src, len);
     } else {
-        tg_buf_appends(b, "Accept: application/json\r\n\r\n");
+        tg_buf_appends(b, "\r\nAccept: application/json\r\n\r\n");
     }
     free(body);
     p->upstream_start_ns = tg_now_ns();

@@ -203,15 +203,24 @@ static void send_request(tg_upcall_t *c) {
 
 static tg_upcall_t *call_of(llhttp_t *p) { return p->data; }
 
+/* A header value into a fixed field, truncated to fit, NUL-terminated. */
+static void copy_value(char *dst, size_t cap, const char *v, size_t len) {
+    len = strnlen(v, len);
+    if (len >= cap)
+        len = cap - 1;
+    memcpy(dst, v, len);
+    dst[len] = '\0';
+}
+
 static void header_done(tg_upcall_t *c) {
     if (c->hstate != 2)
         return;
     tg_str_t name = {c->hname.data, c->hname.len};
     const char *v = c->hval.data ? c->hval.data : "";
     if (tg_str_ieq(name, "content-type")) {
-        snprintf(c->content_type, sizeof(c->content_type), "%s", v);
+        copy_value(c->content_type, sizeof(c->content_type), v, c->hval.len);
     } else if (tg_str_ieq(name, "retry-after")) {
-        snprintf(c->retry_after, sizeof(c->retry_after), "%s", v);
+        copy_value(c->retry_after, sizeof(c->retry_after), v, c->hval.len);
     } else if ((name.len > 12 && strncasecmp(name.p, "x-ratelimit-", 12) == 0) ||
                (name.len > 7 && strncasecmp(name.p, "openai-", 7) == 0) ||
                (name.len > 10 && strncasecmp(name.p, "anthropic-", 10) == 0)) {
@@ -262,6 +271,9 @@ static int on_headers_complete(llhttp_t *p) {
         .content_type = c->content_type[0] ? c->content_type : NULL,
         .retry_after = c->retry_after[0] ? c->retry_after : NULL,
         .extra_headers = c->extra.data ? c->extra.data : "",
+        .content_length = (p->flags & F_CONTENT_LENGTH) && !(p->flags & F_CHUNKED) && p->content_length <= INT64_MAX
+                              ? (int64_t)p->content_length
+                              : -1,
     };
     c->cbs->on_head(c->ud, &head);
     return c->cbs ? 0 : -1;

@@ -6,7 +6,9 @@
  *   - the result is 1, 0 or TG_ERROR, and 0 or TG_ERROR leave the usage untouched;
  *   - a result of 1 sets at least one known bit, and every known count is >= 0;
  *   - merging the same document again changes nothing (fields overwrite, never add);
- *   - tg_usage_append_json renders valid JSON with the five keys.
+ *   - tg_usage_append_json renders valid JSON with the five keys;
+ *   - on every document jansson accepts, the fast path (a structural scan, then only the
+ *     usage object parsed) gives exactly what the full parse gives.
  */
 #include "tollgate/tg_usage.h"
 
@@ -41,6 +43,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < 5; i++)
             if (u.known & (1u << i))
                 check(*vals[i] >= 0, "negative count");
+
+        json_error_t jerr;
+        json_t *whole = json_loadb(json, size, 0, &jerr);
+        if (whole) {
+            json_decref(whole);
+            tg_usage_t ref = before;
+            int ref_rc = tg_usage_merge_json_full(&ref, (tg_proto_t)proto, json, size);
+            check(ref_rc == rc, "fast path and full parse disagree on the result");
+            check(memcmp(&ref, &u, sizeof(u)) == 0, "fast path and full parse disagree on the usage");
+        }
 
         tg_usage_t again = u;
         check(tg_usage_merge_json(&again, (tg_proto_t)proto, json, size) == rc,

@@ -326,3 +326,42 @@ TG_TEST(usage, append_json_all_known) {
                           "\"reasoning\":9007199254740993}");
     tg_buf_free(&b);
 }
+
+/* The fast path (structural scan + member reader) against the full jansson parse, on
+ * documents built to hit its corners: duplicates, nesting, reals, big numbers, escapes. */
+TG_TEST(usage, fast_path_agrees_with_full_parse) {
+    static const char *docs[] = {
+        "{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}",
+        "{\"usage\":{\"prompt_tokens\":5,\"prompt_tokens\":\"x\",\"completion_tokens\":7}}",
+        "{\"usage\":{\"prompt_tokens\":5},\"usage\":null,\"message\":{\"usage\":{\"input_tokens\":3}}}",
+        "{\"usage\":null,\"usage\":{\"prompt_tokens\":1e2,\"completion_tokens\":2.0}}",
+        "{\"usage\":{\"prompt_tokens\":9223372036854775807,\"completion_tokens\":-0}}",
+        "{\"usage\":{\"prompt_tokens\":-5,\"completion_tokens\":0}}",
+        "{\"usage\":{\"prompt_tokens\":30,\"prompt_tokens_details\":{\"cached_tokens\":10},"
+        "\"prompt_tokens_details\":null,\"completion_tokens\":4}}",
+        "{\"usage\":{\"prompt_tokens\":30,\"prompt_tokens_details\":{\"cached_tokens\":10,\"x\":{\"cached_tokens\":99}},"
+        "\"completion_tokens_details\":{\"reasoning_tokens\":[1,{\"a\":2}],\"reasoning_tokens\":3},\"completion_tokens\":4}}",
+        "{\"usage\":{\"prompt_\\u0074okens\":5,\"completion_tokens\":7}}",
+        "{\"choices\":[{\"message\":{\"content\":\"\\\"usage\\\":{\\\"prompt_tokens\\\":999}\"}}],"
+        "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}",
+        "{\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":11,\"output_tokens\":1,"
+        "\"cache_read_input_tokens\":4,\"service_tier\":\"standard\",\"cache_creation\":{\"a\":1}}}}",
+        "{\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":8,\"output_tokens\":9,"
+        "\"input_tokens_details\":{\"cached_tokens\":2},\"output_tokens_details\":{\"reasoning_tokens\":5}}}}",
+        "{\"message\":{\"usage\":{\"input_tokens\":1}},\"message\":{\"id\":\"x\"}}",
+        "[{\"usage\":{\"prompt_tokens\":5}}]",
+        "{\"usage\":{\"prompt_tokens\":5 , \"completion_tokens\" : 6 }  }  ",
+        "{\"usage\":{\"prompt_tokens\":true,\"completion_tokens\":[],\"total_tokens\":{}}}",
+    };
+    for (int proto = TG_PROTO_OPENAI_CHAT; proto <= TG_PROTO_EMBEDDINGS; proto++) {
+        for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+            tg_usage_t fast = {0}, full = {0};
+            int a = tg_usage_merge_json(&fast, (tg_proto_t)proto, docs[i], strlen(docs[i]));
+            int b = tg_usage_merge_json_full(&full, (tg_proto_t)proto, docs[i], strlen(docs[i]));
+            if (a != b || memcmp(&fast, &full, sizeof(fast)) != 0)
+                fprintf(stderr, "disagree: proto %d doc %zu: fast %d full %d\n", proto, i, a, b);
+            ASSERT_EQ_INT(a, b);
+            ASSERT_EQ_INT(memcmp(&fast, &full, sizeof(fast)), 0);
+        }
+    }
+}

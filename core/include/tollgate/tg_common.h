@@ -51,6 +51,11 @@ void tg_buf_reserve(tg_buf_t *b, size_t extra);
 void tg_buf_append(tg_buf_t *b, const void *p, size_t n);
 void tg_buf_appends(tg_buf_t *b, const char *s);
 void tg_buf_printf(tg_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Appends v in decimal / lowercase hex: the hot path's headers without printf. */
+void tg_buf_append_u64(tg_buf_t *b, uint64_t v);
+void tg_buf_append_hex(tg_buf_t *b, uint64_t v);
+/** Writes v in decimal to out (room for 20 digits); returns the digits written. */
+size_t tg_fmt_u64(char *out, uint64_t v);
 /** Appends `s` as the inside of a JSON string (no quotes), escaping as needed. */
 void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n);
 /** Removes the first n bytes. */

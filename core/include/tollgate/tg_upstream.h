@@ -36,6 +36,7 @@ typedef struct {
     const char *content_type;  /* NUL-terminated, or NULL */
     const char *retry_after;   /* NUL-terminated, or NULL */
     const char *extra_headers; /* forwardable headers as "Name: value\r\n" lines */
+    int64_t content_length;    /* the body's length when the head states it, else -1 */
 } tg_uphead_t;
 
 typedef struct {

@@ -44,6 +44,14 @@ typedef enum {
  */
 int tg_usage_merge_json(tg_usage_t *u, tg_proto_t proto, const char *json, size_t len);
 
+/**
+ * The same result from a full jansson parse of the document. tg_usage_merge_json
+ * locates the usage object with a structural scan and parses only that object; this is
+ * the reference it must agree with on every valid document (the fuzz target checks it),
+ * and its fallback for documents the scan does not handle.
+ */
+int tg_usage_merge_json_full(tg_usage_t *u, tg_proto_t proto, const char *json, size_t len);
+
 /** Appends `u` as a JSON object to `b`, with null for unknown fields. */
 void tg_usage_append_json(const tg_usage_t *u, tg_buf_t *b);
 
