@@ -401,7 +401,8 @@ local HANDLER_KEYS = { name = true, priority = true, version = true, schema = tr
     init = true, destroy = true, fail_closed = true, description = true }
 
 -- Loads, checks and configures one plugin. `p` comes from C: name, handler_src,
--- handler_file, schema_src (or nil), schema_file, config_src.
+-- handler_file, schema_src (or nil), schema_file, config_src. Returns the plugin, or
+-- nil, err and (when the handler itself loaded) the handler table.
 local function load_plugin(p)
     local prefix = "plugins." .. p.name
     local env = M.sandbox(p.name)
@@ -439,26 +440,26 @@ local function load_plugin(p)
     local sch = h.schema
     if p.schema_src then
         local sfn, serr = M.compile(p.schema_src, "@" .. p.schema_file, M.sandbox(p.name))
-        if not sfn then return nil, prefix .. ".schema: " .. serr end
+        if not sfn then return nil, prefix .. ".schema: " .. serr, h end
         local sok, s = pcall(sfn)
-        if not sok then return nil, prefix .. ".schema: " .. tostring(s) end
+        if not sok then return nil, prefix .. ".schema: " .. tostring(s), h end
         sch = s
     end
     sch = sch or { fields = {} }
     local sok, serr = schema.check_schema(sch, prefix .. ".schema")
-    if not sok then return nil, serr end
+    if not sok then return nil, serr, h end
 
     local cfn, cerr = load("return " .. (p.config_src or "{}"), "=" .. prefix .. ".config", "t", {})
-    if not cfn then return nil, prefix .. ".config: " .. cerr end
+    if not cfn then return nil, prefix .. ".config: " .. cerr, h end
     local cok, raw = pcall(cfn)
-    if not cok then return nil, prefix .. ".config: " .. tostring(raw) end
+    if not cok then return nil, prefix .. ".config: " .. tostring(raw), h end
     local conf, verr = schema.validate(sch, raw, prefix .. ".config")
-    if not conf then return nil, verr end
+    if not conf then return nil, verr, h end
 
     if h.init then
-        if type(h.init) ~= "function" then return nil, prefix .. ".init: expected function" end
+        if type(h.init) ~= "function" then return nil, prefix .. ".init: expected function", h end
         local iok, ierr = pcall(h.init, conf)
-        if not iok then return nil, prefix .. ".init: " .. tostring(ierr) end
+        if not iok then return nil, prefix .. ".init: " .. tostring(ierr), h end
     end
     return {
         name = p.name, version = h.version, priority = h.priority, handler = h,
@@ -481,7 +482,7 @@ local function make_dispatch(hook_id, list)
         if with_accounts then refresh_accounts(c) end
         local failed, err = 0, nil
         for i = 1, n do
-            -- Per-group configs arrive with the state issue: this is the seam.
+            -- confs[i] is this generation's (or this group's) config of plugin i.
             local ok, e = pcall(fns[i], ctx, confs[i])
             if not ok then
                 failed, err = i, tostring(e)
@@ -499,22 +500,13 @@ local function make_dispatch(hook_id, list)
     end
 end
 
--- Builds a generation from `spec` = {generation = N, plugins = {...}}. Returns the
--- generation table or nil, err. The table holds `dispatch[hook_id]` (a function or
--- false), `plugins` (sorted), and `fail_closed[hook_id]` lists.
-function M.build(spec)
-    local list = {}
-    for i, p in ipairs(spec.plugins) do
-        local pl, err = load_plugin(p)
-        if not pl then return nil, err end
-        pl.order = i
-        list[#list + 1] = pl
-    end
+-- Sorts `list` (priority, highest first; ties by `order`) and builds its dispatchers.
+local function assemble(list, number)
     table.sort(list, function(a, b)
         if a.priority ~= b.priority then return a.priority > b.priority end
         return a.order < b.order
     end)
-    local gen = { number = spec.generation, plugins = list, dispatch = {}, names = {},
+    local gen = { number = number, plugins = list, dispatch = {}, names = {},
         fail_closed = {} }
     for id = 0, #HOOKS - 1 do
         local sub, names, closed = {}, {}, {}
@@ -532,10 +524,94 @@ function M.build(spec)
     return gen
 end
 
--- Called when the last request of a retired generation ends.
+-- Builds a generation from `spec` = {generation = N, plugins = {...}}. Returns the
+-- generation table or nil, err. The table holds `dispatch[hook_id]` (a function or
+-- false), `plugins` (sorted), and `fail_closed[hook_id]` lists.
+function M.build(spec)
+    local list = {}
+    for i, p in ipairs(spec.plugins) do
+        local pl, err = load_plugin(p)
+        if not pl then return nil, err end
+        pl.order = i
+        list[#list + 1] = pl
+    end
+    return assemble(list, spec.generation)
+end
+
+-- A plugin a group enables but whose config (or code) does not load: it fails in
+-- on_request, last of all, so its error is counted and logged per request and the
+-- hook's fallback applies (500 when the handler is fail_closed); the plugins that
+-- loaded are unaffected. Its other hooks are absent, i.e. their defaults.
+local function failing(name, err, h)
+    local msg = "group config does not load: " .. err
+    return {
+        name = name, version = h and type(h.version) == "string" and h.version or "?",
+        priority = -math.huge, conf = {}, hooks = { "on_request" },
+        handler = { on_request = function() error(msg, 0) end },
+        fail_closed = h ~= nil and h.fail_closed == true,
+    }
+end
+
+-- Builds a group's variant of generation `base`. `spec` = {group = "id", error = nil
+-- or why the setting could not be read, plugins = {{name, enabled, config_src (nil:
+-- none given), handler_src (nil: not found), handler_file, schema_src, schema_file},
+-- ...}}. The config file's list is the start; an entry with enabled = false removes
+-- its plugin; an enabled entry with a config adds the plugin (a fresh instance: own
+-- module state, own init) or replaces the config file's instance; an enabled entry
+-- without a config keeps the config file's instance, or adds the plugin with its
+-- defaults. Always returns a generation table; `errors` lists what did not load.
+function M.build_variant(base, spec)
+    local over, names = {}, {}
+    for _, o in ipairs(spec.plugins) do
+        over[o.name] = o
+        names[#names + 1] = o.name
+    end
+    table.sort(names)
+    local list, present, errors = {}, {}, {}
+    for _, pl in ipairs(base.plugins) do
+        present[pl.name] = true
+        local o = over[pl.name]
+        if not o or (o.enabled and not o.config_src) then list[#list + 1] = pl end
+    end
+    local function add(pl, i)
+        pl.order = #base.plugins + i
+        pl.owned = true
+        list[#list + 1] = pl
+    end
+    if spec.error then
+        errors[1] = spec.error
+        add(failing("group", spec.error), 0)
+    end
+    for i, name in ipairs(names) do
+        local o = over[name]
+        if o.enabled and (o.config_src or not present[name]) then
+            local pl, err, h
+            if not o.handler_src then
+                err = "plugins." .. name .. ": not found in the plugin folders"
+            else
+                pl, err, h = load_plugin(o)
+            end
+            if not pl then
+                errors[#errors + 1] = err
+                pl = failing(name, err, h)
+            end
+            add(pl, i)
+        end
+    end
+    local gen = assemble(list, base.number)
+    gen.variant = true
+    gen.group = spec.group
+    gen.errors = errors
+    return gen
+end
+
+-- Called when the last request of a retired generation ends. A group's variant
+-- destroys only the instances it made; the rest belong to its base generation.
 function M.destroy(gen)
     for _, pl in ipairs(gen.plugins) do
-        if pl.handler.destroy then pcall(pl.handler.destroy, pl.conf) end
+        if (not gen.variant or pl.owned) and pl.handler.destroy then
+            pcall(pl.handler.destroy, pl.conf)
+        end
     end
 end
 

@@ -463,6 +463,15 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
             }
             case C_JSONOBJ:
                 ok = json_is_object(v);
+                if (ok && !strcmp(r->path, "groups") && !strcmp(key, "plugins")) {
+                    /* Each plugin's config against its schema, as a reload would check it. */
+                    char *text = json_dumps(v, JSON_COMPACT);
+                    int vrc = tg_plugins_validate_group(&a->req->worker->gw->cfg->plugins, text, strlen(text), msg,
+                                                        msglen);
+                    free(text);
+                    if (vrc != TG_OK)
+                        return -1;
+                }
                 break;
             case C_TIME:
                 ok = json_is_string(v);
@@ -517,7 +526,7 @@ static void write_row(actx_t *a, const char *id, int create) {
     }
     tg_buf_t cols;
     tg_buf_init(&cols);
-    char msg[256];
+    char msg[1024];
     if (validate(a, body, create, &cols, msg, sizeof(msg)) != 0) {
         reply_error(req, 400, "invalid_request", msg);
         goto done;

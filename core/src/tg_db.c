@@ -22,6 +22,7 @@
 
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_embed.h"
+#include "tollgate/tg_plugin.h"
 
 #define MIGRATION_LOCK 71770001
 
@@ -548,6 +549,23 @@ static const field_t group_fields[] = {
     {NULL, NULL, 0, 0, NULL},
 };
 
+/* A group's plugins setting is checked against the plugins' schemas before it is written. */
+static int group_extra(apply_t *a, const char **cols, ftype_t *types, int *create_only, char **vals, int *n,
+                       char *label, size_t labellen) {
+    TG_UNUSED(types);
+    TG_UNUSED(create_only);
+    TG_UNUSED(label);
+    TG_UNUSED(labellen);
+    for (int i = 0; i < *n; i++) {
+        if (strcmp(cols[i], "plugins") != 0 || !vals[i])
+            continue;
+        char err[768];
+        if (tg_plugins_validate_group(&a->cfg->plugins, vals[i], strlen(vals[i]), err, sizeof(err)) != TG_OK)
+            return afail(a, "%s", err);
+    }
+    return TG_OK;
+}
+
 static const field_t account_fields[] = {
     {"name", "name", F_TEXT, 0, NULL},
     {"provider", "provider", F_TEXT, 0, NULL},
@@ -940,7 +958,7 @@ int tg_db_apply(PGconn *c, const tg_config_t *cfg, const char *state_path, int d
     }
     int rc = exec_ok(c, "BEGIN", err, errlen);
     rc = rc ?: apply_section(&a, "tenants", "tenants", tenant_fields, 1, NULL, tenant_after);
-    rc = rc ?: apply_section(&a, "groups", "groups", group_fields, 1, NULL, NULL);
+    rc = rc ?: apply_section(&a, "groups", "groups", group_fields, 1, group_extra, NULL);
     rc = rc ?: apply_section(&a, "accounts", "accounts", account_fields, 1, NULL, account_after);
     rc = rc ?: apply_section(&a, "keys", "api_keys", key_fields, 2, key_extra, NULL);
     rc = rc ?: price_section(&a);

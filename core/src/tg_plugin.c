@@ -17,12 +17,14 @@
 #include <lua.h>
 #include <luajit.h>
 #include <lualib.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "tg_plugin_internal.h"
 #include "tollgate/tg_embed.h"
@@ -183,6 +185,8 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
     return pl;
 }
 
+static void gen_unref(tg_plugin_gen_t *g);
+
 static void gen_free(tg_plugin_gen_t *g) {
     tg_plugins_t *pl = g->owner;
     lua_State *L = pl->L;
@@ -198,8 +202,12 @@ static void gen_free(tg_plugin_gen_t *g) {
     for (int h = 0; h < TG_HOOK__COUNT; h++)
         luaL_unref(L, LUA_REGISTRYINDEX, g->dispatch_ref[h]);
     luaL_unref(L, LUA_REGISTRYINDEX, g->gen_ref);
+    tg_plugin_gen_t *base = g->base;
+    free(g->variants); /* emptied when the generation was retired */
     free(g);
     lua_gc(L, LUA_GCSTEP, 0);
+    if (base)
+        gen_unref(base);
 }
 
 static void gen_unref(tg_plugin_gen_t *g) {
@@ -207,11 +215,50 @@ static void gen_unref(tg_plugin_gen_t *g) {
         gen_free(g);
 }
 
+/* A generation stops being current: its cached group variants go with it (each is
+ * freed once the requests that use it have ended), then its own reference. */
+static void gen_retire(tg_plugin_gen_t *g) {
+    for (size_t i = 0; i < g->cap; i++) {
+        tg_plugin_variant_t *v = &g->variants[i];
+        if (!v->group_id)
+            continue;
+        free(v->text);
+        gen_unref(v->gen);
+    }
+    memset(g->variants, 0, g->cap * sizeof(*g->variants));
+    g->nvariants = 0;
+    gen_unref(g);
+}
+
 static void push_str_field(lua_State *L, const char *k, const char *v) {
     if (!v)
         return;
     lua_pushstring(L, v);
     lua_setfield(L, -2, k);
+}
+
+/* Makes the C side of the generation table at the top of pl's stack (popped). */
+static tg_plugin_gen_t *gen_from_table(tg_plugins_t *pl, uint64_t number) {
+    lua_State *L = pl->L;
+    tg_plugin_gen_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        abort();
+    g->owner = pl;
+    g->number = number;
+    g->refs = 1;
+    lua_getfield(L, -1, "dispatch");
+    for (int h = 0; h < TG_HOOK__COUNT; h++) {
+        lua_rawgeti(L, -1, h);
+        if (lua_isfunction(L, -1)) {
+            g->dispatch_ref[h] = luaL_ref(L, LUA_REGISTRYINDEX);
+        } else {
+            lua_pop(L, 1);
+            g->dispatch_ref[h] = LUA_NOREF;
+        }
+    }
+    lua_pop(L, 1);
+    g->gen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return g;
 }
 
 /* Builds src in pl's state; returns the C generation or NULL + err. */
@@ -247,24 +294,7 @@ static tg_plugin_gen_t *gen_build(tg_plugins_t *pl, const tg_plugin_src_t *src, 
         return NULL;
     }
     lua_pop(L, 1);
-    tg_plugin_gen_t *g = calloc(1, sizeof(*g));
-    if (!g)
-        abort();
-    g->owner = pl;
-    g->number = src->number;
-    g->refs = 1;
-    lua_getfield(L, -1, "dispatch");
-    for (int h = 0; h < TG_HOOK__COUNT; h++) {
-        lua_rawgeti(L, -1, h);
-        if (lua_isfunction(L, -1)) {
-            g->dispatch_ref[h] = luaL_ref(L, LUA_REGISTRYINDEX);
-        } else {
-            lua_pop(L, 1);
-            g->dispatch_ref[h] = LUA_NOREF;
-        }
-    }
-    lua_pop(L, 1);
-    g->gen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    tg_plugin_gen_t *g = gen_from_table(pl, src->number);
     lua_settop(L, top);
     return g;
 }
@@ -280,7 +310,7 @@ int tg__plugins_install(tg_plugins_t *pl, tg_plugin_src_t *src, char *err, size_
     pl->src = src;
     atomic_store(&pl->generation, src->number);
     if (old)
-        gen_unref(old);
+        gen_retire(old);
     if (old_src)
         tg__plugin_src_unref(old_src);
     return TG_OK;
@@ -291,7 +321,7 @@ void tg__plugins_free(tg_plugins_t *pl) {
         return;
     tg__plugins_unregister(pl);
     if (pl->current)
-        gen_unref(pl->current);
+        gen_retire(pl->current);
     pl->current = NULL;
     if (pl->src)
         tg__plugin_src_unref(pl->src);
@@ -337,6 +367,122 @@ void tg_plugins_end(tg_plugins_t *pl, tg_hookctx_t *ctx) {
     owner->live--;
     gen_unref(g);
     maybe_free(owner);
+}
+
+/* ---- group variants ----------------------------------------------------------------- */
+
+/* The slot of group_id in base's open-addressed table: its entry, or the empty slot
+ * where it belongs. base->cap is a power of two and the table is never full. */
+static tg_plugin_variant_t *variant_slot(tg_plugin_gen_t *base, int64_t group_id) {
+    size_t mask = base->cap - 1;
+    size_t i = (size_t)(((uint64_t)group_id * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+    while (base->variants[i].group_id && base->variants[i].group_id != group_id)
+        i = (i + 1) & mask;
+    return &base->variants[i];
+}
+
+/* Keeps the table at most half full, so a probe ends quickly. */
+static void variants_reserve(tg_plugin_gen_t *base) {
+    if ((base->nvariants + 1) * 2 <= base->cap)
+        return;
+    tg_plugin_variant_t *old = base->variants;
+    size_t old_cap = base->cap;
+    base->cap = old_cap ? old_cap * 2 : 8;
+    base->variants = calloc(base->cap, sizeof(*base->variants));
+    if (!base->variants)
+        abort();
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].group_id)
+            *variant_slot(base, old[i].group_id) = old[i];
+    free(old);
+}
+
+/* Builds group_id's variant of base (pl's current generation) from the group's
+ * setting `text`. NULL only when the Lua state itself failed (logged). */
+static tg_plugin_gen_t *variant_build(tg_plugins_t *pl, tg_plugin_gen_t *base, int64_t group_id, const char *text) {
+    lua_State *L = pl->L;
+    int top = lua_gettop(L);
+    char err[512] = "";
+    tg_group_plugin_t *gp = NULL;
+    int n = tg__plugins_group_parse(text, strlen(text), &gp, err, sizeof(err));
+    lua_rawgeti(L, LUA_REGISTRYINDEX, pl->runtime_ref);
+    lua_getfield(L, -1, "build_variant");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, base->gen_ref);
+    lua_createtable(L, 0, 3);
+    char gid[24];
+    snprintf(gid, sizeof(gid), "%lld", (long long)group_id);
+    push_str_field(L, "group", gid);
+    if (n < 0)
+        push_str_field(L, "error", err);
+    lua_createtable(L, n > 0 ? n : 0, 0);
+    for (int i = 0; i < n; i++) {
+        const tg_plugin_src_plugin_t *src = tg__plugin_src_find(pl->src, gp[i].name);
+        lua_createtable(L, 0, 7);
+        push_str_field(L, "name", gp[i].name);
+        lua_pushboolean(L, gp[i].enabled);
+        lua_setfield(L, -2, "enabled");
+        push_str_field(L, "config_src", gp[i].config_lua);
+        if (src) {
+            push_str_field(L, "handler_src", src->handler_src);
+            push_str_field(L, "handler_file", src->handler_file);
+            push_str_field(L, "schema_src", src->schema_src);
+            push_str_field(L, "schema_file", src->schema_file);
+        }
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "plugins");
+    tg__plugins_group_free(gp, n);
+    if (guarded_pcall(pl, 2, 1, 10) != 0) {
+        tg_log_error("plugins: worker %d: group %lld: building its plugins failed: %s", pl->worker,
+                     (long long)group_id, lua_tostring(L, -1));
+        lua_settop(L, top);
+        return NULL;
+    }
+    lua_getfield(L, -1, "errors");
+    int nerr = (int)lua_objlen(L, -1);
+    for (int i = 1; i <= nerr; i++) {
+        lua_rawgeti(L, -1, i);
+        tg_log_error("plugins: worker %d: generation %llu, group %lld: %s (this plugin fails for the group until "
+                     "its config is fixed)",
+                     pl->worker, (unsigned long long)base->number, (long long)group_id, lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    tg_plugin_gen_t *v = gen_from_table(pl, base->number);
+    v->base = base;
+    base->refs++;
+    lua_settop(L, top);
+    return v;
+}
+
+void tg_plugins_use_group(tg_plugins_t *pl, tg_hookctx_t *ctx, int64_t group_id, const char *text) {
+    tg_plugin_gen_t *base = ctx->gen_;
+    if (!pl || !base || base->base || group_id <= 0 || !text || !text[0] || !strcmp(text, "{}"))
+        return;
+    /* Variants are cached on the current generation only (a retired one is never
+     * asked again): the hot path is one probe and one comparison of the setting. */
+    if (base != pl->current)
+        return;
+    variants_reserve(base);
+    tg_plugin_variant_t *slot = variant_slot(base, group_id);
+    if (!slot->group_id || strcmp(slot->text, text) != 0) {
+        tg_plugin_gen_t *v = variant_build(pl, base, group_id, text);
+        if (!v)
+            return;
+        if (slot->group_id) {
+            /* The group's setting changed: requests on the old variant finish on it. */
+            free(slot->text);
+            gen_unref(slot->gen);
+        } else {
+            slot->group_id = group_id;
+            base->nvariants++;
+        }
+        slot->text = strdup(text);
+        slot->gen = v;
+    }
+    slot->gen->refs++;
+    ctx->gen_ = slot->gen;
+    gen_unref(base); /* the variant holds the base */
 }
 
 void tg_plugins_ctx_set_model(tg_hookctx_t *ctx, const char *model, size_t len) {
@@ -686,6 +832,8 @@ static void on_fs_event(uv_fs_event_t *h, const char *filename, int events, int 
 }
 
 static void watch_path(tg_plugins_t *pl, const char *path) {
+    if (pl->nwatches >= pl->max_watches)
+        return;
     uv_fs_event_t *w = &pl->watches[pl->nwatches];
     if (uv_fs_event_init(pl->loop, w) != 0)
         return;
@@ -698,22 +846,42 @@ static void watch_path(tg_plugins_t *pl, const char *path) {
     uv_unref((uv_handle_t *)w);
 }
 
-static void start_watches(tg_plugins_t *pl, const tg_plugins_config_t *cfg) {
-    /* inotify is not recursive: watch each folder and each enabled plugin's folder. */
-    pl->watches = calloc(cfg->ndirs * (cfg->nenabled + 1) + 1, sizeof(uv_fs_event_t));
+/* Calls fn(pl, path) for every plugin folder (<dir>/<name>/) of the plugin dirs. */
+static int each_plugin_folder(tg_plugins_t *pl, const tg_plugins_config_t *cfg,
+                              void (*fn)(tg_plugins_t *pl, const char *path)) {
+    int n = 0;
     for (size_t d = 0; d < cfg->ndirs; d++) {
-        watch_path(pl, cfg->dirs[d]);
-        for (size_t i = 0; i < cfg->nenabled; i++) {
+        DIR *dir = opendir(cfg->dirs[d]);
+        if (!dir)
+            continue;
+        struct dirent *de;
+        while ((de = readdir(dir)) != NULL) {
+            if (de->d_name[0] == '.')
+                continue;
             char path[4096];
-            snprintf(path, sizeof(path), "%s/%s", cfg->dirs[d], cfg->enabled[i].name);
-            uv_fs_t req;
-            int r = uv_fs_stat(NULL, &req, path, NULL);
-            int is_dir = r == 0 && (req.statbuf.st_mode & S_IFMT) == S_IFDIR;
-            uv_fs_req_cleanup(&req);
-            if (is_dir)
-                watch_path(pl, path);
+            snprintf(path, sizeof(path), "%s/%s", cfg->dirs[d], de->d_name);
+            struct stat st;
+            if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+                continue;
+            if (fn)
+                fn(pl, path);
+            n++;
         }
+        closedir(dir);
     }
+    return n;
+}
+
+static void start_watches(tg_plugins_t *pl, const tg_plugins_config_t *cfg) {
+    /* inotify is not recursive: watch each folder and each plugin's folder in it (a
+     * group may enable any of them, not only the config file's list). Handles must not
+     * move once started: count first, with room for folders created meanwhile. */
+    int max = (int)cfg->ndirs + each_plugin_folder(pl, cfg, NULL) + 16;
+    pl->watches = calloc((size_t)max, sizeof(uv_fs_event_t));
+    pl->max_watches = max;
+    for (size_t d = 0; d < cfg->ndirs; d++)
+        watch_path(pl, cfg->dirs[d]);
+    each_plugin_folder(pl, cfg, watch_path);
 }
 
 tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers) {

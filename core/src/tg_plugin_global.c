@@ -7,10 +7,12 @@
  * runtimes, the published source and the last reload's result. Reloads are
  * serialized by a second mutex so two triggers never validate at the same time.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -334,76 +336,306 @@ static int is_file(const char *path) {
 
 void tg__plugin_src_ref(tg_plugin_src_t *s) { atomic_fetch_add(&s->refs, 1); }
 
+static void src_plugin_free(tg_plugin_src_plugin_t *p) {
+    free(p->name);
+    free(p->handler_src);
+    free(p->handler_file);
+    free(p->schema_src);
+    free(p->schema_file);
+    free(p->config_src);
+    free(p->version);
+    free(p->hooks);
+}
+
 void tg__plugin_src_unref(tg_plugin_src_t *s) {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1)
         return;
-    for (size_t i = 0; i < s->n; i++) {
-        tg_plugin_src_plugin_t *p = &s->p[i];
-        free(p->name);
-        free(p->handler_src);
-        free(p->handler_file);
-        free(p->schema_src);
-        free(p->schema_file);
-        free(p->config_src);
-        free(p->version);
-        free(p->hooks);
-    }
+    for (size_t i = 0; i < s->n; i++)
+        src_plugin_free(&s->p[i]);
+    for (size_t i = 0; i < s->ncat; i++)
+        src_plugin_free(&s->cat[i]);
     free(s->p);
+    free(s->cat);
     free(s);
 }
 
-tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, char *err, size_t errlen) {
+const tg_plugin_src_plugin_t *tg__plugin_src_find(const tg_plugin_src_t *s, const char *name) {
+    for (size_t i = 0; s && i < s->n; i++)
+        if (!strcmp(s->p[i].name, name))
+            return &s->p[i];
+    for (size_t i = 0; s && i < s->ncat; i++)
+        if (!strcmp(s->cat[i].name, name))
+            return &s->cat[i];
+    return NULL;
+}
+
+static int valid_name(const char *name) {
+    if (!*name || strlen(name) > 63)
+        return 0;
+    for (const char *c = name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_'))
+            return 0;
+    return 1;
+}
+
+/*
+ * Finds plugin `name` in the folders (<dir>/<name>/handler.lua + schema.lua, or
+ * <dir>/<name>.lua; the first folder that has it wins) and reads its files into p.
+ * TG_OK, or TG_ERROR + err.
+ */
+static int src_plugin_read(const tg_plugins_config_t *cfg, const char *name, tg_plugin_src_plugin_t *p, char *err,
+                           size_t errlen) {
+    char path[4096];
+    int found = 0, e = 0;
+    p->name = strdup(name);
+    for (size_t d = 0; d < cfg->ndirs && !found; d++) {
+        snprintf(path, sizeof(path), "%s/%s/handler.lua", cfg->dirs[d], name);
+        if (is_file(path)) {
+            found = 1;
+            p->handler_file = strdup(path);
+            snprintf(path, sizeof(path), "%s/%s/schema.lua", cfg->dirs[d], name);
+            if (is_file(path))
+                p->schema_file = strdup(path);
+            break;
+        }
+        snprintf(path, sizeof(path), "%s/%s.lua", cfg->dirs[d], name);
+        if (is_file(path)) {
+            found = 1;
+            p->handler_file = strdup(path);
+        }
+    }
+    if (!found) {
+        tg_buf_t b;
+        tg_buf_init(&b);
+        for (size_t d = 0; d < cfg->ndirs; d++)
+            tg_buf_printf(&b, "%s%s", d ? ", " : "", cfg->dirs[d]);
+        snprintf(err, errlen, "plugins.%s: not found in %s (looked for <dir>/%s/handler.lua and <dir>/%s.lua)", name,
+                 b.data ? b.data : "(no dirs)", name, name);
+        tg_buf_free(&b);
+        return TG_ERROR;
+    }
+    p->handler_src = read_file(p->handler_file, &e);
+    if (p->handler_src && p->schema_file)
+        p->schema_src = read_file(p->schema_file, &e);
+    if (!p->handler_src || (p->schema_file && !p->schema_src)) {
+        snprintf(err, errlen, "plugins.%s: %s: %s", name,
+                 p->schema_file && p->handler_src ? p->schema_file : p->handler_file, strerror(e));
+        return TG_ERROR;
+    }
+    return TG_OK;
+}
+
+/* Adds every plugin of the folders that is not in s yet to s->cat. A plugin that
+ * cannot be read is left out: a group naming it gets "not found". */
+static void src_read_catalog(const tg_plugins_config_t *cfg, tg_plugin_src_t *s) {
+    size_t cap = 0;
+    for (size_t d = 0; d < cfg->ndirs; d++) {
+        DIR *dir = opendir(cfg->dirs[d]);
+        if (!dir)
+            continue;
+        struct dirent *de;
+        while ((de = readdir(dir)) != NULL) {
+            char name[256];
+            size_t len = strlen(de->d_name);
+            snprintf(name, sizeof(name), "%s", de->d_name);
+            if (len > 4 && !strcmp(name + len - 4, ".lua"))
+                name[len - 4] = '\0';
+            if (!valid_name(name) || tg__plugin_src_find(s, name))
+                continue;
+            tg_plugin_src_plugin_t one = {0};
+            char err[512];
+            if (src_plugin_read(cfg, name, &one, err, sizeof(err)) != TG_OK) {
+                src_plugin_free(&one);
+                continue;
+            }
+            if (s->ncat == cap) {
+                cap = cap ? cap * 2 : 16;
+                s->cat = realloc(s->cat, cap * sizeof(*s->cat));
+            }
+            s->cat[s->ncat++] = one;
+        }
+        closedir(dir);
+    }
+}
+
+tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, int catalog, char *err, size_t errlen) {
     tg_plugin_src_t *s = calloc(1, sizeof(*s));
     atomic_init(&s->refs, 1);
     s->max_instructions = cfg->max_instructions;
     s->max_hook_ms = cfg->max_hook_ms;
     s->p = calloc(cfg->nenabled + 1, sizeof(*s->p));
     for (size_t i = 0; i < cfg->nenabled; i++) {
-        const char *name = cfg->enabled[i].name;
         tg_plugin_src_plugin_t *p = &s->p[s->n++];
-        p->name = strdup(name);
+        if (src_plugin_read(cfg, cfg->enabled[i].name, p, err, errlen) != TG_OK) {
+            tg__plugin_src_unref(s);
+            return NULL;
+        }
         p->config_src = strdup(cfg->enabled[i].config_lua);
-        char path[4096];
-        int found = 0, e = 0;
-        for (size_t d = 0; d < cfg->ndirs && !found; d++) {
-            snprintf(path, sizeof(path), "%s/%s/handler.lua", cfg->dirs[d], name);
-            if (is_file(path)) {
-                found = 1;
-                p->handler_file = strdup(path);
-                snprintf(path, sizeof(path), "%s/%s/schema.lua", cfg->dirs[d], name);
-                if (is_file(path))
-                    p->schema_file = strdup(path);
-                break;
-            }
-            snprintf(path, sizeof(path), "%s/%s.lua", cfg->dirs[d], name);
-            if (is_file(path)) {
-                found = 1;
-                p->handler_file = strdup(path);
-            }
+    }
+    if (catalog)
+        src_read_catalog(cfg, s);
+    return s;
+}
+
+/* ---- group settings ------------------------------------------------------------------ */
+
+/* Bounds on a group's plugins JSON: a config is data an operator writes, not a store. */
+#define GROUP_MAX_DEPTH 32
+#define GROUP_MAX_LUA (256u * 1024)
+
+static int gfail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int gfail(char *err, size_t errlen, const char *path, const char *fmt, ...) {
+    int n = snprintf(err, errlen, "%s: ", path);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < errlen)
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return TG_ERROR;
+}
+
+static void lua_quote(tg_buf_t *b, const char *s, size_t n) {
+    tg_buf_appends(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            tg_buf_printf(b, "\\%c", c);
+        else if (c < 0x20 || c >= 0x7f)
+            tg_buf_printf(b, "\\%03u", c);
+        else
+            tg_buf_append(b, &s[i], 1);
+    }
+    tg_buf_appends(b, "\"");
+}
+
+/* Writes JSON value v as a Lua constructor (objects keyed by string, arrays 1..n). */
+static int json_to_lua(json_t *v, tg_buf_t *b, const char *path, int depth, char *err, size_t errlen) {
+    if (b->len > GROUP_MAX_LUA)
+        return gfail(err, errlen, path, "config too large (over %u bytes)", GROUP_MAX_LUA);
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        lua_quote(b, json_string_value(v), json_string_length(v));
+        return TG_OK;
+    case JSON_INTEGER:
+        tg_buf_printf(b, "%lld", (long long)json_integer_value(v));
+        return TG_OK;
+    case JSON_REAL:
+        tg_buf_printf(b, "%.17g", json_real_value(v));
+        return TG_OK;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        tg_buf_appends(b, json_is_true(v) ? "true" : "false");
+        return TG_OK;
+    case JSON_NULL:
+        return gfail(err, errlen, path, "null is not a value (leave the field out for its default)");
+    default:
+        break;
+    }
+    if (depth >= GROUP_MAX_DEPTH)
+        return gfail(err, errlen, path, "nested too deeply (more than %d levels)", GROUP_MAX_DEPTH);
+    char sub[512];
+    tg_buf_appends(b, "{");
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            snprintf(sub, sizeof(sub), "%s[%zu]", path, i + 1);
+            if (json_to_lua(x, b, sub, depth + 1, err, errlen) != TG_OK)
+                return TG_ERROR;
+            tg_buf_appends(b, ",");
         }
-        if (!found) {
-            tg_buf_t b;
-            tg_buf_init(&b);
-            for (size_t d = 0; d < cfg->ndirs; d++)
-                tg_buf_printf(&b, "%s%s", d ? ", " : "", cfg->dirs[d]);
-            snprintf(err, errlen, "plugins.%s: not found in %s (looked for <dir>/%s/handler.lua and <dir>/%s.lua)",
-                     name, b.data ? b.data : "(no dirs)", name, name);
-            tg_buf_free(&b);
-            tg__plugin_src_unref(s);
-            return NULL;
-        }
-        p->handler_src = read_file(p->handler_file, &e);
-        if (p->handler_src && p->schema_file)
-            p->schema_src = read_file(p->schema_file, &e);
-        if (!p->handler_src || (p->schema_file && !p->schema_src)) {
-            snprintf(err, errlen, "plugins.%s: %s: %s", name, p->schema_file && p->handler_src ? p->schema_file
-                                                                                              : p->handler_file,
-                     strerror(e));
-            tg__plugin_src_unref(s);
-            return NULL;
+    } else {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            snprintf(sub, sizeof(sub), "%s.%s", path, k);
+            tg_buf_appends(b, "[");
+            lua_quote(b, k, strlen(k));
+            tg_buf_appends(b, "]=");
+            if (json_to_lua(x, b, sub, depth + 1, err, errlen) != TG_OK)
+                return TG_ERROR;
+            tg_buf_appends(b, ",");
         }
     }
-    return s;
+    tg_buf_appends(b, "}");
+    return TG_OK;
+}
+
+void tg__plugins_group_free(tg_group_plugin_t *g, int n) {
+    for (int i = 0; g && i < n; i++) {
+        free(g[i].name);
+        free(g[i].config_lua);
+    }
+    free(g);
+}
+
+int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **out, char *err, size_t errlen) {
+    *out = NULL;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return gfail(err, errlen, "plugins", "not valid JSON: %s", jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return gfail(err, errlen, "plugins", "expected an object {\"<plugin>\": {\"enabled\": ..., \"config\": {...}}}");
+    }
+    tg_group_plugin_t *g = calloc(json_object_size(root) + 1, sizeof(*g));
+    int n = 0, rc = TG_OK;
+    const char *name;
+    json_t *e;
+    json_object_foreach(root, name, e) {
+        char path[160];
+        snprintf(path, sizeof(path), "plugins.%.64s", name);
+        if (!valid_name(name)) {
+            rc = gfail(err, errlen, path, "a plugin name holds only a-z, 0-9, - and _ (at most 63)");
+            break;
+        }
+        if (!json_is_object(e)) {
+            rc = gfail(err, errlen, path, "expected an object {\"enabled\": true|false, \"config\": {...}}");
+            break;
+        }
+        tg_group_plugin_t *p = &g[n++];
+        p->name = strdup(name);
+        p->enabled = 1;
+        const char *k;
+        json_t *v;
+        json_object_foreach(e, k, v) {
+            if (!strcmp(k, "enabled")) {
+                if (!json_is_boolean(v)) {
+                    rc = gfail(err, errlen, path, "enabled: expected true or false");
+                    break;
+                }
+                p->enabled = json_is_true(v);
+            } else if (!strcmp(k, "config")) {
+                char cpath[200];
+                snprintf(cpath, sizeof(cpath), "%s.config", path);
+                if (!json_is_object(v)) {
+                    rc = gfail(err, errlen, cpath, "expected an object");
+                    break;
+                }
+                tg_buf_t b;
+                tg_buf_init(&b);
+                rc = json_to_lua(v, &b, cpath, 0, err, errlen);
+                p->config_lua = rc == TG_OK ? strdup(b.data) : NULL;
+                tg_buf_free(&b);
+                if (rc != TG_OK)
+                    break;
+            } else {
+                rc = gfail(err, errlen, path, "unknown key \"%.64s\" (expected enabled, config)", k);
+                break;
+            }
+        }
+        if (rc != TG_OK)
+            break;
+    }
+    json_decref(root);
+    if (rc != TG_OK) {
+        tg__plugins_group_free(g, n);
+        return TG_ERROR;
+    }
+    *out = g;
+    return n;
 }
 
 /* ---- global state ------------------------------------------------------------------- */
@@ -543,7 +775,7 @@ static void record(const char *trigger, int ok, uint64_t number, const char *err
 
 /* Reads and validates; on success publishes as the next generation. */
 static long load_generation(const char *trigger, char *err, size_t errlen) {
-    tg_plugin_src_t *src = tg__plugin_src_read(&G.cfg, err, errlen);
+    tg_plugin_src_t *src = tg__plugin_src_read(&G.cfg, 1, err, errlen);
     if (!src || tg__plugins_validate(src, err, errlen) != TG_OK) {
         tg__plugin_src_unref(src);
         record(trigger, 0, 0, err);
@@ -673,7 +905,7 @@ char *tg_plugins_status_json(void) {
 
 int tg_plugins_check(const tg_plugins_config_t *cfg, FILE *out) {
     char err[1024];
-    tg_plugin_src_t *src = tg__plugin_src_read(cfg, err, sizeof(err));
+    tg_plugin_src_t *src = tg__plugin_src_read(cfg, 0, err, sizeof(err));
     if (!src || tg__plugins_validate(src, err, sizeof(err)) != TG_OK) {
         fprintf(out, "plugins: %s\n", err);
         tg__plugin_src_unref(src);
@@ -696,10 +928,35 @@ int tg_plugins_validate_config(const tg_plugins_config_t *cfg, const char *name,
     tg_plugin_enable_t e = {(char *)name, (char *)config_lua};
     one.enabled = &e;
     one.nenabled = 1;
-    tg_plugin_src_t *src = tg__plugin_src_read(&one, err, errlen);
+    tg_plugin_src_t *src = tg__plugin_src_read(&one, 0, err, errlen);
     if (!src)
         return TG_ERROR;
     int rc = tg__plugins_validate(src, err, errlen);
     tg__plugin_src_unref(src);
+    return rc;
+}
+
+int tg_plugins_validate_group(const tg_plugins_config_t *cfg, const char *json, size_t len, char *err, size_t errlen) {
+    tg_group_plugin_t *g;
+    int n = tg__plugins_group_parse(json, len, &g, err, errlen);
+    if (n < 0)
+        return TG_ERROR;
+    int rc = TG_OK;
+    for (int i = 0; i < n && rc == TG_OK; i++) {
+        const tg_plugin_enable_t *global = NULL;
+        for (size_t k = 0; k < cfg->nenabled; k++)
+            if (!strcmp(cfg->enabled[k].name, g[i].name))
+                global = &cfg->enabled[k];
+        if (g[i].config_lua || (g[i].enabled && !global)) {
+            /* Load, schema (types, defaults, ranges), init and a dry call of every hook. */
+            rc = tg_plugins_validate_config(cfg, g[i].name, g[i].config_lua ? g[i].config_lua : "{}", err, errlen);
+        } else if (!global) {
+            /* Turning off a plugin that does not exist is a typo, not a no-op. */
+            tg_plugin_src_plugin_t one = {0};
+            rc = src_plugin_read(cfg, g[i].name, &one, err, errlen);
+            src_plugin_free(&one);
+        }
+    }
+    tg__plugins_group_free(g, n);
     return rc;
 }

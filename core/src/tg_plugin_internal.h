@@ -34,6 +34,10 @@ typedef struct {
     uint64_t number; /* the generation number, 0 until published */
     size_t n;
     tg_plugin_src_plugin_t *p;
+    /* Every other plugin found in the folders (no config): what a group may enable
+     * besides the config file's list. Not validated until a group uses one. */
+    size_t ncat;
+    tg_plugin_src_plugin_t *cat;
     long max_instructions;
     int max_hook_ms;
 } tg_plugin_src_t;
@@ -41,17 +45,55 @@ typedef struct {
 void tg__plugin_src_ref(tg_plugin_src_t *s);
 void tg__plugin_src_unref(tg_plugin_src_t *s);
 
-/** Reads the enabled plugins' files. NULL + err when one is missing or unreadable. */
-tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, char *err, size_t errlen);
+/**
+ * Reads the enabled plugins' files, and with `catalog` every other plugin in the
+ * folders too. NULL + err when an enabled one is missing or unreadable.
+ */
+tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, int catalog, char *err, size_t errlen);
+/** The source of plugin `name` in s (enabled list first, then the catalog), or NULL. */
+const tg_plugin_src_plugin_t *tg__plugin_src_find(const tg_plugin_src_t *s, const char *name);
 
-/** One worker's generation (the C side). Only its worker's thread touches it. */
-typedef struct tg_plugin_gen_s {
-    int refs; /* requests holding it, plus one while it is current */
+/** One entry of a group's `plugins` setting, parsed (see tg__plugins_group_parse). */
+typedef struct {
+    char *name;
+    int enabled;
+    char *config_lua; /* the group's config as a Lua table constructor; NULL: none given */
+} tg_group_plugin_t;
+
+/**
+ * Parses a group's `plugins` JSON ({"<name>": {"enabled": bool, "config": {...}}}):
+ * shape, names, and each config converted to a Lua constructor (depth and size
+ * bounded). Returns the number of entries (>= 0, *out malloc'd, free with
+ * tg__plugins_group_free) or TG_ERROR with one message naming the field in err.
+ */
+int tg__plugins_group_parse(const char *json, size_t len, tg_group_plugin_t **out, char *err, size_t errlen);
+void tg__plugins_group_free(tg_group_plugin_t *g, int n);
+
+typedef struct tg_plugin_gen_s tg_plugin_gen_t;
+
+/** A base generation's cached variant for one group (see tg_plugins_use_group). */
+typedef struct {
+    int64_t group_id; /* 0: empty slot */
+    char *text;       /* the group's plugins JSON it was built from */
+    tg_plugin_gen_t *gen;
+} tg_plugin_variant_t;
+
+/**
+ * One worker's generation (the C side). Only its worker's thread touches it. A group
+ * whose plugins setting differs from the config file gets a *variant*: a generation
+ * of its own built from the base one (sharing the base's unchanged plugin instances),
+ * cached in the base while the base is current.
+ */
+struct tg_plugin_gen_s {
+    int refs; /* requests holding it, plus one while it is current (or cached) */
     uint64_t number;
     int gen_ref;
     int dispatch_ref[TG_HOOK__COUNT];
     tg_plugins_t *owner;
-} tg_plugin_gen_t;
+    tg_plugin_gen_t *base;          /* a variant: the generation it derives from (a ref) */
+    tg_plugin_variant_t *variants;  /* a base: open-addressed by group id, one ref each */
+    size_t nvariants, cap;
+};
 
 struct tg_plugins_s {
     lua_State *L;
@@ -73,7 +115,7 @@ struct tg_plugins_s {
     uv_signal_t sighup;
     uv_timer_t debounce;
     uv_fs_event_t *watches;
-    int nwatches;
+    int nwatches, max_watches;
     int open_handles;
     int live;      /* requests holding one of its generations */
     int destroyed; /* tg_plugins_destroy was called */

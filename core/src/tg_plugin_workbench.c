@@ -389,7 +389,7 @@ int tg_policy_test_main(int argc, char **argv) {
     en[0].config_lua = (char *)config;
     tg_plugins_config_t cfg = {.dirs = all_dirs, .ndirs = ndirs + 1, .enabled = en, .nenabled = nen, .max_hook_ms = 50};
     char err[1024];
-    tg_plugin_src_t *src = tg__plugin_src_read(&cfg, err, sizeof(err));
+    tg_plugin_src_t *src = tg__plugin_src_read(&cfg, 0, err, sizeof(err));
     free(dcopy);
     if (!src || tg__plugins_validate(src, err, sizeof(err)) != TG_OK) {
         fprintf(stderr, "tollgate policy test: %s\n", err);

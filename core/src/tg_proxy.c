@@ -809,6 +809,7 @@ static int phase_plugins(proxy_req_t *p) {
         snprintf(p->tenant_id_s, sizeof(p->tenant_id_s), "%lld", (long long)p->principal->tenant_id);
         snprintf(c->group, sizeof(c->group), "%.63s", p->principal->group_name);
         c->group_len = strlen(c->group);
+        tg_plugins_use_group(pl, c, p->principal->group_id, p->principal->group_plugins);
     }
     c->key_id = p->key_id_s;
     c->key_id_len = strlen(p->key_id_s);

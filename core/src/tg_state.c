@@ -62,7 +62,7 @@ static const char AUTH_SQL[] =
     "to_json(k.ip_allow::text[]), coalesce(k.rpm, -1), coalesce(k.tpm, -1), coalesce(k.concurrency, -1), "
     "coalesce(k.budget::text, ''), coalesce(g.name, ''), to_json(g.models), k.prefix, "
     "coalesce(k.rpm_burst, -1), coalesce(t.rpm, -1), coalesce(t.rpm_burst, -1), coalesce(t.tpm, -1), "
-    "coalesce(t.concurrency, -1), coalesce(g.rate_multiplier, 1)::text "
+    "coalesce(t.concurrency, -1), coalesce(g.rate_multiplier, 1)::text, coalesce(g.plugins, '{}')::text "
     "FROM api_keys k JOIN tenants t ON t.id = k.tenant_id LEFT JOIN groups g ON g.id = k.group_id "
     "WHERE k.key_hash = $1::bytea";
 
@@ -87,6 +87,7 @@ static void principal_free(tg_principal_t *p) {
         free(p->group_models[i]);
     free(p->group_models);
     free(p->ip_allow);
+    free(p->group_plugins);
     free(p);
 }
 
@@ -323,6 +324,9 @@ static tg_principal_t *principal_from_row(const PGresult *res) {
             frac *= 10;
         p->rate_multiplier_micro = whole * 1000000 + frac;
     }
+    /* jsonb prints an empty object as "{}": no setting, the config file's plugins. */
+    if (strcmp(PQgetvalue(res, 0, 20), "{}") != 0)
+        p->group_plugins = strdup(PQgetvalue(res, 0, 20));
     return p;
 }
 

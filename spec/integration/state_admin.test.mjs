@@ -8,8 +8,9 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
 import net from 'node:net';
+import path from 'node:path';
 
-import { HOST, parseResponse, startMock, stopAll } from './lib/harness.mjs';
+import { HOST, REPO, parseResponse, startMock, stopAll } from './lib/harness.mjs';
 import { adminClient, createDb, request, sha256hex, startStateGateway } from './lib/db.mjs';
 
 // An id no row has: above every sequence (they start below 1.1e9, see lib/db.mjs) and
@@ -23,7 +24,8 @@ let admin;
 before(async () => {
   const mock = await startMock();
   db = await createDb();
-  gw = await startStateGateway(db, {}, { mock });
+  // Group plugin settings are validated against the plugins in these folders.
+  gw = await startStateGateway(db, { plugins: { dirs: [path.join(REPO, 'plugins')], watch: false } }, { mock });
   admin = adminClient(gw);
 });
 
@@ -127,10 +129,15 @@ test('users: create under a tenant, filter by tenant, update, delete; bad refere
 });
 
 test('groups, accounts and prices: full CRUD; credentials are write-only', async () => {
-  const g = await admin.create('/groups', { name: 'gold', models: ['m-1', 'm-2'], rate_multiplier: '1.5', plugins: { pii: { on: true } } });
+  const plugins = { 'model-map': { config: { aliases: { 'm-3': 'm-1' } } }, router: { enabled: false } };
+  const g = await admin.create('/groups', { name: 'gold', models: ['m-1', 'm-2'], rate_multiplier: '1.5', plugins });
   assert.deepEqual(g.models, ['m-1', 'm-2']);
   assert.equal(g.rate_multiplier, 1.5);
-  assert.deepEqual(g.plugins, { pii: { on: true } });
+  assert.deepEqual(g.plugins, plugins);
+  // A setting for a plugin that does not exist is refused, naming it.
+  const pii = await admin.post('/groups', { name: 'pii', plugins: { pii: { config: { on: true } } } });
+  assertError(pii, 400, 'invalid_request', 'unknown plugin');
+  assert.match(pii.json.error.message, /plugins\.pii: not found/);
   const g2 = await admin.create('/groups', { name: 'silver' });
   assert.deepEqual(g2.models, []);
 

@@ -115,6 +115,17 @@ void tg_plugins_ctx_set_model(tg_hookctx_t *ctx, const char *model, size_t len);
  */
 int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx);
 
+/**
+ * Switches the request to its group's plugins: call after tg_plugins_begin, before the
+ * first hook. `group_plugins` is the group's `plugins` JSON; NULL, "" or "{}" keep the
+ * config file's list. A worker builds each group's variant of the current generation
+ * once (merging the group's entries into the config file's list, configs validated
+ * against the schemas, defaults filled in, init called) and reuses it until the
+ * generation or the group's setting changes; a plugin whose group config no longer
+ * loads runs as a plugin that fails (its fallbacks apply, the error is counted).
+ */
+void tg_plugins_use_group(tg_plugins_t *pl, tg_hookctx_t *ctx, int64_t group_id, const char *group_plugins);
+
 /** True when the request's generation has a plugin implementing `hook`. */
 int tg_plugins_has_hook(const tg_plugins_t *pl, const tg_hookctx_t *ctx, int hook);
 
@@ -155,6 +166,18 @@ int tg_plugins_check(const tg_plugins_config_t *cfg, FILE *out);
  */
 int tg_plugins_validate_config(const tg_plugins_config_t *cfg, const char *name, const char *config_lua,
                                char *err, size_t errlen);
+
+/**
+ * Validates a group's `plugins` setting (JSON text), as the admin API and `tollgate
+ * apply` must before writing it: the shape ({"<plugin>": {"enabled": bool, "config":
+ * {...}}}, nothing else), that every named plugin exists in cfg's folders, and each
+ * given config (or, for a plugin the config file does not enable, the defaults)
+ * against the plugin's schema, with its init and a dry call of every hook. Returns
+ * TG_OK, or TG_ERROR with one message naming the field
+ * ("plugins.model-map.config.aliases: expected table, got string").
+ */
+int tg_plugins_validate_group(const tg_plugins_config_t *cfg, const char *json, size_t len, char *err,
+                              size_t errlen);
 
 /**
  * `tollgate policy test POLICY --requests FILE.jsonl [...]`: runs a policy over

@@ -50,6 +50,7 @@ typedef struct tg_principal_s {
     int64_t rate_multiplier_micro; /* the group's price multiplier, 1000000 = 1x */
     char budget[40];       /* "" when none; a decimal string otherwise */
     char group_name[128];
+    char *group_plugins;   /* the group's plugins setting (JSON text); NULL: none */
     char key_prefix[16];
 } tg_principal_t;
 
