@@ -539,6 +539,145 @@ TG_TEST(plugin, admin_writes_are_validated_against_the_schema) {
     tg_plugins_config_free(&cfg);
 }
 
+static const char extra_policy[] =
+    "return { name = 'extra', priority = 5, version = '1',\n"
+    "  schema = { fields = { v = { type = 'string', default = 'd' } } },\n"
+    "  on_request = function(ctx, conf) ctx:add_header('x-extra', conf.v) end }\n";
+static const char closed_policy[] =
+    "return { name = 'closed', priority = 50, version = '1', fail_closed = true,\n"
+    "  schema = { fields = { need = { type = 'string', required = true } } },\n"
+    "  on_request = function(ctx, conf) end }\n";
+
+/* A request of group `gid` with setting `text`, its map_model result in ctx->model. */
+static void group_req(tg_plugins_t *pl, tg_hookctx_t *ctx, int64_t gid, const char *text) {
+    begin(pl, ctx, "m");
+    tg_plugins_use_group(pl, ctx, gid, text);
+}
+
+TG_TEST(plugin, groups_get_their_own_plugins_and_configs) {
+    make_dir();
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", stamp_schema);
+    write_file("extra.lua", extra_policy);
+    write_file("closed.lua", closed_policy);
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{{name = 'stamp', config = {prefix = 'g/'}}}", &loop);
+
+    /* No setting, or an empty one: the config file's list. */
+    tg_hookctx_t g;
+    group_req(pl, &g, 7, "{}");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &g), TG_OK);
+    ASSERT_EQ_STR(g.model, "g/m");
+    tg_plugins_end(pl, &g);
+
+    /* Group 7 configures stamp its own way and adds a plugin the config file does not enable. */
+    const char *a = "{\"stamp\":{\"config\":{\"prefix\":\"a/\"}},\"extra\":{}}";
+    tg_hookctx_t r1, r2, r3;
+    group_req(pl, &r1, 7, a);
+    ASSERT_EQ_INT(r1.generation, 1);
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &r1), TG_OK);
+    ASSERT_EQ_STR(r1.resp_headers, "x-stamp: V1\r\nx-extra: d\r\n"); /* priority 10, then 5 */
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r1), TG_OK);
+    ASSERT_EQ_STR(r1.model, "a/m");
+
+    /* Group 8 turns stamp off: no plugin is left. */
+    group_req(pl, &r2, 8, "{\"stamp\":{\"enabled\":false}}");
+    ASSERT(!tg_plugins_has_hook(pl, &r2, TG_HOOK_ON_REQUEST));
+    ASSERT(!tg_plugins_has_hook(pl, &r2, TG_HOOK_MAP_MODEL));
+    tg_plugins_end(pl, &r2);
+
+    /* Group 7's setting changes while r1 is in flight: r1 finishes on what it began with. */
+    group_req(pl, &r3, 7, "{\"stamp\":{\"config\":{\"prefix\":\"b/\"}}}");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r3), TG_OK);
+    ASSERT_EQ_STR(r3.model, "b/m");
+    ASSERT(tg_plugins_has_hook(pl, &r3, TG_HOOK_ON_REQUEST)); /* stamp's; extra is gone */
+    tg_plugins_ctx_set_model(&r1, "m", 1);
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r1), TG_OK);
+    ASSERT_EQ_STR(r1.model, "a/m");
+    tg_plugins_end(pl, &r1);
+    tg_plugins_end(pl, &r3);
+
+    /* A setting the plugins no longer accept (written behind validation's back): the
+     * plugin fails for that group, counted; a fail_closed one answers 500. */
+    tg_hookctx_t bad;
+    group_req(pl, &bad, 9, "{\"stamp\":{\"config\":{\"prefix\":5}},\"closed\":{}}");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &bad), TG_DONE);
+    ASSERT_EQ_INT(bad.reject_status, 500);
+    ASSERT_EQ_INT(bad.plugin_errors, 1);
+    ASSERT(!tg_plugins_has_hook(pl, &bad, TG_HOOK_MAP_MODEL)); /* stamp's instance did not load */
+    tg_plugins_end(pl, &bad);
+    group_req(pl, &bad, 10, "{nope");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &bad), TG_OK);
+    ASSERT_EQ_STR(bad.resp_headers, "x-stamp: V1\r\n"); /* the config file's plugins ran first */
+    ASSERT_EQ_INT(bad.plugin_errors, 1);
+    tg_plugins_end(pl, &bad);
+
+    /* A reload builds the groups' variants again, from the new code. */
+    char v2[sizeof(stamp_plugin)];
+    snprintf(v2, sizeof(v2), "%s", stamp_plugin);
+    char *p;
+    while ((p = strstr(v2, "V1")) != NULL)
+        p[1] = '2';
+    write_file("stamp/handler.lua", v2);
+    char err[512];
+    ASSERT_EQ_INT(tg_plugins_request_reload(err, sizeof(err)), 2);
+    pump(&loop);
+    group_req(pl, &r1, 7, "{\"stamp\":{\"config\":{\"prefix\":\"b/\"}}}");
+    ASSERT_EQ_INT(r1.generation, 2);
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &r1), TG_OK);
+    ASSERT_EQ_STR(r1.resp_headers, "x-stamp: V2\r\n");
+    tg_plugins_end(pl, &r1);
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin, group_settings_are_validated_naming_the_field) {
+    make_dir();
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", stamp_schema);
+    tg_plugins_config_t cfg;
+    init_with("{'stamp'}", &cfg);
+    char err[512];
+    static const struct {
+        const char *json, *err;
+    } cases[] = {
+        {"{}", NULL},
+        {"{\"stamp\":{\"config\":{\"prefix\":\"x/\"}}}", NULL},
+        {"{\"stamp\":{\"enabled\":false}}", NULL},
+        {"[]", "plugins: expected an object"},
+        {"{\"stamp\":{\"config\":{\"prefix\":5}}}", "plugins.stamp.config.prefix: expected string, got number"},
+        {"{\"stamp\":{\"config\":{\"prefix\":null}}}", "plugins.stamp.config.prefix: null is not a value"},
+        {"{\"stamp\":{\"config\":[1]}}", "plugins.stamp.config: expected an object"},
+        {"{\"stamp\":{\"on\":true}}", "plugins.stamp: unknown key \"on\" (expected enabled, config)"},
+        {"{\"ghost\":{\"enabled\":false}}", "plugins.ghost: not found in"},
+        {"{\"a.b\":{}}", "plugins.a.b: a plugin name holds only"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int rc = tg_plugins_validate_group(&cfg, cases[i].json, strlen(cases[i].json), err, sizeof(err));
+        if (!cases[i].err) {
+            if (rc != TG_OK)
+                fprintf(stderr, "%s: %s\n", cases[i].json, err);
+            ASSERT_EQ_INT(rc, TG_OK);
+        } else {
+            ASSERT_EQ_INT(rc, TG_ERROR);
+            if (strncmp(err, cases[i].err, strlen(cases[i].err)) != 0)
+                fprintf(stderr, "%s: got %s\n", cases[i].json, err);
+            ASSERT(strncmp(err, cases[i].err, strlen(cases[i].err)) == 0);
+        }
+    }
+    /* 40 levels of arrays: parsed, then refused by the depth bound, naming the path. */
+    char deep[256] = "{\"stamp\":{\"config\":{\"prefix\":";
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "[");
+    strcat(deep, "1");
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "]");
+    strcat(deep, "}}}");
+    ASSERT_EQ_INT(tg_plugins_validate_group(&cfg, deep, strlen(deep), err, sizeof(err)), TG_ERROR);
+    ASSERT(strncmp(err, "plugins.stamp.config.prefix[1][1]", 33) == 0);
+    ASSERT(strstr(err, "nested too deeply (more than 32 levels)") != NULL);
+    tg_plugins_config_free(&cfg);
+}
+
 /* Workers' states are built on the main thread and run on their own: the watchdog
  * must interrupt the thread that runs the call, not the one that built the state. */
 static tg_plugins_t *spin_pl;
