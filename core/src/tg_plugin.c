@@ -225,7 +225,8 @@ static void gen_retire(tg_plugin_gen_t *g) {
         free(v->text);
         gen_unref(v->gen);
     }
-    memset(g->variants, 0, g->cap * sizeof(*g->variants));
+    if (g->variants)
+        memset(g->variants, 0, g->cap * sizeof(*g->variants));
     g->nvariants = 0;
     gen_unref(g);
 }
