@@ -324,50 +324,82 @@ static int resolve(const char *policy, char **dirs, size_t ndirs, char *dir, siz
     return -1;
 }
 
+static int arg_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int arg_error(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "tollgate policy test: %s; see tollgate policy test --help\n", msg);
+    return 2;
+}
+
 int tg_policy_test_main(int argc, char **argv) {
     const char *policy = NULL, *requests = NULL, *config = "{}", *dirs_arg = "plugins,policies";
     long seed = 1;
     report_t r = {0};
     tg_plugin_enable_t en[17];
     size_t nen = 1;
-    int i = 1;
-    if (argc > 1 && !strcmp(argv[1], "test"))
-        i = 2;
-    else {
-        usage(stderr);
+    if (argc < 2) {
+        fprintf(stderr, "tollgate policy: missing subcommand (expected: test); see tollgate policy test --help\n");
         return 2;
     }
-    for (; i < argc; i++) {
-        if (!strcmp(argv[i], "--requests") && i + 1 < argc)
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "test") != 0) {
+        fprintf(stderr, "tollgate policy: unknown subcommand \"%s\" (expected: test)\n", argv[1]);
+        return 2;
+    }
+    /* Every argument error is one line naming the problem, and exit 2. */
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int takes = !strcmp(a, "--requests") || !strcmp(a, "--config") || !strcmp(a, "--with") ||
+                    !strcmp(a, "--dirs") || !strcmp(a, "--seed");
+        if (takes && i + 1 >= argc)
+            return arg_error("%s needs a value", a);
+        if (!strcmp(a, "--requests"))
             requests = argv[++i];
-        else if (!strcmp(argv[i], "--config") && i + 1 < argc)
+        else if (!strcmp(a, "--config"))
             config = argv[++i];
-        else if (!strcmp(argv[i], "--with") && i + 1 < argc && nen < 17) {
+        else if (!strcmp(a, "--with")) {
+            if (nen >= 17)
+                return arg_error("too many --with (at most 16)");
             char *w = argv[++i], *eq = strchr(w, '=');
             if (eq)
                 *eq = '\0';
             en[nen].name = w;
             en[nen++].config_lua = eq ? eq + 1 : "{}";
-        } else if (!strcmp(argv[i], "--dirs") && i + 1 < argc)
+        } else if (!strcmp(a, "--dirs"))
             dirs_arg = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--json"))
+        else if (!strcmp(a, "--seed")) {
+            char *end = NULL;
+            errno = 0;
+            seed = strtol(argv[++i], &end, 10);
+            if (errno || !*argv[i] || *end)
+                return arg_error("--seed: expected a whole number, got \"%s\"", argv[i]);
+        } else if (!strcmp(a, "--json"))
             r.json = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (argv[i][0] != '-' && !policy)
-            policy = argv[i];
-        else {
-            fprintf(stderr, "tollgate policy test: unexpected argument \"%s\"\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
+        } else if (a[0] != '-' && !policy)
+            policy = a;
+        else
+            return arg_error("unexpected argument \"%s\"", a);
     }
-    if (!policy || !requests) {
-        usage(stderr);
-        return 2;
+    if (!policy)
+        return arg_error("missing POLICY (a file, a plugin folder, or a name in --dirs)");
+    if (!requests)
+        return arg_error("missing --requests FILE.jsonl (\"-\" reads standard input)");
+    if (strcmp(requests, "-") != 0) {
+        struct stat rst;
+        if (stat(requests, &rst) != 0)
+            return arg_error("--requests %s: %s", requests, strerror(errno));
+        if (!S_ISREG(rst.st_mode))
+            return arg_error("--requests %s: not a regular file", requests);
     }
     char *dirs[16];
     size_t ndirs = 0;
@@ -433,11 +465,15 @@ int tg_policy_test_main(int argc, char **argv) {
             continue;
         line_t *l = calloc(1, sizeof(*l));
         json_error_t jerr;
-        l->doc = json_loads(buf, 0, &jerr);
+        l->doc = json_loads(buf, JSON_DECODE_ANY, &jerr);
         tg_hookctx_t c;
         tg_plugins_begin(pl, &c);
-        if (!l->doc || !json_is_object(l->doc)) {
-            fprintf(stderr, "%s:%d: not a JSON object: %s\n", requests, lineno, l->doc ? "" : jerr.text);
+        if (!l->doc) {
+            fprintf(stderr, "%s:%d: not valid JSON: %s\n", requests, lineno, jerr.text);
+            bad++;
+        } else if (!json_is_object(l->doc)) {
+            fprintf(stderr, "%s:%d: expected a JSON object (a request context), got %s\n", requests, lineno,
+                    json_is_array(l->doc) ? "an array" : json_is_string(l->doc) ? "a string" : "a scalar");
             bad++;
         } else if (fill(&c, l, lineno, err, sizeof(err)) != 0) {
             fprintf(stderr, "%s:%d: %s\n", requests, lineno, err);
@@ -497,5 +533,9 @@ int tg_policy_test_main(int argc, char **argv) {
     if (!r.json)
         printf("%d requests, %d plugin errors, %d bad lines\n", nreq, r.errors, bad);
     tg__plugins_free(pl);
+    if (!nreq && !bad) {
+        fprintf(stderr, "tollgate policy test: %s holds no requests (one JSON object per line)\n", requests);
+        return 2;
+    }
     return bad ? 2 : r.errors ? 1 : 0;
 }

@@ -23,7 +23,8 @@ fi
 {
   echo "# Plugin hook cost"
   echo
-  echo "Measured by \`spec/bench/plugins_bench.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores"
+  echo "Measured by \`flock /tmp/tg-bench.lock spec/bench/plugins_bench.sh\` on $(date -u +%Y-%m-%d) at commit"
+  echo "$(git -C "$repo" rev-parse --short HEAD), $(nproc) cores"
   echo "($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')), load average $(cut -d' ' -f1 /proc/loadavg)."
   echo "One simulated request = tg_plugins_begin, the 7 hooks once each (on_request,"
   echo "map_model, select_account over 8 candidate accounts, on_upstream_error,"
@@ -34,7 +35,10 @@ fi
   echo
   echo "With the policies added, cheapest-fast (priority 600) decides select_account before"
   echo "the router runs, so that row can be the cheaper one. max_instructions switches on"
-  echo "the permanent count hook (see plugins/README.md, Isolation)."
+  echo "the permanent count hook (see plugins/README.md, Isolation). The group row is a"
+  echo "key whose group has its own plugins setting: per request, one probe of the"
+  echo "worker's variant cache and one comparison of the setting, then the same hooks with"
+  echo "the group's model-map instance (plugins/README.md, Per group)."
   echo
   echo "## req/s, plugins on against off"
   echo
