@@ -50,6 +50,8 @@ typedef struct {
     int slot_script;           /* account slot lease (Redis) */
     int slot_release_script;
     EVP_MD_CTX *sha;           /* reused for every key hash: no allocation per request */
+    struct proxy_req_s *spare; /* finished requests kept for reuse (see preq_alloc) */
+    int nspare;
 } proxy_worker_t;
 
 /* The account's own concurrency slot: KEYS[1] {a:<id>}:conc; ARGV id, limit, ttl_ms. */
@@ -69,6 +71,7 @@ enum { PHASE_SELECT = 6 };
 typedef int (*phase_fn)(proxy_req_t *p);
 
 struct proxy_req_s {
+    struct proxy_req_s *next_spare; /* in the worker's spare list */
     tg_request_t *req;
     proxy_worker_t *pw;
     int phase;
@@ -205,6 +208,12 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     tg_billing_destroy(pw->billing);
     tg_health_destroy(pw->health);
     EVP_MD_CTX_free(pw->sha);
+    while (pw->spare) {
+        proxy_req_t *p = pw->spare;
+        pw->spare = p->next_spare;
+        tg_buf_free(&p->body_copy);
+        free(p);
+    }
     free(pw);
     w->proxy = NULL;
 }
@@ -212,6 +221,53 @@ void tg_proxy_worker_close(tg_worker_t *w) {
 /* ---- request lifecycle -------------------------------------------------------------- */
 
 static void slot_release(proxy_req_t *p);
+
+/*
+ * proxy_req_t is large (the plugin context's arrays): a short per-worker list keeps
+ * finished ones, with their answer-copy buffer when it is small, for the next request.
+ * Not under ASan, which must see every free to catch a use after free.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define PREQ_SPARE_MAX 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PREQ_SPARE_MAX 0
+#endif
+#endif
+#ifndef PREQ_SPARE_MAX
+#define PREQ_SPARE_MAX 64
+#endif
+
+static proxy_req_t *preq_alloc(proxy_worker_t *pw) {
+    proxy_req_t *p = pw->spare;
+    tg_buf_t copy;
+    tg_buf_init(&copy);
+    if (p) {
+        pw->spare = p->next_spare;
+        pw->nspare--;
+        copy = p->body_copy;
+    } else if (!(p = malloc(sizeof(*p)))) {
+        abort();
+    }
+    memset(p, 0, offsetof(proxy_req_t, ctx));
+    p->body_copy = copy;
+    return p;
+}
+
+static void preq_recycle(proxy_req_t *p) {
+    proxy_worker_t *pw = p->pw;
+    if (pw->nspare >= PREQ_SPARE_MAX || p->body_copy.cap > 16384) {
+        tg_buf_free(&p->body_copy);
+        if (pw->nspare >= PREQ_SPARE_MAX) {
+            free(p);
+            return;
+        }
+    }
+    tg_buf_reset(&p->body_copy);
+    p->next_spare = pw->spare;
+    pw->spare = p;
+    pw->nspare++;
+}
 
 static void preq_free(proxy_req_t *p) {
     tg_state_auth_cancel(p->auth_wait);
@@ -237,11 +293,10 @@ static void preq_free(proxy_req_t *p) {
     if (p->json)
         json_decref(p->json);
     tg_buf_free(&p->upstream_req);
-    tg_buf_free(&p->body_copy);
     if (p->sse_on)
         tg_sse_free(&p->sse);
     tg_xlate_destroy(p->xlate);
-    free(p);
+    preq_recycle(p);
 }
 
 static void health_detach(proxy_req_t *p) {
@@ -1836,10 +1891,7 @@ static void proxy_run(proxy_req_t *p) {
 }
 
 void tg_proxy_handle(tg_request_t *req) {
-    proxy_req_t *p = malloc(sizeof(*p));
-    if (!p)
-        abort();
-    memset(p, 0, offsetof(proxy_req_t, ctx));
+    proxy_req_t *p = preq_alloc(req->worker->proxy);
     p->req = req;
     p->pw = req->worker->proxy;
     p->attempt = 1;

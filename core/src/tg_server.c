@@ -63,16 +63,54 @@ static void conn_set_timer(tg_conn_t *c, int ms);
 
 /* ---- requests ---------------------------------------------------------------------- */
 
+/*
+ * Requests are recycled through a short per-worker list: a keep-alive client's next
+ * request reuses a finished one's struct and its url/header/body buffers instead of
+ * four allocations and their growth. Only buffers up to SPARE_BUF_MAX are kept, and at
+ * most SPARE_MAX requests, so idle memory stays bounded.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define SPARE_MAX 0 /* under ASan every request is freed, so a use after free is caught */
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SPARE_MAX 0
+#endif
+#endif
+#ifndef SPARE_MAX
+#define SPARE_MAX 64
+#endif
+#define SPARE_BUF_MAX 16384
+
+static void buf_recycle(tg_buf_t *b) {
+    if (b->cap > SPARE_BUF_MAX)
+        tg_buf_free(b);
+    else
+        tg_buf_reset(b);
+}
+
 static tg_request_t *request_new(tg_conn_t *c) {
+    tg_worker_t *w = c->w;
+    tg_request_t *r = w->spare;
+    tg_buf_t url, raw, body;
+    if (r) {
+        w->spare = r->next_spare;
+        w->nspare--;
+        url = r->url, raw = r->raw_headers, body = r->body;
+    } else {
+        r = malloc(sizeof(*r));
+        if (!r)
+            abort();
+        tg_buf_init(&url);
+        tg_buf_init(&raw);
+        tg_buf_init(&body);
+    }
     /* The header array (3 KiB) is filled before it is read: only the rest is zeroed. */
-    tg_request_t *r = malloc(sizeof(*r));
-    if (!r)
-        abort();
     memset(r, 0, offsetof(tg_request_t, headers));
     memset((char *)r + offsetof(tg_request_t, headers) + sizeof(r->headers), 0,
            sizeof(*r) - offsetof(tg_request_t, headers) - sizeof(r->headers));
+    r->url = url, r->raw_headers = raw, r->body = body;
     r->conn = c;
-    r->worker = c->w;
+    r->worker = w;
     r->start_ns = tg_now_ns();
     r->tls = c->tls != NULL;
     r->route = TG_ROUTE_OTHER;
@@ -91,11 +129,34 @@ static tg_request_t *request_new(tg_conn_t *c) {
     return r;
 }
 
-static void request_free(tg_request_t *r) {
+static void request_destroy(tg_request_t *r) {
     tg_buf_free(&r->url);
     tg_buf_free(&r->raw_headers);
     tg_buf_free(&r->body);
     free(r);
+}
+
+static void request_free(tg_request_t *r) {
+    tg_worker_t *w = r->worker;
+    if (w->nspare >= SPARE_MAX || w->draining) {
+        request_destroy(r);
+        return;
+    }
+    buf_recycle(&r->url);
+    buf_recycle(&r->raw_headers);
+    buf_recycle(&r->body);
+    r->next_spare = w->spare;
+    w->spare = r;
+    w->nspare++;
+}
+
+static void spare_free_all(tg_worker_t *w) {
+    while (w->spare) {
+        tg_request_t *r = w->spare;
+        w->spare = r->next_spare;
+        request_destroy(r);
+    }
+    w->nspare = 0;
 }
 
 const tg_str_t *tg_request_header(const tg_request_t *req, const char *name) {
@@ -691,6 +752,7 @@ int tg_http_parse_for_fuzz(const char *data, size_t len, size_t max_header, size
     int result = c->fuzz_result;
     if (c->req)
         request_free(c->req);
+    spare_free_all(w);
     tg_buf_free(&c->in);
     free(c);
     free(w);
@@ -953,6 +1015,7 @@ static void worker_main(void *arg) {
     tg_proxy_worker_close(w);
     prepare_cb(&w->prepare);
     tg_buf_free(&w->logbuf);
+    spare_free_all(w);
     uv_walk(&w->loop, close_walk_cb, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);

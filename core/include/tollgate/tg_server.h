@@ -68,6 +68,7 @@ struct tg_request_s {
     void (*drain_cb)(tg_request_t *req);
     /** The response ended (or was aborted); write the access log. Runs exactly once. */
     void (*finish_cb)(tg_request_t *req, int aborted);
+    tg_request_t *next_spare; /* the worker's list of reusable requests */
 };
 
 /** The gateway: config, workers and what they share read-only. */
@@ -102,6 +103,8 @@ struct tg_worker_s {
     uv_prepare_t prepare; /* flushes corked output and the access log */
     tg_conn_t *dirty;     /* connections with corked output */
     tg_buf_t logbuf;      /* access-log lines not yet written */
+    tg_request_t *spare;  /* finished requests kept for reuse (bounded, small buffers) */
+    int nspare;
 };
 
 /** Queues one access-log line (no newline) for the worker's next flush. */
