@@ -482,10 +482,12 @@ static int is_model_route(tg_route_t r) {
     return r == TG_ROUTE_CHAT || r == TG_ROUTE_MESSAGES || r == TG_ROUTE_RESPONSES || r == TG_ROUTE_EMBEDDINGS;
 }
 
-static int fail(proxy_req_t *p, int status, const char *type, const char *code, const char *msg) {
+/* Every error the gateway itself answers goes through here, so that a client gets it in
+ * its own protocol's shape (Anthropic's for /v1/messages, OpenAI's otherwise). */
+static int fail_ex(proxy_req_t *p, int status, const char *type, const char *code, const char *msg,
+                   const char *extra_headers) {
     p->error = code;
     if (p->proto == TG_PROTO_ANTHROPIC && p->req->route == TG_ROUTE_MESSAGES) {
-        /* Anthropic clients get Anthropic's error shape. */
         tg_buf_t o, a;
         tg_buf_init(&o);
         tg_buf_init(&a);
@@ -493,20 +495,20 @@ static int fail(proxy_req_t *p, int status, const char *type, const char *code, 
         tg_buf_append_json_escaped(&o, msg, strlen(msg));
         tg_buf_printf(&o, "\",\"type\":\"%s\",\"code\":\"%s\"}}", type, code);
         tg_translate_error(TG_PROTO_ANTHROPIC, status, o.data, o.len, &a);
-        tg_response_send(p->req, status, "application/json", NULL, a.data, a.len);
+        tg_response_send(p->req, status, "application/json", extra_headers, a.data, a.len);
         tg_buf_free(&o);
         tg_buf_free(&a);
         return TG_DONE;
     }
-    tg_response_error(p->req, status, type, code, msg);
+    tg_response_error_ex(p->req, status, type, code, msg, extra_headers);
     return TG_DONE;
 }
 
-/* ---- phase: route ------------------------------------------------------------------- */
+static int fail(proxy_req_t *p, int status, const char *type, const char *code, const char *msg) {
+    return fail_ex(p, status, type, code, msg, NULL);
+}
 
-static const char method_not_allowed[] =
-    "{\"error\":{\"message\":\"method not allowed\",\"type\":\"invalid_request_error\","
-    "\"code\":\"method_not_allowed\"}}";
+/* ---- phase: route ------------------------------------------------------------------- */
 
 static int path_is(const char *path, const char *want) { return strcmp(path, want) == 0; }
 
@@ -681,16 +683,9 @@ static int phase_route(proxy_req_t *p) {
     }
     return fail(p, 404, "invalid_request_error", "not_found", "unknown route");
 not_allowed_get:
-    p->error = "method_not_allowed";
-    tg_response_start(req, 405, "application/json", "Allow: GET, HEAD\r\n", (int64_t)strlen(method_not_allowed));
-    goto not_allowed_body;
+    return fail_ex(p, 405, "invalid_request_error", "method_not_allowed", "method not allowed", "Allow: GET, HEAD\r\n");
 not_allowed_post:
-    p->error = "method_not_allowed";
-    tg_response_start(req, 405, "application/json", "Allow: POST\r\n", (int64_t)strlen(method_not_allowed));
-not_allowed_body:
-    tg_response_body(req, method_not_allowed, strlen(method_not_allowed));
-    tg_response_end(req);
-    return TG_DONE;
+    return fail_ex(p, 405, "invalid_request_error", "method_not_allowed", "method not allowed", "Allow: POST\r\n");
 }
 
 /* ---- phase: auth -------------------------------------------------------------------- */
@@ -903,19 +898,14 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     p->admit = NULL;
     tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
     if (out->result == TG_ADMIT_UNAVAILABLE) {
-        p->error = "limiter_unavailable";
-        tg_response_start(p->req, 503, "application/json", "Retry-After: 1\r\n", -1);
-        static const char body[] = "{\"error\":{\"message\":\"the rate limiter is unavailable and this limit fails closed; "
-                                   "try again shortly\",\"type\":\"server_error\",\"code\":\"limiter_unavailable\"}}";
-        tg_response_body(p->req, body, sizeof(body) - 1);
-        tg_response_end(p->req);
+        fail_ex(p, 503, "server_error", "limiter_unavailable",
+                "the rate limiter is unavailable and this limit fails closed; try again shortly", "Retry-After: 1\r\n");
         return;
     }
     const char *code = out->result == TG_ADMIT_TOKENS        ? "tokens_limit_exceeded"
                        : out->result == TG_ADMIT_CONCURRENCY ? "concurrency_limit_exceeded"
                        : out->result == TG_ADMIT_QUEUE_FULL  ? "concurrency_limit_exceeded"
                                                              : "rate_limit_exceeded";
-    p->error = code;
     char extra[64], msg[200];
     long secs = (long)((out->retry_after_ms + 999) / 1000);
     if (secs < 1)
@@ -923,15 +913,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     snprintf(extra, sizeof(extra), "Retry-After: %ld\r\n", secs);
     snprintf(msg, sizeof(msg), "%s limit reached%s; retry after %ld s", out->which ? out->which : "a",
              out->result == TG_ADMIT_QUEUE_FULL ? " and the wait queue is full" : "", secs);
-    tg_buf_t b;
-    tg_buf_init(&b);
-    tg_buf_appends(&b, "{\"error\":{\"message\":\"");
-    tg_buf_append_json_escaped(&b, msg, strlen(msg));
-    tg_buf_printf(&b, "\",\"type\":\"rate_limit_error\",\"code\":\"%s\"}}", code);
-    tg_response_start(p->req, 429, "application/json", extra, (int64_t)b.len);
-    tg_response_body(p->req, b.data, b.len);
-    tg_buf_free(&b);
-    tg_response_end(p->req);
+    fail_ex(p, 429, "rate_limit_error", code, msg, extra);
 }
 
 /* Redis is down: the on_limiter_down hook decides when a plugin implements it. */
@@ -1082,7 +1064,25 @@ static int was_tried(const proxy_req_t *p, int64_t id) {
     return 0;
 }
 
-static void retry_timer_cb(uv_timer_t *t);
+static void retry_timer_cb(uv_timer_t *t) {
+    proxy_req_t *p = t->data;
+    proxy_run(p);
+}
+
+/* Resumes the pipeline at `phase` after delay_ms (a retry's backoff, a wait for the
+ * account snapshot or for a free slot). One timer per request, made on first use. */
+static int run_phase_later(proxy_req_t *p, int phase, uint64_t delay_ms) {
+    if (!p->retry_timer) {
+        p->retry_timer = malloc(sizeof(uv_timer_t));
+        if (!p->retry_timer)
+            abort();
+        uv_timer_init(&p->req->worker->loop, p->retry_timer);
+        p->retry_timer->data = p;
+    }
+    p->phase = phase;
+    uv_timer_start(p->retry_timer, retry_timer_cb, delay_ms, 0);
+    return TG_AGAIN;
+}
 
 static int phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
@@ -1106,14 +1106,7 @@ static int phase_select(proxy_req_t *p) {
     if (!p->snap) {
         /* Just started: the first snapshot is on its way; wait for it (up to 3 s). */
         if (tg_now_ns() - p->req->start_ns < 3000000000ull) {
-            if (!p->retry_timer) {
-                p->retry_timer = malloc(sizeof(uv_timer_t));
-                uv_timer_init(&p->req->worker->loop, p->retry_timer);
-                p->retry_timer->data = p;
-            }
-            p->phase = PHASE_SELECT;
-            uv_timer_start(p->retry_timer, retry_timer_cb, 20, 0);
-            return TG_AGAIN;
+            return run_phase_later(p, PHASE_SELECT, 20);
         }
         return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
     }
@@ -1284,23 +1277,12 @@ static int slot_try(proxy_req_t *p) {
     if (now - p->slot_wait_since < (uint64_t)cfg->limiter.queue_timeout_ms && p->norder > 0) {
         uint32_t r = 0;
         tg_random_bytes(&r, sizeof(r));
-        if (!p->retry_timer) {
-            p->retry_timer = malloc(sizeof(uv_timer_t));
-            uv_timer_init(&p->req->worker->loop, p->retry_timer);
-            p->retry_timer->data = p;
-        }
         p->next_order = 0;
-        p->phase = PHASE_SELECT + 1; /* back to phase_slot */
-        uv_timer_start(p->retry_timer, retry_timer_cb, 20 + r % 30, 0);
-        return TG_AGAIN;
+        return run_phase_later(p, PHASE_SELECT + 1 /* phase_slot */, 20 + r % 30);
     }
-    p->error = "accounts_busy";
-    tg_response_start(p->req, 429, "application/json", "Retry-After: 1\r\n", -1);
-    static const char body[] = "{\"error\":{\"message\":\"every upstream account of this group is at its concurrency "
-                               "limit; retry shortly\",\"type\":\"rate_limit_error\",\"code\":\"accounts_busy\"}}";
-    tg_response_body(p->req, body, sizeof(body) - 1);
-    tg_response_end(p->req);
-    return TG_DONE;
+    return fail_ex(p, 429, "rate_limit_error", "accounts_busy",
+                   "every upstream account of this group is at its concurrency limit; retry shortly",
+                   "Retry-After: 1\r\n");
 }
 
 static int phase_slot(proxy_req_t *p) {
@@ -1468,11 +1450,6 @@ static void cool_account(proxy_req_t *p, int64_t ms) {
                 2, params, cooldown_persisted, p->req->worker->state);
 }
 
-static void retry_timer_cb(uv_timer_t *t) {
-    proxy_req_t *p = t->data;
-    proxy_run(p);
-}
-
 /*
  * One place decides retries: the on_upstream_error hook when a plugin implements it,
  * else the default: 429/529/401/403 move to another account (the failing one cools
@@ -1567,15 +1544,9 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
     p->body_copy_over = 0;
     p->held = 0;
     tg_buf_reset(&p->held_body);
-    p->phase = PHASE_SELECT;
     tg_log_info("request %s: attempt %d after upstream %d/%d in %lld ms (%s)", p->req->id, p->attempt, status, failure,
                 (long long)delay, action == TG_RETRY_SAME ? "same account" : "another account");
-    if (!p->retry_timer) {
-        p->retry_timer = malloc(sizeof(uv_timer_t));
-        uv_timer_init(&p->req->worker->loop, p->retry_timer);
-        p->retry_timer->data = p;
-    }
-    uv_timer_start(p->retry_timer, retry_timer_cb, (uint64_t)delay, 0);
+    run_phase_later(p, PHASE_SELECT, (uint64_t)delay);
     return 1;
 }
 

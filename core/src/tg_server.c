@@ -492,6 +492,11 @@ void tg_response_send(tg_request_t *req, int status, const char *content_type,
 
 void tg_response_error(tg_request_t *req, int status, const char *type, const char *code,
                        const char *message) {
+    tg_response_error_ex(req, status, type, code, message, NULL);
+}
+
+void tg_response_error_ex(tg_request_t *req, int status, const char *type, const char *code,
+                          const char *message, const char *extra_headers) {
     tg_buf_t b;
     tg_buf_init(&b);
     tg_buf_appends(&b, "{\"error\":{\"message\":\"");
@@ -501,7 +506,7 @@ void tg_response_error(tg_request_t *req, int status, const char *type, const ch
     tg_buf_appends(&b, "\",\"code\":\"");
     tg_buf_appends(&b, code);
     tg_buf_appends(&b, "\"}}");
-    tg_response_send(req, status, "application/json", NULL, b.data, b.len);
+    tg_response_send(req, status, "application/json", extra_headers, b.data, b.len);
     tg_buf_free(&b);
 }
 

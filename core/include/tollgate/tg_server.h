@@ -130,6 +130,9 @@ void tg_response_send(tg_request_t *req, int status, const char *content_type,
 /** An OpenAI-shaped error: {"error":{"message","type","code"}}. Ends the request. */
 void tg_response_error(tg_request_t *req, int status, const char *type, const char *code,
                        const char *message);
+/** The same, with extra header lines ("Name: value\r\n"...), e.g. Retry-After or Allow. */
+void tg_response_error_ex(tg_request_t *req, int status, const char *type, const char *code,
+                          const char *message, const char *extra_headers);
 /** Ends a started response abnormally: the connection is closed without the last chunk,
  *  so the client sees a truncated response rather than a false success. */
 void tg_response_abort(tg_request_t *req);
