@@ -22,7 +22,7 @@
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_ui.h"
 
-typedef enum { C_ID, C_TEXT, C_INT, C_NUMERIC, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
+typedef enum { C_ID, C_REF, C_TEXT, C_INT, C_SINT, C_NUMERIC, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
 
 enum { RO = 0, RW = 1, CREATE_ONLY = 2, WO = 3 };
 
@@ -69,7 +69,7 @@ static const col_t tenant_cols[] = {
 
 static const col_t user_cols[] = {
     {"id", C_ID, RO, 0, 0, NULL},
-    {"tenant_id", C_INT, CREATE_ONLY, 1, 0, NULL},
+    {"tenant_id", C_REF, CREATE_ONLY, 1, 0, NULL},
     {"email", C_TEXT, RW, 1, 0, NULL},
     {"name", C_TEXT, RW, 0, 1, NULL},
     {"role", C_TEXT, RW, 0, 0, roles},
@@ -91,9 +91,9 @@ static const col_t group_cols[] = {
 
 static const col_t key_cols[] = {
     {"id", C_ID, RO, 0, 0, NULL},
-    {"tenant_id", C_INT, CREATE_ONLY, 1, 0, NULL},
-    {"user_id", C_INT, RW, 0, 1, NULL},
-    {"group_id", C_INT, RW, 0, 1, NULL},
+    {"tenant_id", C_REF, CREATE_ONLY, 1, 0, NULL},
+    {"user_id", C_REF, RW, 0, 1, NULL},
+    {"group_id", C_REF, RW, 0, 1, NULL},
     {"name", C_TEXT, RW, 0, 0, NULL},
     {"prefix", C_TEXT, RO, 0, 0, NULL},
     {"status", C_TEXT, RW, 0, 0, status_active_revoked},
@@ -119,7 +119,7 @@ static const col_t account_cols[] = {
     {"credential", C_SECRET, WO, 0, 1, NULL},
     {"kind", C_TEXT, RW, 0, 0, kinds},
     {"concurrency", C_INT, RW, 0, 0, NULL},
-    {"priority", C_INT, RW, 0, 0, NULL},
+    {"priority", C_SINT, RW, 0, 0, NULL},
     {"weight", C_INT, RW, 0, 0, NULL},
     {"models", C_TEXTARR, RW, 0, 0, NULL},
     {"model_map", C_JSONOBJ, RW, 0, 0, NULL},
@@ -288,13 +288,13 @@ static int query_get(const char *query, const char *name, char *out, size_t outl
     return 0;
 }
 
+/* A decimal id or count: 1 to 18 digits, so it fits a bigint (and atoll) everywhere. */
 static int is_digits(const char *s) {
-    if (!*s)
-        return 0;
-    for (; *s; s++)
-        if (*s < '0' || *s > '9')
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (s[n] < '0' || s[n] > '9')
             return 0;
-    return 1;
+    return n >= 1 && n <= 18;
 }
 
 static int is_decimal(const char *s) {
@@ -446,8 +446,15 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
                         ok |= !strcmp(*e, json_string_value(v));
                 }
                 break;
-            case C_INT:
+            case C_INT: /* counts and limits: integer columns */
                 ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 2147483647;
+                break;
+            case C_SINT: /* a signed integer column (account priority) */
+                ok = json_is_integer(v) && json_integer_value(v) >= -2147483647 - 1 &&
+                     json_integer_value(v) <= 2147483647;
+                break;
+            case C_REF: /* a bigint id of another row */
+                ok = json_is_integer(v) && json_integer_value(v) >= 1;
                 break;
             case C_NUMERIC:
                 ok = json_is_number(v) ? json_number_value(v) >= 0
@@ -484,7 +491,9 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
                 break;
             }
             if (!ok) {
-                const char *want = c->type == C_INT       ? "a non-negative integer"
+                const char *want = c->type == C_INT       ? "a non-negative integer (at most 2147483647)"
+                                   : c->type == C_SINT    ? "an integer from -2147483648 to 2147483647"
+                                   : c->type == C_REF     ? "a positive integer id"
                                    : c->type == C_NUMERIC ? "a non-negative decimal number (or string)"
                                    : c->type == C_TEXTARR ? "an array of strings"
                                    : c->type == C_JSONOBJ ? "an object"
@@ -680,7 +689,7 @@ static void list_rows(actx_t *a, const char *query) {
     const resource_t *r = a->res;
     char limit[16] = "50", after[256] = "", tenant[32] = "";
     query_get(query, "limit", limit, sizeof(limit));
-    if (!is_digits(limit) || atoi(limit) < 1 || atoi(limit) > 500) {
+    if (!is_digits(limit) || atoll(limit) < 1 || atoll(limit) > 500) {
         reply_error(a->req, 400, "invalid_request", "limit must be a number from 1 to 500");
         return;
     }
@@ -800,7 +809,7 @@ static void usage_query(actx_t *a, const char *query, int summary) {
     query_get(query, "limit", limit, sizeof(limit));
     query_get(query, "group_by", group_by, sizeof(group_by));
     if ((ht && !is_digits(tenant)) || (hk && !is_digits(key)) || (ha && !is_digits(after)) || !is_digits(limit) ||
-        atoi(limit) < 1 || atoi(limit) > 1000) {
+        atoll(limit) < 1 || atoll(limit) > 1000) {
         reply_error(a->req, 400, "invalid_request", "tenant_id, key_id and after must be ids; limit 1 to 1000");
         return;
     }

@@ -363,6 +363,28 @@ test('a body over limits.max_body_bytes gets exactly one 413, and nothing is sto
   assert.equal((await admin.get('/tenants?limit=1')).status, 200);
 });
 
+test('the ranges the schema allows: negative priorities, ids past 32 bits; numbers past 64 bits are refused', async () => {
+  const acc = await admin.create('/accounts', {
+    name: 'backup-acct', provider: 'openai', base_url: 'http://127.0.0.1:9/v1', credential: 'sk-range', priority: -5,
+  });
+  assert.equal(acc.priority, -5, 'a negative priority (a fallback account) is stored');
+  const low = await admin.post('/accounts', { name: 'too-low', provider: 'openai', base_url: 'http://127.0.0.1:9/v1', priority: -(2 ** 31) - 1 });
+  assertError(low, 400, 'invalid_request', 'priority below int32');
+  assert.match(low.json.error.message, /priority/);
+  // A group id past 2^31-1 is a valid bigint: refused only because no such group exists.
+  const t = await admin.create('/tenants', { name: 'ranges' });
+  const far = await admin.post('/keys', { tenant_id: t.id, group_id: 3_000_000_000 });
+  assert.notEqual(far.status, 500);
+  assert.doesNotMatch(far.json?.error?.message ?? '', /must be/, 'not refused for its type');
+  assertError(await admin.post('/keys', { tenant_id: t.id, group_id: 0 }), 400, 'invalid_request', 'group_id 0');
+  // Digits that fit no bigint: 404 for a path id, 400 for a query parameter, never a 500.
+  assertError(await admin.get('/tenants/99999999999999999999999'), 404, 'not_found', 'huge path id');
+  for (const q of ['limit=99999999999999999999', 'limit=4294967297', 'after=99999999999999999999999']) {
+    assertError(await admin.get(`/tenants?${q}`), 400, 'invalid_request', q);
+  }
+  assertError(await admin.get('/usage?tenant_id=99999999999999999999999'), 400, 'invalid_request', 'usage huge tenant');
+});
+
 test('unknown ids, routes and methods', async () => {
   for (const r of ['tenants', 'users', 'groups', 'keys', 'accounts']) {
     assertError(await admin.get(`/${r}/999999999999`), 404, 'not_found', `GET ${r}`);
