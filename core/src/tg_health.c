@@ -67,6 +67,8 @@ tg_health_entry_t *tg_health_get(tg_health_t *h, int64_t id) {
     return e;
 }
 
+void tg_health_prefetch(const tg_health_t *h, int64_t id) { __builtin_prefetch(&h->slots[slot_of(h->cap, id)]); }
+
 size_t tg_health_count(const tg_health_t *h) { return h->count; }
 
 int tg_health_available(tg_health_entry_t *e, int64_t now_ms) {

@@ -1084,6 +1084,20 @@ static int run_phase_later(proxy_req_t *p, int phase, uint64_t delay_ms) {
     return TG_AGAIN;
 }
 
+/* Fills p->order through tg_select (the default order, no plugin) and returns how many. */
+static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky) {
+    *q = (tg_select_t){
+        .group_id = p->principal->group_id,
+        .model = p->req->route == TG_ROUTE_MODELS ? "" : p->model,
+        .now_ms = (int64_t)tg_wall_ms(),
+        .openai_only = p->proto == TG_PROTO_EMBEDDINGS, /* embeddings are not translated */
+        .avoid = p->retry_other ? p->tried : NULL,
+        .navoid = p->retry_other ? p->ntried : 0,
+        .sticky = p->attempt == 1 ? p->sticky_account : 0,
+    };
+    return tg_select(p->snap, p->pw->health, q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), sticky);
+}
+
 static int phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
@@ -1111,21 +1125,12 @@ static int phase_select(proxy_req_t *p) {
         return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
     }
     /* The accounts to try, best first: a bounded sample of the group (tg_select.h). */
-    const char *model = p->req->route == TG_ROUTE_MODELS ? "" : p->model;
-    tg_select_t q = {
-        .group_id = pr->group_id,
-        .model = model,
-        .now_ms = (int64_t)tg_wall_ms(),
-        .openai_only = p->proto == TG_PROTO_EMBEDDINGS, /* embeddings are not translated */
-        .avoid = p->retry_other ? p->tried : NULL,
-        .navoid = p->retry_other ? p->ntried : 0,
-        .sticky = p->attempt == 1 ? p->sticky_account : 0,
-    };
     int sticky = 0;
-    int n = tg_select(p->snap, pw->health, &q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), &sticky);
+    tg_select_t q;
+    int n = select_order(p, &q, &sticky);
     if (n == 0) {
         char msg[256];
-        snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", model);
+        snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", q.model);
         return fail(p, 503, "server_error", "no_account_available", msg);
     }
     tg_plugins_t *pl = pw->plugins;
@@ -1277,6 +1282,12 @@ static int slot_try(proxy_req_t *p) {
     if (now - p->slot_wait_since < (uint64_t)cfg->limiter.queue_timeout_ms && p->norder > 0) {
         uint32_t r = 0;
         tg_random_bytes(&r, sizeof(r));
+        /* A fresh sample for the next poll: in a group larger than the sample, accounts
+         * that were not drawn this time may have free slots. */
+        tg_select_t q;
+        int sticky, n = select_order(p, &q, &sticky);
+        if (n > 0)
+            p->norder = n;
         p->next_order = 0;
         return run_phase_later(p, PHASE_SELECT + 1 /* phase_slot */, 20 + r % 30);
     }

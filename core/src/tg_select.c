@@ -37,6 +37,8 @@ static uint64_t next_random(void) {
 
 /* The end of the run of `prio` starting at i in a (sorted by priority, highest first). */
 static int tier_end(const tg_account_t *const *a, int i, int n, int prio) {
+    if (i >= n || a[n - 1]->priority == prio)
+        return n; /* the common case, one tier: no binary search over cold accounts */
     int lo = i, hi = n;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
@@ -76,6 +78,14 @@ static int before(const cand_t *a, const cand_t *b) {
     return a->acc->id < b->acc->id;
 }
 
+/* A priority tier: a0[0..t0) followed by a1[0..t - t0). */
+typedef struct {
+    const tg_account_t *const *a0, *const *a1;
+    unsigned t0, t;
+} tier_t;
+
+static const tg_account_t *tier_at(const tier_t *tr, unsigned k) { return k < tr->t0 ? tr->a0[k] : tr->a1[k - tr->t0]; }
+
 /* Usable accounts of the pool, tier by tier, into c[0..max); returns how many. Sets
  * *skipped when an account was passed over only because q->avoid names it. */
 static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, int avoid, cand_t *c, int max,
@@ -89,13 +99,22 @@ static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, i
         if (i1 < n1)
             prio = TG_MAX(prio, a1[i1]->priority);
         int e0 = tier_end(a0, i0, n0, prio), e1 = tier_end(a1, i1, n1, prio);
-        /* The tier is a0[i0..e0) followed by a1[i1..e1); read from a random offset when
-         * it holds more than we still want, so every member has the same chance. */
-        unsigned t0 = (unsigned)(e0 - i0), t = t0 + (unsigned)(e1 - i1);
-        unsigned start = t > (unsigned)(max - n) ? (unsigned)(next_random() % t) : 0;
+        tier_t tr = {a0 + i0, a1 + i1, (unsigned)(e0 - i0), (unsigned)(e0 - i0 + e1 - i1)};
+        /* Read from a random offset when the tier holds more than we still want, so every
+         * member has the same chance. */
+        unsigned want = (unsigned)(max - n), t = tr.t;
+        unsigned start = t > want ? (unsigned)(next_random() % t) : 0;
+        /* The sample's accounts and their health entries lie anywhere in memory: ask for
+         * all of them first, so the cache misses overlap instead of queueing. */
+        for (unsigned j = 0; j < TG_MIN(t, want); j++) {
+            const tg_account_t *acc = tier_at(&tr, start + j < t ? start + j : start + j - t);
+            __builtin_prefetch(&acc->id); /* the fields read here span at most two lines */
+            __builtin_prefetch(&acc->provider);
+        }
+        for (unsigned j = 0; j < TG_MIN(t, want); j++)
+            tg_health_prefetch(h, tier_at(&tr, start + j < t ? start + j : start + j - t)->id);
         for (unsigned j = 0; j < t && n < max && (n == 0 || read < SCAN_BUDGET); j++, read++) {
-            unsigned k = start + j < t ? start + j : start + j - t;
-            const tg_account_t *acc = k < t0 ? a0[i0 + (int)k] : a1[i1 + (int)(k - t0)];
+            const tg_account_t *acc = tier_at(&tr, start + j < t ? start + j : start + j - t);
             if (!acc->active || acc->cooldown_until_ms > q->now_ms)
                 continue;
             if (q->openai_only && strcmp(acc->provider, "openai") != 0)

@@ -27,19 +27,21 @@ typedef struct tg_snapshot_s tg_snapshot_t;
 struct tg_price_s;
 
 typedef struct {
+    /* What every selection reads (tg_select), together at the front: one or two cache
+     * lines per sampled account. */
     int64_t id;
-    char *name;
-    char *provider;       /* "openai" | "anthropic" */
-    char *credential;     /* opened; NULL when none */
-    int kind_subscription;
-    int concurrency;
     int priority;
     int weight;
+    int concurrency;
+    int active;
+    int64_t cooldown_until_ms;
+    char *provider;       /* "openai" | "anthropic" */
+    char *name;
+    char *credential;     /* opened; NULL when none */
+    int kind_subscription;
     char **models;        /* NULL/0: any */
     int nmodels;
     json_t *model_map;    /* object: client model -> upstream model */
-    int active;
-    int64_t cooldown_until_ms;
     int64_t reset_at_ms;
     char cost_multiplier[32];
     tg_upstream_t *upstream;

@@ -30,6 +30,9 @@ void tg_health_destroy(tg_health_t *h);
 /** The entry of an account (created on first use). */
 tg_health_entry_t *tg_health_get(tg_health_t *h, int64_t account_id);
 
+/** Asks the CPU to start loading the account's entry, if it has one (tg_select looks up
+ *  several at once: their cache misses then overlap). No effect otherwise. */
+void tg_health_prefetch(const tg_health_t *h, int64_t account_id);
 /** How many accounts have an entry (tests: selection looks at a bounded few). */
 size_t tg_health_count(const tg_health_t *h);
 
