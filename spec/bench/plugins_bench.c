@@ -6,7 +6,7 @@
  * its own plugins setting (the per-request variant lookup, see tg_plugins_use_group).
  * Run by spec/bench/plugins_bench.sh.
  *
- *   tg_plugins_bench REPO_DIR [REQUESTS]
+ *   tg_plugins_bench REPO_DIR [REQUESTS [ROW]]   (ROW: run only rows whose label contains it)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,8 +99,12 @@ static double run(tg_plugins_t *pl, long n, const char *group) {
     return (double)(cpu_ns() - t0) / (double)n;
 }
 
+static const char *only; /* run only the rows whose label contains this */
+
 static void bench(const char *repo, const char *label, const char *top, const char *extra, const char *group,
                   long n) {
+    if (only && !strstr(label, only))
+        return;
     char src[4096];
     snprintf(src, sizeof(src), config, repo, repo, top, extra);
     lua_State *L = luaL_newstate();
@@ -135,6 +139,7 @@ static void bench(const char *repo, const char *label, const char *top, const ch
 int main(int argc, char **argv) {
     const char *repo = argc > 1 ? argv[1] : ".";
     long n = argc > 2 ? atol(argv[2]) : 20000;
+    only = argc > 3 ? argv[3] : NULL;
     printf("| plugins | requests per run | µs CPU per request, all 7 hooks (best of 5 runs) |\n|---|---|---|\n");
     bench(repo, "shipped: model-map, router, retry-budget, fail-policy, pricing", "", "", NULL, n);
     bench(repo, "shipped, the key's group configures model-map its own way (group variant)", "", "", group_setting,

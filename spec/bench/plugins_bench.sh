@@ -14,6 +14,21 @@ cmake --build "$build" --target tg_plugins_bench >/dev/null
 out=$repo/spec/bench/RESULTS-plugins.md
 table=$("$build/tg_plugins_bench" "$repo" "$n")
 echo "$table"
+# Instructions per request (callgrind), which a loaded machine does not blur: the
+# difference between a run of 500 and one of 1500 requests (each run is a warm-up of
+# n/10 plus 5 x n requests), for the plain row and the group-variant row.
+ir="(not measured: valgrind is not installed)"
+if command -v valgrind >/dev/null; then
+  ir="| row | instructions per request (callgrind) |
+|---|---|"
+  for row in "shipped: model-map" "group variant"; do
+    a=$(valgrind --tool=callgrind --callgrind-out-file=/dev/stdout "$build/tg_plugins_bench" "$repo" 500 "$row" 2>/dev/null | grep -m1 '^summary:' | cut -d' ' -f2)
+    b=$(valgrind --tool=callgrind --callgrind-out-file=/dev/stdout "$build/tg_plugins_bench" "$repo" 1500 "$row" 2>/dev/null | grep -m1 '^summary:' | cut -d' ' -f2)
+    ir="$ir
+| $row | $(( (b - a) / 5100 )) |"
+  done
+fi
+echo "$ir"
 rps="(not measured: wrk is not installed)"
 if command -v wrk >/dev/null; then
   cmake --build "$build" --target tollgate >/dev/null
@@ -39,6 +54,8 @@ fi
   echo "key whose group has its own plugins setting: per request, one probe of the"
   echo "worker's variant cache and one comparison of the setting, then the same hooks with"
   echo "the group's model-map instance (plugins/README.md, Per group)."
+  echo
+  echo "$ir"
   echo
   echo "## req/s, plugins on against off"
   echo
