@@ -3,7 +3,10 @@
 # upstream and wrk on one core, tollgate (1 worker) alone on the other, wrk with 64
 # connections sending the same small non-stream chat request. Off and on alternate
 # (off, on, off, on, ...) so drift on a shared machine hits both; the best of each is
-# kept. Prints one Markdown table.
+# kept. Also the gateway's own CPU time per request (utime + stime of the tollgate
+# process over all rounds, divided by the requests wrk completed), which a loaded
+# machine does not blur the way it blurs req/s: its off/on ratio is the throughput
+# ratio of a worker that has a core to itself. Prints one Markdown table.
 #
 #   spec/bench/plugins_rps.sh [SECONDS] [ROUNDS]      (defaults 5 and 3)
 #
@@ -53,28 +56,39 @@ write_config "$T/on.lua" $P_ON "plugins = { dirs = { '$ROOT/plugins', '$ROOT/pol
     { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
   } },"
 taskset -c 1 "$BIN" serve -c "$T/off.lua" >"$T/off.out" 2>"$T/off.err" &
-PIDS+=($!)
+PID_OFF=$!
+PIDS+=($PID_OFF)
 taskset -c 1 "$BIN" serve -c "$T/on.lua" >"$T/on.out" 2>"$T/on.err" &
-PIDS+=($!)
+PID_ON=$!
+PIDS+=($PID_ON)
 wait_port $P_OFF
 wait_port $P_ON
 
-rps() { # PORT
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; } # utime + stime, clock ticks
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+rps() { # PORT PID NAME: prints req/s; adds the process's CPU ticks and requests to T/NAME.cpu
+    local t0 t1
+    t0=$(cpu_ticks "$2")
     taskset -c 0 wrk -t1 -c64 -d"${DUR}s" -s "$ROOT/spec/bench/wrk_chat.lua" \
         "http://127.0.0.1:$1/v1/chat/completions" >"$T/wrk.out"
+    t1=$(cpu_ticks "$2")
     if grep -q "Non-2xx" "$T/wrk.out"; then echo "non-2xx answers:" >&2; cat "$T/wrk.out" >&2; exit 1; fi
+    echo "$((t1 - t0)) $(awk '/requests in/ {print $1}' "$T/wrk.out")" >>"$T/$3.cpu"
     awk '/Requests\/sec/ {print $2}' "$T/wrk.out"
 }
+cpu_us() { awk -v tick="$TICK_US" '{ t += $1; n += $2 } END { printf "%.2f", t * tick / n }' "$T/$1.cpu"; }
 best_off=0 best_on=0
 for r in $(seq "$ROUNDS"); do
-    off=$(rps $P_OFF)
-    on=$(rps $P_ON)
+    off=$(rps $P_OFF $PID_OFF off)
+    on=$(rps $P_ON $PID_ON on)
     echo "round $r: off $off req/s, on $on req/s" >&2
     best_off=$(awk -v a="$best_off" -v b="$off" 'BEGIN { print (b > a ? b : a) }')
     best_on=$(awk -v a="$best_on" -v b="$on" 'BEGIN { print (b > a ? b : a) }')
 done
-echo "| tollgate, 1 worker, wrk -c64, ${DUR} s x $ROUNDS rounds, alternating | req/s (best) |"
-echo "|---|---|"
-echo "| plugins off | $best_off |"
-echo "| plugins on (model-map, router, retry-budget, fail-policy, pricing) | $best_on |"
-awk -v a="$best_off" -v b="$best_on" 'BEGIN { printf "| on / off | %.3f |\n", b / a }'
+c_off=$(cpu_us off) c_on=$(cpu_us on)
+echo "| tollgate, 1 worker, wrk -c64, ${DUR} s x $ROUNDS rounds, alternating | req/s (best) | gateway CPU µs per request (all rounds) |"
+echo "|---|---|---|"
+echo "| plugins off | $best_off | $c_off |"
+echo "| plugins on (model-map, router, retry-budget, fail-policy, pricing) | $best_on | $c_on |"
+awk -v a="$best_off" -v b="$best_on" -v c="$c_off" -v d="$c_on" \
+    'BEGIN { printf "| on / off | %.3f | %.3f (CPU off / on: the throughput ratio on a free core) |\n", b / a, c / d }'
