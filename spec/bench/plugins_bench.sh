@@ -70,9 +70,9 @@ fi
   echo "## Verdict"
   echo
   echo "$table" | awk -F'|' '/^\| shipped: model-map/ { gsub(/ /, "", $4);
-    printf "- All hooks per request with the shipped plugins: %s µs CPU, goal under 10 µs: %s.\n", $4, ($4 < 10 ? "met" : "NOT met") }
-    /group variant/ { gsub(/ /, "", $4); printf "- The same for a key whose group has its own plugins setting: %s µs CPU (%s).\n", $4, ($4 < 10 ? "met" : "NOT met") }'
+    printf "- All hooks per request with the shipped plugins: %s µs CPU, goal under 10 µs: %s.\n", $4, ($4 + 0 < 10 ? "met" : "NOT met") }
+    /group variant/ { gsub(/ /, "", $4); printf "- The same for a key whose group has its own plugins setting: %s µs CPU (%s).\n", $4, ($4 + 0 < 10 ? "met" : "NOT met") }'
   echo "$rps" | awk -F'|' '/^\| on \/ off/ { split($4, c, " "); gsub(/ /, "", $3);
-    printf "- req/s plugins on / off: %s best-of-rounds, %s by CPU per request; goal at least 0.9: %s.\n", $3, c[1], (c[1] >= 0.9 ? "met" : "NOT met") }'
+    printf "- req/s plugins on / off: %s best-of-rounds, %s by CPU per request; goal at least 0.9: %s.\n", $3, c[1], (c[1] + 0 >= 0.9 ? "met" : "NOT met") }'
 } > "$out"
 echo "wrote $out"
