@@ -6,106 +6,142 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tollgate/tg_redis.h"
 
-/* KEYS: 1 marker, 2 key rpm, 3 tenant rpm, 4 key tpm, 5 tenant tpm, 6 key conc, 7 tenant conc
- * ARGV: 1 id, 2 key_rpm, 3 key_burst, 4 tenant_rpm, 5 tenant_burst, 6 key_tpm, 7 tenant_tpm,
- *       8 est_tokens, 9 key_conc, 10 tenant_conc, 11 lease_ttl_ms, 12 marker_ttl_ms
- * Returns {1, "ok"|"duplicate", 0} or {0, which, retry_after_ms}. */
+/*
+ * The scripts are written for what Redis charges a script (measured with callgrind on
+ * Redis 7.0, see spec/bench/RESULTS-limits.md): every argument costs ~1,300 instructions
+ * (parsed, then put into the KEYS / ARGV tables), every redis.call ~6,000 (a fake client,
+ * the command table, the reply converted back to Lua), tonumber() parses its string twice
+ * (strtod), and a Lua number handed to redis.call is formatted with "%.17g". So:
+ *
+ *   - each scope (the key, the tenant) keeps all its token buckets in one string,
+ *     "<rpm level> <tpm level> <ts ms>", read with one GET and written with one SET PX;
+ *     levels are integers in milli-tokens, formatted with string.format('%d');
+ *   - the gateway sends ready strings: capacities and charges already in milli-tokens,
+ *     TTLs; a limit of -1 costs one string comparison and no command;
+ *   - the tenant's keys and arguments are left out when the tenant has no limit;
+ *   - the request's marker is taken with SET NX up front and given back on refusal.
+ *
+ * Admission. KEYS: 1 marker, 2 key buckets, 3 key leases, then when the tenant has a
+ * limit 4 tenant buckets, 5 tenant leases.
+ * ARGV: 1 id, 2 lease ttl ms, 3 lease set ttl ms, then per scope (key at 4, tenant at
+ *       10): +0 rpm, +1 rpm bucket capacity in milli-tokens (burst · 1000), +2 tpm, +3
+ *       tpm charge in milli-tokens (min(estimate, tpm) · 1000), +4 concurrency, +5
+ *       bucket ttl ms ('' when the scope has neither rpm nor tpm); -1 = no such limit.
+ * Returns 0 (admitted), 1 (already admitted: leases refreshed, nothing charged) or
+ * {which, retry_after_ms}, which = 1 key rpm, 2 tenant rpm, 3 key tpm, 4 tenant tpm,
+ * 5 key concurrency, 6 tenant concurrency (checked in that order).
+ *
+ * A level is refilled by floor(Δms · per_min / 60) milli-tokens, so rounding loses under
+ * one milli-token per admission; a level of -1 means "not tracked": the bucket starts
+ * full. Strings become numbers by arithmetic (x + 0), which parses once.
+ */
 static const char ADMIT_LUA[] =
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "local id = ARGV[1]\n"
-    "local ttl = tonumber(ARGV[11])\n"
-    "if redis.call('EXISTS', KEYS[1]) == 1 then\n"
-    "  for i = 6, 7 do\n"
-    "    if redis.call('ZSCORE', KEYS[i], id) then redis.call('ZADD', KEYS[i], now + ttl, id) end\n"
-    "  end\n"
-    "  return {1, 'duplicate', 0}\n"
+    "local t = redis.call('TIME')\n"
+    "local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+    "local trpm, ttpm, tconc, tttl = '-1', '-1', '-1', ''\n"
+    "if KEYS[4] then trpm, ttpm, tconc, tttl = ARGV[10], ARGV[12], ARGV[14], ARGV[15] end\n"
+    "if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', '600000') then\n"
+    "  local exp = string.format('%d', now + ARGV[2])\n"
+    "  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], 'XX', exp, id) end\n"
+    "  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], 'XX', exp, id) end\n"
+    "  return 1\n"
     "end\n"
-    "local function peek(key, per_min, burst, cost)\n"
-    "  if per_min < 0 then return true, 0, 0 end\n"
-    "  if burst <= 0 then return false, 0, 60000 end\n"
-    "  if cost > burst then cost = burst end\n"
-    "  local b = redis.call('HMGET', key, 't', 'ts')\n"
-    "  local tokens, ts = tonumber(b[1]), tonumber(b[2])\n"
-    "  if tokens == nil or ts == nil then tokens, ts = burst, now end\n"
-    "  local rate = per_min / 60000.0\n"
-    "  if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate) end\n"
-    "  if tokens >= cost then return true, tokens, cost end\n"
-    "  if rate <= 0 then return false, tokens, 60000 end\n"
-    "  return false, tokens, math.ceil((cost - tokens) / rate)\n"
+    "local function refuse(which, ms)\n"
+    "  redis.call('DEL', KEYS[1])\n"
+    "  return {which, ms}\n"
     "end\n"
-    "local function take(key, per_min, burst, tokens, cost)\n"
-    "  if per_min < 0 then return end\n"
-    "  local left = tokens - cost\n"
-    "  if left < 0 then left = 0 end\n"
-    "  redis.call('HSET', key, 't', tostring(left), 'ts', now)\n"
-    "  local full = per_min > 0 and math.ceil(burst * 60000 / per_min) or 60000\n"
-    "  redis.call('PEXPIRE', key, full + 1000)\n"
+    "local function load(key, ttl)\n"
+    "  if ttl == '' then return -1, -1, 0 end\n"
+    "  local v = redis.call('GET', key)\n"
+    "  if not v then return -1, -1, 0 end\n"
+    "  local r, m, ts = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')\n"
+    "  if not ts then return -1, -1, 0 end\n"
+    "  ts = ts + 0\n"
+    "  return r + 0, m + 0, ts < now and now - ts or 0\n"
+    "end\n"
+    "local function take(level, per_min, cap, cost, dt)\n"
+    "  if cap <= 0 then return nil, 60000 end\n"
+    "  if cost > cap then cost = cap end\n"
+    "  if level < 0 then level = cap else level = math.min(cap, level + math.floor(dt * per_min / 60)) end\n"
+    "  if level >= cost then return level - cost end\n"
+    "  if per_min <= 0 then return nil, 60000 end\n"
+    "  return nil, math.ceil((cost - level) * 60 / per_min)\n"
+    "end\n"
+    "local kr, km, kdt = load(KEYS[2], ARGV[9])\n"
+    "local tr, tm, tdt = load(KEYS[4], tttl)\n"
+    "local ms\n"
+    "if ARGV[4] == '-1' then kr = -1 else\n"
+    "  kr, ms = take(kr, ARGV[4] + 0, ARGV[5] + 0, 1000, kdt)\n"
+    "  if not kr then return refuse(1, ms) end\n"
+    "end\n"
+    "if trpm == '-1' then tr = -1 else\n"
+    "  tr, ms = take(tr, trpm + 0, ARGV[11] + 0, 1000, tdt)\n"
+    "  if not tr then return refuse(2, ms) end\n"
+    "end\n"
+    "if ARGV[6] == '-1' then km = -1 else\n"
+    "  local per_min = ARGV[6] + 0\n"
+    "  km, ms = take(km, per_min, per_min * 1000, ARGV[7] + 0, kdt)\n"
+    "  if not km then return refuse(3, ms) end\n"
+    "end\n"
+    "if ttpm == '-1' then tm = -1 else\n"
+    "  local per_min = ttpm + 0\n"
+    "  tm, ms = take(tm, per_min, per_min * 1000, ARGV[13] + 0, tdt)\n"
+    "  if not tm then return refuse(4, ms) end\n"
     "end\n"
     "local function slot(key, limit)\n"
-    "  if limit < 0 then return true end\n"
-    "  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)\n"
-    "  if redis.call('ZSCORE', key, id) then return true end\n"
-    "  return redis.call('ZCARD', key) < limit\n"
+    "  limit = limit + 0\n"
+    "  if redis.call('ZCARD', key) < limit then return true end\n"
+    "  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))\n"
+    "  return redis.call('ZSCORE', key, id) or redis.call('ZCARD', key) < limit\n"
     "end\n"
-    "local krpm, kb, trpm, tb = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])\n"
-    "local ktpm, ttpm, est = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])\n"
-    "local kc, tc = tonumber(ARGV[9]), tonumber(ARGV[10])\n"
-    "local ok1, t1, c1 = peek(KEYS[2], krpm, kb, 1)\n"
-    "if not ok1 then return {0, 'key rpm', c1} end\n"
-    "local ok2, t2, c2 = peek(KEYS[3], trpm, tb, 1)\n"
-    "if not ok2 then return {0, 'tenant rpm', c2} end\n"
-    "local ok3, t3, c3 = peek(KEYS[4], ktpm, ktpm, est)\n"
-    "if not ok3 then return {0, 'key tpm', c3} end\n"
-    "local ok4, t4, c4 = peek(KEYS[5], ttpm, ttpm, est)\n"
-    "if not ok4 then return {0, 'tenant tpm', c4} end\n"
-    "if not slot(KEYS[6], kc) then return {0, 'key concurrency', 1000} end\n"
-    "if not slot(KEYS[7], tc) then return {0, 'tenant concurrency', 1000} end\n"
-    "take(KEYS[2], krpm, kb, t1, c1)\n"
-    "take(KEYS[3], trpm, tb, t2, c2)\n"
-    "take(KEYS[4], ktpm, ktpm, t3, c3)\n"
-    "take(KEYS[5], ttpm, ttpm, t4, c4)\n"
-    "if kc >= 0 then redis.call('ZADD', KEYS[6], now + ttl, id); redis.call('PEXPIRE', KEYS[6], ttl * 2) end\n"
-    "if tc >= 0 then redis.call('ZADD', KEYS[7], now + ttl, id); redis.call('PEXPIRE', KEYS[7], ttl * 2) end\n"
-    "redis.call('HSET', KEYS[1], 'est', est, 'k', c3, 't', c4)\n"
-    "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[12]))\n"
-    "return {1, 'ok', 0}\n";
+    "if ARGV[8] ~= '-1' and not slot(KEYS[3], ARGV[8]) then return refuse(5, 1000) end\n"
+    "if tconc ~= '-1' and not slot(KEYS[5], tconc) then return refuse(6, 1000) end\n"
+    "if ARGV[9] ~= '' then redis.call('SET', KEYS[2], string.format('%d %d %d', kr, km, now), 'PX', ARGV[9]) end\n"
+    "if tttl ~= '' then redis.call('SET', KEYS[4], string.format('%d %d %d', tr, tm, now), 'PX', tttl) end\n"
+    "if ARGV[8] ~= '-1' or tconc ~= '-1' then\n"
+    "  local exp = string.format('%d', now + ARGV[2])\n"
+    "  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], exp, id); redis.call('PEXPIRE', KEYS[3], ARGV[3]) end\n"
+    "  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], exp, id); redis.call('PEXPIRE', KEYS[5], ARGV[3]) end\n"
+    "end\n"
+    "return 0\n";
 
-/* KEYS: 1 marker, 2 key tpm, 3 tenant tpm, 4 key conc, 5 tenant conc
- * ARGV: 1 id, 2 actual tokens or -1, 3 key_tpm, 4 tenant_tpm
- * Releases the leases; corrects the TPM buckets by what was charged minus the actual,
- * once (the marker's field c). */
+/* Release. KEYS as for admission. ARGV: 1 id, then per scope (key at 2, tenant at 5 when
+ * the tenant has a limit): +0 '1' to give back the lease, +1 the TPM correction in
+ * milli-tokens (charged minus used; '' for none), +2 that bucket's capacity in
+ * milli-tokens. The correction is made once: the marker turns from '1' into '2'. */
 static const char RELEASE_LUA[] =
-    "redis.call('ZREM', KEYS[4], ARGV[1])\n"
-    "redis.call('ZREM', KEYS[5], ARGV[1])\n"
-    "local actual = tonumber(ARGV[2])\n"
-    "if actual < 0 or redis.call('HSETNX', KEYS[1], 'c', 1) == 0 then return 0 end\n"
-    "local m = redis.call('HMGET', KEYS[1], 'k', 't')\n"
-    "local function fix(key, per_min, charged)\n"
-    "  if per_min < 0 or charged == nil then return end\n"
-    "  local b = redis.call('HMGET', key, 't')\n"
-    "  local tokens = tonumber(b[1])\n"
-    "  if tokens == nil then return end\n"
-    "  local diff = charged - math.min(actual, per_min)\n"
-    "  tokens = math.max(0, math.min(per_min, tokens + diff))\n"
-    "  redis.call('HSET', key, 't', tostring(tokens))\n"
+    "local tenant = KEYS[4] ~= nil\n"
+    "if ARGV[2] == '1' then redis.call('ZREM', KEYS[3], ARGV[1]) end\n"
+    "if tenant and ARGV[5] == '1' then redis.call('ZREM', KEYS[5], ARGV[1]) end\n"
+    "local kfix, tfix = ARGV[3] ~= '', tenant and ARGV[6] ~= ''\n"
+    "if not kfix and not tfix then return 0 end\n"
+    "if redis.call('SET', KEYS[1], '2', 'XX', 'KEEPTTL', 'GET') ~= '1' then return 0 end\n"
+    "local function fix(key, diff, cap)\n"
+    "  local v = redis.call('GET', key)\n"
+    "  if not v then return end\n"
+    "  local r, m, ts = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')\n"
+    "  if not ts or m == '-1' then return end\n"
+    "  m = m + diff\n"
+    "  if m < 0 then m = 0 elseif m > cap then m = cap end\n"
+    "  redis.call('SET', key, r .. string.format(' %d ', m) .. ts, 'KEEPTTL')\n"
     "end\n"
-    "fix(KEYS[2], tonumber(ARGV[3]), tonumber(m[1]))\n"
-    "fix(KEYS[3], tonumber(ARGV[4]), tonumber(m[2]))\n"
+    "if kfix then fix(KEYS[2], ARGV[3] + 0, ARGV[4] + 0) end\n"
+    "if tfix then fix(KEYS[4], ARGV[6] + 0, ARGV[7] + 0) end\n"
     "return 1\n";
 
-/* KEYS: 1 key conc, 2 tenant conc. ARGV: 1 id, 2 lease_ttl_ms */
+/* Renewal. KEYS: the request's lease sets (the key's, the tenant's: those with a limit).
+ * ARGV: 1 id, 2 lease ttl ms, 3 lease set ttl ms. Only a lease the request still holds
+ * is extended (ZADD XX). */
 static const char RENEW_LUA[] =
     "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "for i = 1, 2 do\n"
-    "  if redis.call('ZSCORE', KEYS[i], ARGV[1]) then\n"
-    "    redis.call('ZADD', KEYS[i], now + tonumber(ARGV[2]), ARGV[1])\n"
-    "    redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 2)\n"
-    "  end\n"
+    "local exp = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2])\n"
+    "for i = 1, #KEYS do\n"
+    "  if redis.call('ZADD', KEYS[i], 'XX', 'CH', exp, ARGV[1]) == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[3]) end\n"
     "end\n"
     "return 1\n";
 
@@ -145,22 +181,93 @@ struct tg_admit_s {
     uint64_t started_ms, deadline_ms;
     int attempts;
     tg_admit_t *qnext, *qprev;
-    char keys[7][96];
+    /* marker, key buckets, key leases, tenant buckets, tenant leases (see ADMIT_LUA) */
+    char keys[5][112]; /* the longest: 25 bytes of tag + "a:" + a 71-byte id */
+    size_t keylen[5];
+    size_t idlen;
 };
+
+enum { K_MARKER, K_KEY_BUCKETS, K_KEY_LEASES, K_TENANT_BUCKETS, K_TENANT_LEASES };
 
 static void admit_send(tg_admit_t *a);
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
+/* Writes v in decimal at p and returns the end (no NUL). snprintf per number cost more
+ * than the rest of building an admission's arguments. */
+static char *put_i64(char *p, int64_t v) {
+    char tmp[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *p++ = '-';
+    while (n)
+        *p++ = tmp[--n];
+    return p;
+}
+
+static char *put_str(char *p, const char *s, size_t len) {
+    memcpy(p, s, len);
+    return p + len;
+}
+
+/* The keys, all with the hash tag {t:<tenant>} so one script's keys live on one Redis
+ * Cluster slot. */
 static void fmt_keys(tg_admit_t *a) {
-    int64_t t = a->lim.tenant_id, k = a->lim.key_id;
-    snprintf(a->keys[0], sizeof(a->keys[0]), "{t:%lld}:adm:%s", (long long)t, a->id);
-    snprintf(a->keys[1], sizeof(a->keys[1]), "{t:%lld}:rpm:k:%lld", (long long)t, (long long)k);
-    snprintf(a->keys[2], sizeof(a->keys[2]), "{t:%lld}:rpm:t", (long long)t);
-    snprintf(a->keys[3], sizeof(a->keys[3]), "{t:%lld}:tpm:k:%lld", (long long)t, (long long)k);
-    snprintf(a->keys[4], sizeof(a->keys[4]), "{t:%lld}:tpm:t", (long long)t);
-    snprintf(a->keys[5], sizeof(a->keys[5]), "{t:%lld}:conc:k:%lld", (long long)t, (long long)k);
-    snprintf(a->keys[6], sizeof(a->keys[6]), "{t:%lld}:conc:t", (long long)t);
+    char tag[40], kid[24];
+    char *e = put_i64(put_str(tag, "{t:", 3), a->lim.tenant_id);
+    size_t tl = (size_t)(put_str(e, "}:", 2) - tag);
+    size_t kl = (size_t)(put_i64(kid, a->lim.key_id) - kid);
+    struct {
+        const char *mid;
+        const char *tail;
+        size_t tail_len;
+    } k[5] = {{"a:", a->id, a->idlen}, {"b:k:", kid, kl}, {"conc:k:", kid, kl}, {"b:t", "", 0}, {"conc:t", "", 0}};
+    for (int i = 0; i < 5; i++) {
+        char *p = put_str(a->keys[i], tag, tl);
+        p = put_str(p, k[i].mid, strlen(k[i].mid));
+        p = put_str(p, k[i].tail, k[i].tail_len);
+        *p = '\0';
+        a->keylen[i] = (size_t)(p - a->keys[i]);
+    }
+}
+
+/* An argument vector for tg_redis_eval: the keys, then strings built in buf. */
+typedef struct {
+    const char *v[24];
+    size_t len[24];
+    int n;
+    char buf[400];
+    char *p;
+} args_t;
+
+static int has_tenant(const tg_limit_req_t *l) {
+    return l->tenant_rpm >= 0 || l->tenant_tpm >= 0 || l->tenant_conc >= 0;
+}
+
+/* The keys of ADMIT_LUA and RELEASE_LUA: the tenant's only when it has a limit. */
+static void args_init(args_t *g, const tg_admit_t *a) {
+    g->n = 0;
+    g->p = g->buf;
+    for (int i = 0; i < (has_tenant(&a->lim) ? 5 : 3); i++) {
+        g->v[g->n] = a->keys[i];
+        g->len[g->n++] = a->keylen[i];
+    }
+}
+
+static void arg_s(args_t *g, const char *s, size_t len) {
+    g->v[g->n] = s;
+    g->len[g->n++] = len;
+}
+
+static void arg_i(args_t *g, int64_t v) {
+    char *s = g->p;
+    g->p = put_i64(s, v);
+    arg_s(g, s, (size_t)(g->p - s));
 }
 
 static int has_conc(const tg_limit_req_t *l) { return l->key_conc >= 0 || l->tenant_conc >= 0; }
@@ -342,10 +449,18 @@ static void renew_cb(uv_timer_t *t) {
     tg_redis_t *redis = tg_state_redis(a->l->st);
     if (!redis || a->local)
         return;
-    char ttl[24];
-    snprintf(ttl, sizeof(ttl), "%d", a->l->cfg.lease_ttl_ms);
-    const char *argv[4] = {a->keys[5], a->keys[6], a->id, ttl};
-    tg_redis_eval(redis, a->l->renew_script, 2, 4, argv, NULL, renew_done, NULL);
+    args_t g;
+    g.n = 0;
+    g.p = g.buf;
+    if (a->lim.key_conc >= 0)
+        arg_s(&g, a->keys[K_KEY_LEASES], a->keylen[K_KEY_LEASES]);
+    if (a->lim.tenant_conc >= 0)
+        arg_s(&g, a->keys[K_TENANT_LEASES], a->keylen[K_TENANT_LEASES]);
+    int nkeys = g.n;
+    arg_s(&g, a->id, a->idlen);
+    arg_i(&g, a->l->cfg.lease_ttl_ms);
+    arg_i(&g, 2 * (int64_t)a->l->cfg.lease_ttl_ms);
+    tg_redis_eval(redis, a->l->renew_script, nkeys, g.n, g.v, g.len, renew_done, NULL);
 }
 
 static void start_renewal(tg_admit_t *a) {
@@ -364,28 +479,30 @@ static void start_renewal(tg_admit_t *a) {
 
 static void release_send(tg_limits_t *l, tg_admit_t *a, int64_t actual);
 
+/* The admission script's reply: 0 or 1 (admitted), or {which, retry_after_ms}. */
 static void admit_reply(void *ud, redisReply *r, const char *err) {
     tg_admit_t *a = ud;
     tg_limits_t *l = a->l;
     a->rq = NULL;
+    int admitted = !err && r && r->type == REDIS_REPLY_INTEGER && (r->integer == 0 || r->integer == 1);
+    int refused = !err && r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                  r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER &&
+                  r->element[0]->integer >= 1 && r->element[0]->integer <= 6;
     if (a->cancelled) {
         /* The client left while we asked: give back whatever was taken. */
-        if (!err && r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && r->element[0]->integer == 1)
+        if (admitted)
             release_send(l, a, -1);
         admit_free(a);
         return;
     }
-    if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 3) {
+    if (!admitted && !refused) {
         if (a->state == A_WAITING)
             queue_remove(l, a);
         tg_log_warn("limits: admission for %s without Redis (%s)", a->id, err ? err : "bad reply");
         local_admit(a);
         return;
     }
-    long long ok = r->element[0]->integer;
-    const char *which = r->element[1]->str ? r->element[1]->str : "";
-    long long retry = r->element[2]->integer;
-    if (ok == 1) {
+    if (admitted) {
         if (a->state == A_WAITING)
             queue_remove(l, a);
         start_renewal(a);
@@ -394,21 +511,35 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     }
     static const char *const names[] = {"key rpm", "tenant rpm", "key tpm", "tenant tpm", "key concurrency",
                                         "tenant concurrency"};
-    const char *stable = "limit";
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (!strcmp(which, names[i]))
-            stable = names[i];
-    if (strstr(stable, "concurrency")) {
+    long long which = r->element[0]->integer;
+    const char *name = names[which - 1];
+    if (which >= 5) {
         a->attempts++;
-        wait_for_slot(a, stable);
+        wait_for_slot(a, name);
         return;
     }
     if (a->state == A_WAITING)
         queue_remove(l, a);
-    deliver(a, strstr(stable, "tpm") ? TG_ADMIT_TOKENS : TG_ADMIT_RATE, stable, retry, 0);
+    deliver(a, which >= 3 ? TG_ADMIT_TOKENS : TG_ADMIT_RATE, name, r->element[1]->integer, 0);
 }
 
-static void fmt_i(char *buf, int64_t v) { snprintf(buf, 24, "%lld", (long long)v); }
+/* One scope's six arguments (see ADMIT_LUA). */
+static void scope_args(args_t *g, int64_t rpm, int64_t burst, int64_t tpm, int64_t conc, int64_t est) {
+    arg_i(g, rpm);
+    arg_i(g, rpm >= 0 ? burst * 1000 : -1);
+    arg_i(g, tpm);
+    arg_i(g, tpm >= 0 ? TG_MIN(est, tpm) * 1000 : -1);
+    arg_i(g, conc);
+    if (rpm < 0 && tpm < 0) {
+        arg_s(g, "", 0);
+        return;
+    }
+    /* The buckets live until both would be full again, plus a second. */
+    int64_t full = 60000;
+    if (rpm > 0)
+        full = TG_MAX(full, (TG_MAX(burst, 0) * 60000 + rpm - 1) / rpm);
+    arg_i(g, full + 1000);
+}
 
 static void admit_send(tg_admit_t *a) {
     tg_limits_t *l = a->l;
@@ -417,23 +548,19 @@ static void admit_send(tg_admit_t *a) {
         local_admit(a);
         return;
     }
-    char v[11][24];
-    fmt_i(v[0], a->lim.key_rpm);
-    fmt_i(v[1], a->lim.key_burst);
-    fmt_i(v[2], a->lim.tenant_rpm);
-    fmt_i(v[3], a->lim.tenant_burst);
-    fmt_i(v[4], a->lim.key_tpm);
-    fmt_i(v[5], a->lim.tenant_tpm);
-    fmt_i(v[6], TG_MAX(a->lim.est_tokens, 0));
-    fmt_i(v[7], a->lim.key_conc);
-    fmt_i(v[8], a->lim.tenant_conc);
-    fmt_i(v[9], l->cfg.lease_ttl_ms);
-    fmt_i(v[10], 600000); /* the admission marker lives 10 minutes */
-    const char *argv[19] = {a->keys[0], a->keys[1], a->keys[2], a->keys[3], a->keys[4], a->keys[5], a->keys[6],
-                            a->id,      v[0],       v[1],       v[2],       v[3],       v[4],       v[5],
-                            v[6],       v[7],       v[8],       v[9],       v[10]};
+    const tg_limit_req_t *m = &a->lim;
+    int64_t est = TG_MAX(m->est_tokens, 0);
+    args_t g;
+    args_init(&g, a);
+    int nkeys = g.n;
+    arg_s(&g, a->id, a->idlen);
+    arg_i(&g, l->cfg.lease_ttl_ms);
+    arg_i(&g, 2 * (int64_t)l->cfg.lease_ttl_ms);
+    scope_args(&g, m->key_rpm, m->key_burst, m->key_tpm, m->key_conc, est);
+    if (has_tenant(m))
+        scope_args(&g, m->tenant_rpm, m->tenant_burst, m->tenant_tpm, m->tenant_conc, est);
     l->stats.round_trips++;
-    a->rq = tg_redis_eval(redis, l->admit_script, 7, 19, argv, NULL, admit_reply, a);
+    a->rq = tg_redis_eval(redis, l->admit_script, nkeys, g.n, g.v, g.len, admit_reply, a);
 }
 
 tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_limit_req_t *lim, tg_admit_cb cb,
@@ -441,6 +568,7 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
     tg_admit_t *a = calloc(1, sizeof(*a));
     a->l = l;
     snprintf(a->id, sizeof(a->id), "%s", request_id);
+    a->idlen = strlen(a->id);
     a->lim = *lim;
     if (a->lim.key_burst < 0)
         a->lim.key_burst = a->lim.key_rpm;
@@ -461,17 +589,36 @@ static void release_done(void *ud, redisReply *r, const char *err) {
         tg_log_warn("limits: release failed (%s); the leases expire by their TTL", err);
 }
 
+/* One scope's release arguments (see RELEASE_LUA): give back its lease, and its TPM
+ * correction (charged minus used, in milli-tokens) with the bucket's capacity, unless it
+ * has no TPM limit or the usage is unknown. */
+static void release_args(args_t *g, int64_t conc, int64_t tpm, int64_t est, int64_t actual) {
+    arg_s(g, "1", conc >= 0);
+    if (tpm < 0 || actual < 0) {
+        arg_s(g, "", 0);
+        arg_s(g, "", 0);
+        return;
+    }
+    arg_i(g, (TG_MIN(est, tpm) - TG_MIN(actual, tpm)) * 1000);
+    arg_i(g, tpm * 1000);
+}
+
 static void release_send(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
     tg_redis_t *redis = tg_state_redis(l->st);
-    if (!redis)
-        return;
-    char v[3][24];
-    fmt_i(v[0], actual);
-    fmt_i(v[1], a->lim.key_tpm);
-    fmt_i(v[2], a->lim.tenant_tpm);
-    const char *argv[9] = {a->keys[0], a->keys[3], a->keys[4], a->keys[5], a->keys[6], a->id, v[0], v[1], v[2]};
+    const tg_limit_req_t *m = &a->lim;
+    int fix = actual >= 0 && (m->key_tpm >= 0 || m->tenant_tpm >= 0);
+    if (!redis || (!has_conc(m) && !fix))
+        return; /* no lease to give back and nothing to correct: no round trip */
+    int64_t est = TG_MAX(m->est_tokens, 0);
+    args_t g;
+    args_init(&g, a);
+    int nkeys = g.n;
+    arg_s(&g, a->id, a->idlen);
+    release_args(&g, m->key_conc, m->key_tpm, est, actual);
+    if (has_tenant(m))
+        release_args(&g, m->tenant_conc, m->tenant_tpm, est, actual);
     l->stats.round_trips++;
-    tg_redis_eval(redis, l->release_script, 5, 9, argv, NULL, release_done, NULL);
+    tg_redis_eval(redis, l->release_script, nkeys, g.n, g.v, g.len, release_done, NULL);
 }
 
 void tg_admit_cancel(tg_admit_t *a) {

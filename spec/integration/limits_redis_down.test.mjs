@@ -68,7 +68,7 @@ after(async () => {
   await db?.drop();
 });
 
-const bucketKey = (p) => `{t:${tenant}}:rpm:k:${ids[p]}`;
+const bucketKey = (p) => `{t:${tenant}}:b:k:${ids[p]}`; // the key's token buckets (tg_limits.c)
 
 /** n requests with the policy's key, each on a fresh connection; resolves with the responses. */
 const burst = (p, n, key = keys[p]) =>

@@ -67,9 +67,13 @@ async function simultaneous(n, key, text = 'seed [mock chunks=1]') {
   return res;
 }
 
+// A key's token buckets: one string "<rpm level> <tpm level> <ts ms>", levels in
+// milli-tokens, -1 when not tracked (see tg_limits.c).
+const bucketKey = (tenant, key) => `{t:${tenant}}:b:k:${key}`;
 const bucket = async (tenant, key) => {
-  const raw = await redisCli(SUITE_REDIS, 'HGET', `{t:${tenant}}:rpm:k:${key}`, 't');
-  return raw === '' ? null : Number(raw);
+  const raw = await redisCli(SUITE_REDIS, 'GET', bucketKey(tenant, key));
+  const rpm = raw === '' ? -1 : Number(raw.split(' ')[0]);
+  return rpm < 0 ? null : rpm / 1000;
 };
 
 test('seed example: bucket 20, refill 5/s, 30 simultaneous requests → exactly 20 admitted, 10 refused', async () => {
@@ -99,10 +103,10 @@ test('seed example: bucket 20, refill 5/s, 30 simultaneous requests → exactly 
 test('the bucket never holds more than its capacity, however long the key is idle', async () => {
   // 20 s at 5/s would be 100 tokens; the bucket caps at 20. Fake the idle time by
   // moving the bucket's timestamp back instead of waiting.
-  const k = `{t:${ids.tenantSeed}}:rpm:k:${ids.seed}`;
-  const ts = Number(await redisCli(SUITE_REDIS, 'HGET', k, 'ts'));
+  const k = bucketKey(ids.tenantSeed, ids.seed);
+  const [rpm, tpm, ts] = (await redisCli(SUITE_REDIS, 'GET', k)).split(' ').map(Number);
   assert.ok(ts > 0, 'the bucket has a Redis-time timestamp');
-  await redisCli(SUITE_REDIS, 'HSET', k, 'ts', String(ts - 20000));
+  await redisCli(SUITE_REDIS, 'SET', k, `${rpm} ${tpm} ${ts - 20000}`, 'KEEPTTL');
   const res = await simultaneous(25, SEED_KEY);
   assert.deepEqual(tally(res.map((r) => r.status)), { 200: 20, 429: 5 });
 });

@@ -76,7 +76,9 @@ test('each request is corrected to its real usage afterwards, so small requests 
     assert.equal(r.status, 200, `request ${i}: ${r.text}`);
     used.push(r.json.usage.total_tokens);
   }
-  const left = Number(await redisCli(SUITE_REDIS, 'HGET', `{t:${tenant}}:tpm:k:${await keyId(db, 'seq')}`, 't'));
+  // The key's buckets: "<rpm level> <tpm level> <ts>", levels in milli-tokens.
+  const raw = await redisCli(SUITE_REDIS, 'GET', `{t:${tenant}}:b:k:${await keyId(db, 'seq')}`);
+  const left = Number(raw.split(' ')[1]) / 1000;
   const spent = used.reduce((a, b) => a + b, 0);
   assert.ok(left >= TPM - spent - 1 && left <= TPM, `bucket ${left} after ${spent} real tokens (not ${10 * est} estimated)`);
 });
