@@ -1,58 +1,168 @@
--- Two-phase metering. A request reserves the upper bound of its cost before the
--- upstream call (one `reservations` row per attempt); afterwards tg_settle() bills the
--- exact usage once: the billing_dedup insert decides whether anything else happens, so
--- replaying a settlement (retries, the local spool, the reconciler) never bills twice.
+-- Two-phase metering. A request holds the upper bound of its cost in Redis before the
+-- upstream call; its durable `reservations` row (one per attempt) and, afterwards, its
+-- settlement reach Postgres through tg_settle_batch, grouped into one transaction per
+-- batch (or via the gateway's local spool when Postgres is unreachable), so no request
+-- waits on Postgres. The billing_dedup insert decides whether a settlement bills
+-- anything, so replaying one (retries, the spool, the reconciler) never bills twice.
 
 ALTER TABLE reservations
     ADD COLUMN model text,
     ADD COLUMN settled_cost numeric(24, 10),
-    ADD COLUMN note text;
+    ADD COLUMN note text,
+    -- The gateway instance that holds it: the reconciler leaves the reservations of live
+    -- instances alone (a long stream is not "lost" because it is long).
+    ADD COLUMN instance text;
 
 ALTER TABLE usage
     ADD COLUMN attempt_ids jsonb NOT NULL DEFAULT '[]';
 
--- Settles a batch of requests (a JSON array of objects) in one transaction. Returns
--- one row per element: request_id and 'settled', 'duplicate' or 'conflict' (the same
--- request id settled before with a different fingerprint: logged loudly by the caller,
--- never billed twice).
+-- Applies a batch (a JSON array) in one transaction, set-based: one statement per table
+-- for the whole batch, whatever its size. Elements:
+--   {"op": "reserve", request_id, attempt, tenant_id, api_key_id, amount, model, instance}
+--       the attempt's `reserved` row (`reconciled` at once when its request is settled);
+--       the reconciler adds state 'pending_reconciliation', a note and created_ms for a
+--       hold it found in Redis without a row (its gateway died before writing it);
+--   {"op": "unknown", request_id}: usage unknown, its `reserved` rows become
+--       `pending_reconciliation` (the reconciler settles them by the README's rule);
+--   a settlement {request_id, fingerprint, tenant_id, api_key_id, cost, attempts, usage…}:
+--       the dedup row first, and only for a request id that it inserted: balance and
+--       tenant spend, key spend, the usage row, the ledger row, and the attempts'
+--       reservations reconciled.
+-- Returns one row per element, in order: 'reserved' / 'unknown', or for a settlement
+-- 'settled', 'duplicate' (settled before, same fingerprint) or 'conflict' (settled
+-- before with a different fingerprint: logged loudly by the caller, never billed twice).
+--
+-- Order does not matter between batches: a settlement may commit before its
+-- reservation row (a spooled batch replayed late, batches in flight side by side). It
+-- then writes each attempt's row itself, already reconciled, with amount 0 and the note
+-- 'awaiting reservation'; the reservation, when it comes, fills in its amount. Both go
+-- through the (request_id, attempt) primary key, so two transactions racing on the
+-- same row wait for each other instead of missing each other.
+--
+-- Deadlocks: every transaction takes its row locks in one global order — dedup rows by
+-- request id, reservation rows by (request id, attempt), then tenants and keys by id,
+-- last, so the hot tenant rows are held only for the end of the transaction.
 CREATE FUNCTION tg_settle_batch(batch jsonb)
-RETURNS TABLE (request_id text, outcome text) LANGUAGE plpgsql AS $$
+RETURNS TABLE (request_id text, outcome text) LANGUAGE plpgsql
+-- The planner cannot know a batch's size (generate_series over attempts, JSON arrays)
+-- and may guess it huge; JIT-compiling a plan for 200 rows then costs ~1 s. Never worth it.
+SET jit = off
+AS $$
+#variable_conflict use_column
 DECLARE
-    s jsonb;
-    fp text;
-    c numeric;
+    won text[];
 BEGIN
-    FOR s IN SELECT * FROM jsonb_array_elements(batch) LOOP
-        request_id := s->>'request_id';
+    -- 1. The dedup rows: the first settlement of each request id in the batch.
+    WITH s AS (
+        SELECT DISTINCT ON (e->>'request_id') e->>'request_id' AS rid, (e->>'api_key_id')::bigint AS kid,
+               e->>'fingerprint' AS fp
+        FROM jsonb_array_elements(batch) WITH ORDINALITY AS a(e, ord)
+        WHERE e->>'op' IS NULL
+        ORDER BY e->>'request_id', ord),
+    ins AS (
         INSERT INTO billing_dedup (request_id, api_key_id, fingerprint)
-        VALUES (s->>'request_id', (s->>'api_key_id')::bigint, s->>'fingerprint')
-        ON CONFLICT DO NOTHING;
-        IF NOT FOUND THEN
-            SELECT d.fingerprint INTO fp FROM billing_dedup d WHERE d.request_id = s->>'request_id';
-            outcome := CASE WHEN fp = s->>'fingerprint' THEN 'duplicate' ELSE 'conflict' END;
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-        c := (s->>'cost')::numeric;
-        UPDATE tenants SET balance = balance - c, spend = spend + c, updated_at = now()
-            WHERE id = (s->>'tenant_id')::bigint;
-        UPDATE api_keys SET spend = spend + c WHERE id = (s->>'api_key_id')::bigint;
-        INSERT INTO usage (request_id, tenant_id, api_key_id, group_id, account_id, model, attempts,
-                           input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
-                           reasoning_tokens, cost, estimated, status, ttft_ms, total_ms, attempt_ids)
-        VALUES (s->>'request_id', (s->>'tenant_id')::bigint, (s->>'api_key_id')::bigint,
-                (s->>'group_id')::bigint, (s->>'account_id')::bigint, s->>'model',
-                coalesce((s->>'attempts')::int, 1),
-                (s->>'input')::bigint, (s->>'output')::bigint, (s->>'cache_read')::bigint,
-                (s->>'cache_write')::bigint, (s->>'reasoning')::bigint, c,
-                coalesce((s->>'estimated')::boolean, false), (s->>'status')::int,
-                (s->>'ttft_ms')::double precision, (s->>'total_ms')::double precision,
-                coalesce(s->'attempt_ids', '[]'));
-        INSERT INTO ledger (tenant_id, kind, amount, request_id)
-        VALUES ((s->>'tenant_id')::bigint, 'usage', -c, s->>'request_id');
-        UPDATE reservations r SET state = 'reconciled', settled_cost = c, updated_at = now()
-            WHERE r.request_id = s->>'request_id' AND r.state IN ('reserved', 'pending_reconciliation');
-        outcome := 'settled';
-        RETURN NEXT;
-    END LOOP;
+        SELECT rid, kid, fp FROM s ORDER BY rid
+        ON CONFLICT DO NOTHING
+        RETURNING billing_dedup.request_id)
+    SELECT coalesce(array_agg(ins.request_id), '{}') INTO won FROM ins;
+
+    -- The settlements that bill: the first element of each request id that inserted.
+    IF to_regclass('pg_temp.tg_settling') IS NULL THEN
+        CREATE TEMP TABLE tg_settling (
+            rid text, tenant_id bigint, api_key_id bigint, cost numeric, attempts int, e jsonb
+        ) ON COMMIT DELETE ROWS;
+    END IF;
+    DELETE FROM tg_settling; -- a second call in the same transaction starts afresh
+    INSERT INTO tg_settling
+    SELECT DISTINCT ON (e->>'request_id') e->>'request_id', (e->>'tenant_id')::bigint, (e->>'api_key_id')::bigint,
+           (e->>'cost')::numeric, greatest(coalesce((e->>'attempts')::int, 1), 1), e
+    FROM jsonb_array_elements(batch) WITH ORDINALITY AS a(e, ord)
+    WHERE e->>'op' IS NULL AND e->>'request_id' = ANY (won)
+    ORDER BY e->>'request_id', ord;
+
+    -- 2. Reservation rows, one statement: each (request, attempt) gets its reservation
+    -- (from a reserve element) and/or its settlement (from a billed settlement).
+    WITH r AS (
+        SELECT DISTINCT ON (e->>'request_id', (e->>'attempt')::int)
+               e->>'request_id' AS rid, (e->>'attempt')::int AS attempt, (e->>'tenant_id')::bigint AS tenant_id,
+               (e->>'api_key_id')::bigint AS api_key_id, (e->>'amount')::numeric AS amount, e->>'model' AS model,
+               e->>'instance' AS instance,
+               CASE WHEN e->>'state' = 'pending_reconciliation' THEN 'pending_reconciliation' ELSE 'reserved' END AS state,
+               e->>'note' AS note,
+               coalesce(to_timestamp((e->>'created_ms')::double precision / 1000), now()) AS created_at
+        FROM jsonb_array_elements(batch) WITH ORDINALITY AS a(e, ord)
+        WHERE e->>'op' = 'reserve'
+        ORDER BY e->>'request_id', (e->>'attempt')::int, ord),
+    s AS (
+        SELECT st.rid, g AS attempt, st.tenant_id, st.api_key_id, st.cost
+        FROM tg_settling st, generate_series(1, st.attempts) g)
+    INSERT INTO reservations AS x (request_id, attempt, tenant_id, api_key_id, amount, model, instance, state,
+                                   settled_cost, note, created_at)
+    SELECT coalesce(r.rid, s.rid), coalesce(r.attempt, s.attempt), coalesce(r.tenant_id, s.tenant_id),
+           coalesce(r.api_key_id, s.api_key_id), coalesce(r.amount, 0), r.model, r.instance,
+           CASE WHEN s.rid IS NOT NULL
+                  OR EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.rid) THEN 'reconciled'
+                ELSE r.state END,
+           s.cost,
+           CASE WHEN r.rid IS NULL THEN 'awaiting reservation' ELSE r.note END,
+           coalesce(r.created_at, now())
+    FROM r FULL JOIN s ON s.rid = r.rid AND s.attempt = r.attempt
+    ORDER BY 1, 2
+    ON CONFLICT (request_id, attempt) DO UPDATE SET
+        -- a reservation arriving for a row its settlement wrote first
+        amount = CASE WHEN x.note = 'awaiting reservation' AND EXCLUDED.note IS DISTINCT FROM 'awaiting reservation'
+                      THEN EXCLUDED.amount ELSE x.amount END,
+        model = CASE WHEN x.note = 'awaiting reservation' AND EXCLUDED.note IS DISTINCT FROM 'awaiting reservation'
+                     THEN EXCLUDED.model ELSE x.model END,
+        instance = CASE WHEN x.note = 'awaiting reservation' AND EXCLUDED.note IS DISTINCT FROM 'awaiting reservation'
+                        THEN EXCLUDED.instance ELSE x.instance END,
+        note = CASE WHEN x.note = 'awaiting reservation' AND EXCLUDED.note IS DISTINCT FROM 'awaiting reservation'
+                    THEN EXCLUDED.note ELSE x.note END,
+        -- a settlement for a row reserved earlier
+        state = CASE WHEN EXCLUDED.settled_cost IS NOT NULL THEN 'reconciled' ELSE x.state END,
+        settled_cost = coalesce(EXCLUDED.settled_cost, x.settled_cost),
+        updated_at = now()
+    WHERE (x.note = 'awaiting reservation' AND EXCLUDED.note IS DISTINCT FROM 'awaiting reservation')
+       OR (EXCLUDED.settled_cost IS NOT NULL AND x.state IN ('reserved', 'pending_reconciliation'));
+
+    -- 3. Usage unknown: the reservations wait for the reconciler.
+    UPDATE reservations x SET state = 'pending_reconciliation', note = 'usage unknown', updated_at = now()
+    FROM (SELECT DISTINCT e->>'request_id' AS rid FROM jsonb_array_elements(batch) e WHERE e->>'op' = 'unknown') u
+    WHERE x.request_id = u.rid AND x.state = 'reserved';
+
+    -- 4. The immutable usage rows and the ledger rows.
+    INSERT INTO usage (request_id, tenant_id, api_key_id, group_id, account_id, model, attempts,
+                       input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                       reasoning_tokens, cost, estimated, status, ttft_ms, total_ms, attempt_ids)
+    SELECT st.rid, st.tenant_id, st.api_key_id, (e->>'group_id')::bigint, (e->>'account_id')::bigint, e->>'model',
+           st.attempts, (e->>'input')::bigint, (e->>'output')::bigint, (e->>'cache_read')::bigint,
+           (e->>'cache_write')::bigint, (e->>'reasoning')::bigint, st.cost,
+           coalesce((e->>'estimated')::boolean, false), (e->>'status')::int,
+           (e->>'ttft_ms')::double precision, (e->>'total_ms')::double precision, coalesce(e->'attempt_ids', '[]')
+    FROM tg_settling st;
+    INSERT INTO ledger (tenant_id, kind, amount, request_id)
+    SELECT st.tenant_id, 'usage', -st.cost, st.rid FROM tg_settling st;
+
+    -- 5. Balances and spend: one row update per tenant and per key, locked in id order.
+    PERFORM 1 FROM tenants WHERE id IN (SELECT st.tenant_id FROM tg_settling st) ORDER BY id FOR NO KEY UPDATE;
+    UPDATE tenants t SET balance = t.balance - a.c, spend = t.spend + a.c, updated_at = now()
+    FROM (SELECT st.tenant_id, sum(st.cost) AS c FROM tg_settling st GROUP BY st.tenant_id) a
+    WHERE t.id = a.tenant_id;
+    PERFORM 1 FROM api_keys WHERE id IN (SELECT st.api_key_id FROM tg_settling st) ORDER BY id FOR NO KEY UPDATE;
+    UPDATE api_keys k SET spend = k.spend + a.c
+    FROM (SELECT st.api_key_id, sum(st.cost) AS c FROM tg_settling st GROUP BY st.api_key_id) a
+    WHERE k.id = a.api_key_id;
+
+    -- 6. One outcome per element, in order.
+    RETURN QUERY
+    SELECT e->>'request_id',
+           CASE WHEN e->>'op' = 'reserve' THEN 'reserved'
+                WHEN e->>'op' = 'unknown' THEN 'unknown'
+                WHEN e->>'request_id' = ANY (won) AND ord = min(ord) OVER (PARTITION BY e->>'request_id', e->>'op')
+                     THEN 'settled'
+                WHEN d.fingerprint = e->>'fingerprint' THEN 'duplicate'
+                ELSE 'conflict' END
+    FROM jsonb_array_elements(batch) WITH ORDINALITY AS a(e, ord)
+    LEFT JOIN billing_dedup d ON e->>'op' IS NULL AND d.request_id = e->>'request_id'
+    ORDER BY ord;
 END $$;

@@ -20,12 +20,22 @@
 #include "tollgate/tg_redis.h"
 
 #define RES_TTL_S "604800" /* a Redis reservation outlives any reconciliation delay */
-#define BATCH_MAX 200
+/* Elements per transaction (a request gives two: its reservation and its settlement).
+ * tg_settle_batch is set-based, so a bigger batch costs less per element; 400 keeps one
+ * transaction around 30 ms on this class of machine. */
+#define BATCH_MAX 400
+/* Batches of one worker in flight at once (each on its own pool connection). Order
+ * between batches does not matter to tg_settle_batch, so they may overlap. */
+#define LIVE_INFLIGHT 2
+#define QUEUE_MAX_DEFAULT 20000
 
-/* KEYS 1 {t:T}:money, 2 {t:T}:res:<id>:<attempt>, 3 {t:T}:kmoney:<key>
+/* KEYS 1 {t:T}:money, 2 {t:T}:res:<id>:<attempt>, 3 {t:T}:kmoney:<key>, 4 {t:T}:holds
  * ARGV 1 amount, 2 tenant avail to initialise with ('' unknown), 3 key avail ('-1' no
- * budget, '' unknown), 4 ttl. Returns {1,'ok'|'duplicate'} / {0,'balance'|'key budget'} /
- * {-1,'init'} when the live balance must first be loaded from Postgres. */
+ * budget, '' unknown), 4 ttl, 5 the hold's field in {t:T}:holds (<id>:<attempt>), 6 what
+ * the reconciler needs to write its row if the gateway dies before Postgres has it
+ * (key|instance|created ms|amount|model). Returns {1,'ok'|'duplicate'} /
+ * {0,'balance'|'key budget'} / {-1,'init'} when the live balance must first be loaded
+ * from Postgres. */
 static const char RESERVE_LUA[] =
     "if redis.call('EXISTS', KEYS[2]) == 1 then return {1, 'duplicate'} end\n"
     "local amt = tonumber(ARGV[1])\n"
@@ -54,11 +64,14 @@ static const char RESERVE_LUA[] =
     "  if kav then redis.call('HINCRBY', KEYS[3], 'avail', neg) end\n"
     "end\n"
     "redis.call('SET', KEYS[2], amt, 'EX', tonumber(ARGV[4]))\n"
+    "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6])\n"
     "return {1, 'ok'}\n";
 
-/* KEYS 1 money, 2 res, 3 kmoney. ARGV 1 actual cost of this attempt.
- * Returns the amount credited back, or nil when already settled (exactly once). */
+/* KEYS 1 money, 2 res, 3 kmoney, 4 holds. ARGV 1 actual cost of this attempt, 2 the
+ * hold's field. Returns the amount credited back, or nil when already settled (exactly
+ * once). */
 static const char SETTLE_LUA[] =
+    "redis.call('HDEL', KEYS[4], ARGV[2])\n"
     "local amt = redis.call('GET', KEYS[2])\n"
     "if not amt then return false end\n"
     "redis.call('DEL', KEYS[2])\n"
@@ -98,13 +111,20 @@ struct tg_billing_s {
     char spool_path[512];
     int reserve_script, settle_script;
     json_t *queue;          /* settlements waiting for the next batch */
-    int inflight_batches;
+    size_t queue_max;       /* beyond this the queue spills to the spool (bounded memory) */
+    int live_inflight;      /* batches of the queue at Postgres */
+    int replay_inflight;    /* a spooled batch at Postgres (one at a time) */
+    long replay_offset;     /* where the replay file's next batch starts */
     uv_timer_t flush_timer;
     uv_timer_t spool_timer;
     uv_timer_t reconcile_timer;
     int replaying;
     int closing; /* timers still closing */
     uint64_t pg_down_until; /* after a failed batch: straight to the spool until then */
+    int leader;             /* this worker holds the reconciler lock */
+    int stopping;           /* draining for shutdown: no new reconciler pass */
+    int lock_released;      /* the lock's release was answered (or failed) */
+    int scanning;           /* a scan of {t:*}:holds is under way */
     tg_billing_stats_t stats;
 };
 
@@ -118,7 +138,9 @@ struct tg_reserve_s {
     int detached;
     int inits;
     char tenant_init[32], key_init[32];
-    char keys[3][128];
+    char keys[4][128];
+    char field[96];
+    char hold[256];
 };
 
 /* ---- money ---------------------------------------------------------------------------- */
@@ -214,8 +236,8 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
          * back whatever it held. Sent on the same connection, so Redis runs it after the
          * script; when the script did not run it finds nothing to return. */
         if (tg_state_redis(b->st)) {
-            const char *argv[4] = {x->keys[0], x->keys[1], x->keys[2], "0"};
-            tg_redis_eval(tg_state_redis(b->st), b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+            const char *argv[6] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], "0", x->field};
+            tg_redis_eval(tg_state_redis(b->st), b->settle_script, 4, 6, argv, NULL, NULL, NULL);
         }
         reserve_finish(x, 503, "billing_unavailable",
                        "the balance could not be checked (the limiter store is unavailable); try again");
@@ -246,8 +268,8 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
     if (x->detached) {
         /* The client left while we reserved: the upstream is never called, so the hold
          * goes straight back and nothing is recorded. */
-        const char *argv[4] = {x->keys[0], x->keys[1], x->keys[2], "0"};
-        tg_redis_eval(tg_state_redis(b->st), b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+        const char *argv[6] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], "0", x->field};
+        tg_redis_eval(tg_state_redis(b->st), b->settle_script, 4, 6, argv, NULL, NULL, NULL);
         reserve_finish(x, 0, NULL, NULL);
         return;
     }
@@ -274,14 +296,32 @@ static void reserve_send(tg_reserve_t *x) {
     tg_redis_t *redis = tg_state_redis(x->b->st);
     char amt[24];
     snprintf(amt, sizeof(amt), "%lld", (long long)x->r.amount);
-    const char *argv[7] = {x->keys[0], x->keys[1], x->keys[2], amt, x->tenant_init, x->key_init, RES_TTL_S};
-    tg_redis_eval(redis, x->b->reserve_script, 3, 7, argv, NULL, redis_reserved, x);
+    const char *argv[10] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], amt, x->tenant_init, x->key_init,
+                            RES_TTL_S, x->field, x->hold};
+    tg_redis_eval(redis, x->b->reserve_script, 4, 10, argv, NULL, redis_reserved, x);
 }
 
-static void fmt_keys(char keys[3][128], int64_t tenant, int64_t key, const char *id, int attempt) {
+/* The keys of one attempt's hold (all under the tenant's hash tag) and its field in
+ * {t:T}:holds, the index the reconciler scans for holds whose gateway died before
+ * Postgres had their row. */
+static void fmt_keys(char keys[4][128], char field[96], int64_t tenant, int64_t key, const char *id, int attempt) {
     snprintf(keys[0], 128, "{t:%lld}:money", (long long)tenant);
     snprintf(keys[1], 128, "{t:%lld}:res:%s:%d", (long long)tenant, id, attempt);
     snprintf(keys[2], 128, "{t:%lld}:kmoney:%lld", (long long)tenant, (long long)key);
+    snprintf(keys[3], 128, "{t:%lld}:holds", (long long)tenant);
+    snprintf(field, 96, "%s:%d", id, attempt);
+}
+
+/* Returns an attempt's hold (the part above `actual` goes back), exactly once. */
+static void settle_hold(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (!redis)
+        return;
+    char keys[4][128], field[96], a[24];
+    fmt_keys(keys, field, tenant, key, id, attempt);
+    snprintf(a, sizeof(a), "%lld", (long long)actual);
+    const char *argv[6] = {keys[0], keys[1], keys[2], keys[3], a, field};
+    tg_redis_eval(redis, b->settle_script, 4, 6, argv, NULL, NULL, NULL);
 }
 
 static void fail_async_cb(uv_timer_t *t) {
@@ -303,7 +343,9 @@ tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_
     /* A key without a budget needs no live key balance: "-1" tells the script so, and no
      * request of such a key ever waits on Postgres. */
     snprintf(x->key_init, sizeof(x->key_init), "%s", r->key_budget ? "" : "-1");
-    fmt_keys(x->keys, r->tenant_id, r->key_id, x->request_id, r->attempt);
+    fmt_keys(x->keys, x->field, r->tenant_id, r->key_id, x->request_id, r->attempt);
+    snprintf(x->hold, sizeof(x->hold), "%lld|%s|%llu|%lld|%.120s", (long long)r->key_id, instance_id,
+             (unsigned long long)tg_wall_ms(), (long long)r->amount, x->model);
     if (!tg_state_redis(b->st) || !tg_state_pg(b->st)) {
         uv_timer_t *t = malloc(sizeof(*t));
         uv_timer_init(b->loop, t);
@@ -337,38 +379,48 @@ void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
 /* ---- settlement ----------------------------------------------------------------------- */
 
 static void flush(tg_billing_t *b);
+static void spool_next(tg_billing_t *b);
 
-/* Appends a batch to the spool (fsync'd). Returns 0, or -1 when it could not be written:
- * then the batch is kept in memory (re-queued) unless it is the queue itself. */
-static int spool_append(tg_billing_t *b, json_t *batch) {
-    char *text = json_dumps(batch, JSON_COMPACT);
+/* Appends `batch` to the spool, one line per BATCH_MAX elements (so that replaying it
+ * never needs more memory than one batch), and fsyncs. Returns 0, or -1 when it could
+ * not be written: then the elements are kept in memory (re-queued) unless `batch` is
+ * the queue itself. */
+static int spool_append(tg_billing_t *b, json_t *batch, const char *why) {
+    size_t n = json_array_size(batch);
+    if (!n)
+        return 0;
     int fd = open(b->spool_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0) {
         tg_log_error("billing: cannot open the spool %s: %s — settlements kept in memory only", b->spool_path,
                      strerror(errno));
         if (batch != b->queue)
             json_array_extend(b->queue, batch);
-        free(text);
         return -1;
     }
-    size_t n = strlen(text);
-    text[n] = '\n';
-    ssize_t w = write(fd, text, n + 1);
-    text[n] = '\0';
-    if (w != (ssize_t)(n + 1) || fsync(fd) != 0) {
+    tg_buf_t text;
+    tg_buf_init(&text);
+    for (size_t i = 0; i < n; i += BATCH_MAX) {
+        json_t *line = json_array();
+        for (size_t k = i; k < n && k < i + BATCH_MAX; k++)
+            json_array_append(line, json_array_get(batch, k));
+        char *t = json_dumps(line, JSON_COMPACT);
+        tg_buf_appends(&text, t);
+        tg_buf_appends(&text, "\n");
+        free(t);
+        json_decref(line);
+    }
+    ssize_t w = write(fd, text.data, text.len);
+    int ok = w == (ssize_t)text.len && fsync(fd) == 0;
+    close(fd);
+    tg_buf_free(&text);
+    if (!ok) {
         tg_log_error("billing: spool write failed: %s", strerror(errno));
         if (batch != b->queue)
             json_array_extend(b->queue, batch);
-        close(fd);
-        free(text);
         return -1;
-    } else {
-        b->stats.spooled += json_array_size(batch);
-        tg_log_warn("billing: Postgres unreachable: %zu settlement(s) spooled to %s", json_array_size(batch),
-                    b->spool_path);
     }
-    close(fd);
-    free(text);
+    b->stats.spooled += n;
+    tg_log_warn("billing: %s: %zu settlement(s) spooled to %s", why, n, b->spool_path);
     return 0;
 }
 
@@ -381,17 +433,20 @@ typedef struct {
 static void batch_done(void *ud, const PGresult *res, const char *err) {
     batch_ctx_t *c = ud;
     tg_billing_t *b = c->b;
-    b->inflight_batches--;
+    if (c->from_spool)
+        b->replay_inflight--;
+    else
+        b->live_inflight--;
     if (err) {
-        /* Never dropped: a failed batch (a replayed one too) goes (back) to the spool, and
-         * so does everything queued behind it; for two seconds new batches skip Postgres
-         * (the replay timer tries it again). */
-        spool_append(b, c->batch);
+        /* Never dropped: a failed batch goes to the spool (a replayed one is still in the
+         * replay file, which is kept and tried again by the timer), and so does everything
+         * queued behind it; for two seconds new batches skip Postgres. */
+        tg_log_warn("billing: a batch failed: %s", err);
+        if (!c->from_spool)
+            spool_append(b, c->batch, "Postgres unreachable");
         b->pg_down_until = tg_now_ms() + 2000;
-        if (b->queue && json_array_size(b->queue) && spool_append(b, b->queue) == 0)
+        if (b->queue && json_array_size(b->queue) && spool_append(b, b->queue, "Postgres unreachable") == 0)
             json_array_clear(b->queue);
-        if (c->from_spool)
-            b->replaying = 0;
         json_decref(c->batch);
         free(c);
         return;
@@ -399,7 +454,7 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
     b->stats.batches++;
     for (int i = 0; i < PQntuples(res); i++) {
         const char *outcome = PQgetvalue(res, i, 1);
-        if (!strcmp(outcome, "reserved"))
+        if (!strcmp(outcome, "reserved") || !strcmp(outcome, "unknown"))
             continue;
         if (!strcmp(outcome, "settled"))
             b->stats.settled++;
@@ -412,19 +467,21 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
                          PQgetvalue(res, i, 0));
         }
     }
-    if (c->from_spool) {
+    int from_spool = c->from_spool;
+    if (from_spool)
         b->stats.replayed += json_array_size(c->batch);
-        b->replaying = 0;
-        /* The spool was replayed whole: remove it (a newer append made while we ran goes
-         * into a fresh file because we renamed it before replaying). */
-    }
     json_decref(c->batch);
     free(c);
+    if (from_spool)
+        spool_next(b); /* Postgres takes batches again: the rest of the spool follows at once */
     if (json_array_size(b->queue))
         flush(b);
 }
 
-static void send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
+static const char SETTLE_SQL[] = "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)";
+
+/* Sends `batch` (owned); 0 when sent. */
+static int send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
     tg_pg_t *pg = tg_state_pg(b->st);
     batch_ctx_t *c = calloc(1, sizeof(*c));
     c->b = b;
@@ -432,51 +489,51 @@ static void send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
     c->from_spool = from_spool;
     char *text = json_dumps(batch, JSON_COMPACT);
     const char *params[1] = {text};
-    b->inflight_batches++;
-    if (!pg || !tg_pg_query(pg, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, params, batch_done, c)) {
-        b->inflight_batches--;
-        if (!from_spool)
-            spool_append(b, batch);
-        json_decref(batch);
-        free(c);
-    }
+    int sent = pg && tg_pg_query(pg, SETTLE_SQL, 1, params, batch_done, c);
     free(text);
+    if (sent) {
+        if (from_spool)
+            b->replay_inflight++;
+        else
+            b->live_inflight++;
+        return 0;
+    }
+    if (!from_spool)
+        spool_append(b, batch, "Postgres unreachable");
+    json_decref(batch);
+    free(c);
+    return -1;
 }
 
 static void flush(tg_billing_t *b) {
-    /* Few transactions under load: everything queued goes in one (bounded) batch. */
-    /* One batch in flight per worker: a reservation row and its settlement, queued in
-     * that order, must also commit in that order. */
+    /* Few transactions under load: everything queued goes in (bounded) batches, at most
+     * LIVE_INFLIGHT of them at Postgres; what arrives meanwhile waits for the next. */
     if (tg_now_ms() < b->pg_down_until && json_array_size(b->queue)) {
-        if (spool_append(b, b->queue) == 0)
+        if (spool_append(b, b->queue, "Postgres unreachable") == 0)
             json_array_clear(b->queue);
         return;
     }
-    while (json_array_size(b->queue) && b->inflight_batches < 1) {
+    while (json_array_size(b->queue) && b->live_inflight < LIVE_INFLIGHT) {
+        size_t total = json_array_size(b->queue);
+        size_t n = TG_MIN(total, (size_t)BATCH_MAX);
         json_t *batch = json_array();
-        size_t n = TG_MIN(json_array_size(b->queue), (size_t)BATCH_MAX);
-        for (size_t i = 0; i < n; i++)
-            json_array_append(batch, json_array_get(b->queue, i));
-        for (size_t i = 0; i < n; i++)
-            json_array_remove(b->queue, 0);
-        send_batch(b, batch, 0);
+        json_t *rest = json_array();
+        for (size_t i = 0; i < total; i++)
+            json_array_append(i < n ? batch : rest, json_array_get(b->queue, i));
+        json_decref(b->queue);
+        b->queue = rest;
+        if (send_batch(b, batch, 0) != 0)
+            break;
     }
 }
 
 static void flush_cb(uv_timer_t *t) { flush(t->data); }
 
+
 static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
-    tg_redis_t *redis = tg_state_redis(b->st);
-    if (!redis)
-        return;
-    for (int a = 1; a <= TG_MAX(s->attempts, 1); a++) {
-        char keys[3][128], actual[24];
-        fmt_keys(keys, s->tenant_id, s->key_id, s->request_id, a);
-        /* Failed earlier attempts produced nothing billable; the last one carries the cost. */
-        snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s->attempts, 1) ? cost_last : 0));
-        const char *argv[4] = {keys[0], keys[1], keys[2], actual};
-        tg_redis_eval(redis, b->settle_script, 3, 4, argv, NULL, NULL, NULL);
-    }
+    /* Failed earlier attempts produced nothing billable; the last one carries the cost. */
+    for (int a = 1; a <= TG_MAX(s->attempts, 1); a++)
+        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == TG_MAX(s->attempts, 1) ? cost_last : 0);
 }
 
 static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
@@ -517,9 +574,20 @@ static json_t *settlement_json(const tg_settlement_t *s) {
 
 static void enqueue(tg_billing_t *b, json_t *item) {
     json_array_append_new(b->queue, item);
-    if (json_array_size(b->queue) >= BATCH_MAX)
+    size_t n = json_array_size(b->queue);
+    if (n >= BATCH_MAX || n >= b->queue_max)
         flush(b);
-    else if (!uv_is_active((uv_handle_t *)&b->flush_timer))
+    if (json_array_size(b->queue) >= b->queue_max) {
+        /* Backpressure: every batch slot is busy and the queue is full — Postgres takes
+         * settlements more slowly than requests come. The queue is bounded: it spills to
+         * the spool (fsync'd, replayed batch by batch as soon as Postgres keeps up)
+         * instead of growing in memory, and instead of being what a kill -9 would lose.
+         * Requests never wait for it. */
+        if (spool_append(b, b->queue, "the queue is full (Postgres is slower than the traffic)") == 0)
+            json_array_clear(b->queue);
+        return;
+    }
+    if (json_array_size(b->queue) && !uv_is_active((uv_handle_t *)&b->flush_timer))
         uv_timer_start(&b->flush_timer, flush_cb, 1, 0);
 }
 
@@ -530,106 +598,124 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
 
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
                                 int attempt) {
-    tg_redis_t *redis = tg_state_redis(b->st);
-    if (!redis)
-        return;
-    char keys[3][128];
-    fmt_keys(keys, tenant_id, key_id, request_id, attempt);
-    const char *argv[4] = {keys[0], keys[1], keys[2], "0"};
-    tg_redis_eval(redis, b->settle_script, 3, 4, argv, NULL, NULL, NULL);
+    settle_hold(b, tenant_id, key_id, request_id, attempt, 0);
+}
+
+static const char UNLOCK_LUA[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0\n";
+
+static void unlocked_cb(void *ud, redisReply *r, const char *err) {
+    tg_billing_t *b = ud;
+    TG_UNUSED(r);
+    if (err)
+        tg_log_warn("billing: releasing the reconciler lock failed (%s): it expires by itself", err);
+    b->lock_released = 1;
 }
 
 void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
     if (!b)
         return;
     uint64_t end = tg_now_ms() + (uint64_t)timeout_ms;
+    /* No reconciler pass from now on; a lock this worker holds is given back, so another
+     * instance takes over within one of its passes instead of after the lock's TTL. */
+    b->stopping = 1;
+    uv_timer_stop(&b->reconcile_timer);
+    b->lock_released = 1;
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (b->leader && redis) {
+        const char *argv[5] = {"EVAL", UNLOCK_LUA, "1", "tollgate:reconciler", instance_id};
+        b->lock_released = !tg_redis_command(redis, unlocked_cb, b, 5, argv, NULL);
+        b->leader = 0;
+    }
     flush(b);
-    while ((json_array_size(b->queue) || b->inflight_batches) && tg_now_ms() < end) {
+    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released) &&
+           tg_now_ms() < end) {
         uv_run(loop, UV_RUN_ONCE);
         if (json_array_size(b->queue))
             flush(b);
     }
 }
 
-static void noop_cb(void *ud, const PGresult *res, const char *err) {
-    TG_UNUSED(ud);
-    TG_UNUSED(res);
-    if (err)
-        tg_log_warn("billing: marking a reservation pending_reconciliation failed: %s (the reconciler finds it)", err);
-}
-
 void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts) {
     TG_UNUSED(tenant_id);
     TG_UNUSED(key_id);
     TG_UNUSED(attempts);
-    tg_pg_t *pg = tg_state_pg(b->st);
-    if (!pg)
-        return;
-    const char *params[1] = {request_id};
-    tg_pg_query(pg,
-                "UPDATE reservations SET state = 'pending_reconciliation', updated_at = now(), "
-                "note = 'usage unknown' WHERE request_id = $1 AND state = 'reserved'",
-                1, params, noop_cb, NULL);
+    /* In the same stream as the reservation rows (which may not be in Postgres yet). */
+    json_t *o = json_object();
+    json_object_set_new(o, "op", json_string("unknown"));
+    json_object_set_new(o, "request_id", json_string(request_id));
+    enqueue(b, o);
 }
 
 /* ---- spool replay --------------------------------------------------------------------- */
 
-static void spool_cb(uv_timer_t *t) {
-    tg_billing_t *b = t->data;
-    if (b->replaying || !tg_state_pg(b->st) || !tg_pg_connected(tg_state_pg(b->st)))
-        return;
-    /* Take the file over by renaming it, so appends made meanwhile start a new one. */
-    char taking[600];
-    snprintf(taking, sizeof(taking), "%s.replay", b->spool_path);
+/* Takes the spool over for replay by renaming it (appends made meanwhile start a new
+ * file). 1 when there is a replay file. */
+static int spool_take(tg_billing_t *b, char taking[600]) {
+    snprintf(taking, 600, "%s.replay", b->spool_path);
     struct stat sb;
-    if (stat(taking, &sb) != 0) {
-        if (stat(b->spool_path, &sb) != 0)
-            return;
-        if (rename(b->spool_path, taking) != 0)
-            return;
-    }
+    if (stat(taking, &sb) == 0)
+        return 1;
+    if (stat(b->spool_path, &sb) != 0 || rename(b->spool_path, taking) != 0)
+        return 0;
+    b->replay_offset = 0;
+    return 1;
+}
+
+/* Sends the next batch of the replay file (one line); at its end removes it and goes on
+ * with what was spooled meanwhile. */
+static void spool_next(tg_billing_t *b) {
+    if (b->replay_inflight || b->stopping || !tg_state_pg(b->st))
+        return;
+    char taking[600];
+    if (!spool_take(b, taking))
+        return;
     FILE *f = fopen(taking, "r");
     if (!f)
         return;
-    json_t *all = json_array();
     char *line = NULL;
     size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) > 0) {
-        json_t *batch = json_loadb(line, (size_t)n, 0, NULL);
-        if (json_is_array(batch))
-            json_array_extend(all, batch);
-        json_decref(batch);
+    json_t *batch = NULL;
+    while (!batch && fseek(f, b->replay_offset, SEEK_SET) == 0) {
+        ssize_t n = getline(&line, &cap, f);
+        if (n <= 0)
+            break;
+        b->replay_offset = ftell(f);
+        batch = json_loadb(line, (size_t)n, 0, NULL);
+        if (!json_is_array(batch) || !json_array_size(batch)) {
+            json_decref(batch);
+            batch = NULL;
+        }
     }
     free(line);
     fclose(f);
-    if (!json_array_size(all)) {
-        json_decref(all);
+    if (!batch) {
+        /* Everything in it is in Postgres. */
         unlink(taking);
+        b->replay_offset = 0;
+        struct stat sb;
+        if (stat(b->spool_path, &sb) == 0)
+            spool_next(b);
         return;
     }
-    /* Replayed synchronously-in-order as one batch; the .replay file goes once Postgres
-     * confirmed it (tg_settle_batch is idempotent, so a crash in between is harmless). */
-    b->replaying = 1;
-    tg_log_info("billing: replaying %zu spooled settlement(s)", json_array_size(all));
-    batch_ctx_t *c = calloc(1, sizeof(*c));
-    c->b = b;
-    c->batch = all;
-    c->from_spool = 1;
-    char *text = json_dumps(all, JSON_COMPACT);
-    const char *params[1] = {text};
-    b->inflight_batches++;
-    if (!tg_pg_query(tg_state_pg(b->st), "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, params,
-                     batch_done, c)) {
-        b->inflight_batches--;
-        b->replaying = 0;
-        json_decref(all);
-        free(c);
-    } else {
-        unlink(taking); /* re-spooled by batch_done if this attempt fails */
-    }
-    free(text);
+    size_t n = json_array_size(batch);
+    if (send_batch(b, batch, 1) != 0)
+        b->replay_offset = 0; /* not sent: the file is kept and replayed from its start */
+    else
+        tg_log_info("billing: replaying %zu spooled settlement(s)", n);
 }
+
+static void spool_cb(uv_timer_t *t) {
+    tg_billing_t *b = t->data;
+    if (b->replay_inflight || !tg_state_pg(b->st) || !tg_pg_connected(tg_state_pg(b->st)))
+        return;
+    /* A replay file already there is replayed again from its start: what a failed
+     * attempt left (tg_settle_batch is idempotent, so batches that got through are
+     * no-ops). */
+    b->replay_offset = 0;
+    spool_next(b);
+}
+
 
 /* ---- reconciler ----------------------------------------------------------------------- */
 
@@ -654,6 +740,7 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
         tg_log_error("billing: cannot create the spool folder %s: %s", b->spool_dir, strerror(errno));
     snprintf(b->spool_path, sizeof(b->spool_path), "%s/settlements-w%d.jsonl", b->spool_dir, cfg->worker);
     b->queue = json_array();
+    b->queue_max = cfg->queue_max > 0 ? (size_t)cfg->queue_max : QUEUE_MAX_DEFAULT;
     tg_redis_t *redis = tg_state_redis(st);
     if (redis) {
         b->reserve_script = tg_redis_script_register(redis, RESERVE_LUA);
@@ -689,7 +776,7 @@ void tg_billing_destroy(tg_billing_t *b) {
      * callbacks already ran, spooling what they carried). */
     /* Whatever is still queued goes to the spool: replayed at the next start. */
     if (json_array_size(b->queue))
-        spool_append(b, b->queue);
+        spool_append(b, b->queue, "shutting down");
     json_decref(b->queue);
     b->queue = NULL;
     free(b->spool_dir);
@@ -729,7 +816,7 @@ static const char LOCK_LUA[] =
 
 static void due_cb(void *ud, const PGresult *res, const char *err) {
     tg_billing_t *b = ud;
-    if (err || !b->loop)
+    if (err || b->stopping)
         return;
     for (int i = 0; i < PQntuples(res); i++) {
         int64_t amount = atoll(PQgetvalue(res, i, 4));
@@ -752,10 +839,212 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
                     b->cfg.charge_unknown ? "charged the reserved bound" : "released");
 }
 
+/*
+ * Holds without a row. A request's hold is in Redis before its reservation row is in
+ * Postgres (the row goes with the next batch): a gateway killed in between — for about
+ * a millisecond normally, for as long as Postgres stalls otherwise — leaves a hold that
+ * no row describes. Every hold is also indexed in {t:T}:holds (field <id>:<attempt>,
+ * value key|instance|created ms|amount|model; removed by the script that settles it),
+ * so the reconciler finds these: a hold of an instance that stopped heart-beating,
+ * older than reconcile_after, whose request has neither a reservation row nor a
+ * settlement, gets its row written now as `pending_reconciliation` (dated when the
+ * hold was taken), and the next pass settles it by the same rule as any other; a hold
+ * whose request was settled meanwhile is returned (at the settled cost for its last
+ * attempt). A hold whose row exists is left to the row's reconciliation.
+ */
+static const char ORPHANS_SQL[] =
+    "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, "
+    "EXISTS (SELECT 1 FROM reservations r WHERE r.request_id = c.rid AND r.attempt = c.att), "
+    "EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = c.rid), "
+    "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid AND u.attempts = c.att), 0) "
+    "FROM jsonb_to_recordset($1::jsonb) AS c(rid text, att int, key_id bigint, ms bigint, amount bigint, model text, "
+    "instance text)";
+
+typedef struct {
+    tg_billing_t *b;
+    int64_t tenant;
+} orphans_ctx_t;
+
+static void orphans_cb(void *ud, const PGresult *res, const char *err) {
+    orphans_ctx_t *o = ud;
+    tg_billing_t *b = o->b;
+    int64_t tenant = o->tenant;
+    free(o);
+    if (err || b->stopping)
+        return;
+    int rows = 0;
+    for (int i = 0; i < PQntuples(res); i++) {
+        const char *rid = PQgetvalue(res, i, 0);
+        int att = atoi(PQgetvalue(res, i, 1));
+        int64_t key = atoll(PQgetvalue(res, i, 2));
+        if (!strcmp(PQgetvalue(res, i, 7), "t"))
+            continue; /* its row is there: reconciled as a row */
+        if (!strcmp(PQgetvalue(res, i, 8), "t")) {
+            /* Settled, but its hold was never given back (Redis missed the release). */
+            settle_hold(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)));
+            continue;
+        }
+        char amount[32];
+        tg_money_format(atoll(PQgetvalue(res, i, 4)), amount);
+        json_t *e = json_object();
+        json_object_set_new(e, "op", json_string("reserve"));
+        json_object_set_new(e, "request_id", json_string(rid));
+        json_object_set_new(e, "attempt", json_integer(att));
+        json_object_set_new(e, "tenant_id", json_integer(tenant));
+        json_object_set_new(e, "api_key_id", json_integer(key));
+        json_object_set_new(e, "amount", json_string(amount));
+        json_object_set_new(e, "model", json_string(PQgetvalue(res, i, 5)));
+        json_object_set_new(e, "instance", json_string(PQgetvalue(res, i, 6)));
+        json_object_set_new(e, "state", json_string("pending_reconciliation"));
+        json_object_set_new(e, "note", json_string("orphaned hold: its gateway died before Postgres had the row"));
+        json_object_set_new(e, "created_ms", json_integer(atoll(PQgetvalue(res, i, 3))));
+        enqueue(b, e);
+        rows++;
+    }
+    if (rows)
+        tg_log_warn("billing: reconciler found %d hold(s) of tenant %lld without a reservation row (their gateway "
+                    "died first): recorded as pending_reconciliation",
+                    rows, (long long)tenant);
+}
+
+typedef struct {
+    tg_billing_t *b;
+    char **alive;
+    size_t nalive;
+    char cursor[32];
+    char **keys; /* this SCAN page's {t:T}:holds keys */
+    size_t nkeys, next;
+} hold_scan_t;
+
+static void scan_free(hold_scan_t *s) {
+    for (size_t i = 0; i < s->nalive; i++)
+        free(s->alive[i]);
+    for (size_t i = 0; i < s->nkeys; i++)
+        free(s->keys[i]);
+    free(s->alive);
+    free(s->keys);
+    s->b->scanning = 0;
+    free(s);
+}
+
+static void scan_step(hold_scan_t *s);
+
+static int is_alive(const hold_scan_t *s, const char *instance, size_t len) {
+    for (size_t i = 0; i < s->nalive; i++)
+        if (strlen(s->alive[i]) == len && !memcmp(s->alive[i], instance, len))
+            return 1;
+    return 0;
+}
+
+static void holds_cb(void *ud, redisReply *r, const char *err) {
+    hold_scan_t *s = ud;
+    tg_billing_t *b = s->b;
+    if (err || b->stopping || !r || r->type != REDIS_REPLY_ARRAY) {
+        scan_free(s);
+        return;
+    }
+    const char *hkey = s->keys[s->next - 1];
+    int64_t tenant = atoll(hkey + 3); /* {t:T}:holds */
+    uint64_t now = tg_wall_ms();
+    tg_buf_t j;
+    tg_buf_init(&j);
+    tg_buf_appends(&j, "[");
+    int n = 0;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const char *field = r->element[i]->str, *v = r->element[i + 1]->str;
+        if (!field || !v)
+            continue;
+        /* field <id>:<attempt>; value key|instance|ms|amount|model */
+        const char *colon = strrchr(field, ':');
+        const char *p1 = strchr(v, '|'), *p2 = p1 ? strchr(p1 + 1, '|') : NULL;
+        const char *p3 = p2 ? strchr(p2 + 1, '|') : NULL, *p4 = p3 ? strchr(p3 + 1, '|') : NULL;
+        if (!colon || !p4)
+            continue;
+        uint64_t ms = strtoull(p2 + 1, NULL, 10);
+        if (is_alive(s, p1 + 1, (size_t)(p2 - p1 - 1)) || now < ms + (uint64_t)b->cfg.reconcile_after_ms)
+            continue; /* its gateway is alive (it settles it), or too young */
+        tg_buf_appends(&j, n++ ? ",{\"rid\":\"" : "{\"rid\":\"");
+        tg_buf_append_json_escaped(&j, field, (size_t)(colon - field));
+        tg_buf_printf(&j, "\",\"att\":%d,\"key_id\":%lld,\"ms\":%llu,\"amount\":%lld,\"instance\":\"", atoi(colon + 1),
+                      atoll(v), (unsigned long long)ms, atoll(p3 + 1));
+        tg_buf_append_json_escaped(&j, p1 + 1, (size_t)(p2 - p1 - 1));
+        tg_buf_appends(&j, "\",\"model\":\"");
+        tg_buf_append_json_escaped(&j, p4 + 1, strlen(p4 + 1));
+        tg_buf_appends(&j, "\"}");
+    }
+    tg_buf_appends(&j, "]");
+    if (n) {
+        orphans_ctx_t *o = malloc(sizeof(*o));
+        o->b = b;
+        o->tenant = tenant;
+        const char *params[1] = {j.data};
+        if (!tg_pg_query(tg_state_pg(b->st), ORPHANS_SQL, 1, params, orphans_cb, o))
+            free(o);
+    }
+    tg_buf_free(&j);
+    scan_step(s);
+}
+
+static void scan_cb(void *ud, redisReply *r, const char *err) {
+    hold_scan_t *s = ud;
+    if (err || s->b->stopping || !r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || !r->element[0]->str ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+        scan_free(s);
+        return;
+    }
+    snprintf(s->cursor, sizeof(s->cursor), "%s", r->element[0]->str);
+    redisReply *ks = r->element[1];
+    for (size_t i = 0; i < s->nkeys; i++)
+        free(s->keys[i]);
+    free(s->keys);
+    s->keys = calloc(ks->elements + 1, sizeof(char *));
+    s->nkeys = 0;
+    s->next = 0;
+    for (size_t i = 0; i < ks->elements; i++)
+        if (ks->element[i]->str)
+            s->keys[s->nkeys++] = strdup(ks->element[i]->str);
+    scan_step(s);
+}
+
+/* The next holds key of this page, or the next page, or the end. */
+static void scan_step(hold_scan_t *s) {
+    tg_redis_t *redis = tg_state_redis(s->b->st);
+    if (!redis) {
+        scan_free(s);
+        return;
+    }
+    if (s->next < s->nkeys) {
+        const char *argv[2] = {"HGETALL", s->keys[s->next++]};
+        if (!tg_redis_command(redis, holds_cb, s, 2, argv, NULL))
+            scan_free(s);
+        return;
+    }
+    if (s->keys && !strcmp(s->cursor, "0")) {
+        scan_free(s);
+        return;
+    }
+    const char *argv[6] = {"SCAN", s->cursor, "MATCH", "{t:*}:holds", "COUNT", "1000"};
+    if (!tg_redis_command(redis, scan_cb, s, 6, argv, NULL))
+        scan_free(s);
+}
+
+static void scan_holds(tg_billing_t *b, redisReply *alive) {
+    if (b->scanning)
+        return;
+    hold_scan_t *s = calloc(1, sizeof(*s));
+    s->b = b;
+    s->alive = calloc(alive->elements + 1, sizeof(char *));
+    for (size_t i = 0; i < alive->elements; i++)
+        if (alive->element[i]->str)
+            s->alive[s->nalive++] = strdup(alive->element[i]->str);
+    snprintf(s->cursor, sizeof(s->cursor), "0");
+    b->scanning = 1;
+    scan_step(s);
+}
 
 static void alive_cb(void *ud, redisReply *r, const char *err) {
     tg_billing_t *b = ud;
-    if (err || !r || r->type != REDIS_REPLY_ARRAY || !b->loop)
+    if (err || !r || r->type != REDIS_REPLY_ARRAY || b->stopping)
         return;
     /* Reservations of live instances are theirs to settle, however long they run. */
     tg_buf_t arr;
@@ -773,11 +1062,15 @@ static void alive_cb(void *ud, redisReply *r, const char *err) {
     const char *params[2] = {ms, arr.data};
     tg_pg_query(tg_state_pg(b->st), DUE_SQL, 2, params, due_cb, b);
     tg_buf_free(&arr);
+    scan_holds(b, r);
 }
 
 static void lock_cb(void *ud, redisReply *r, const char *err) {
     tg_billing_t *b = ud;
-    if (err || !r || r->type != REDIS_REPLY_INTEGER || r->integer != 1 || !b->loop)
+    if (err || !r || r->type != REDIS_REPLY_INTEGER || b->stopping)
+        return;
+    b->leader = r->integer == 1;
+    if (!b->leader)
         return;
     char now[32];
     snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
@@ -981,10 +1274,11 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
                    charge_unknown ? "charged the reserved bound" : "released");
             settled++;
             for (int a = 1; rc && a <= TG_MAX(s.attempts, 1); a++) {
-                char keys[3][128], actual[24];
-                fmt_keys(keys, s.tenant_id, s.key_id, s.request_id, a);
+                char keys[4][128], field[96], actual[24];
+                fmt_keys(keys, field, s.tenant_id, s.key_id, s.request_id, a);
                 snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s.attempts, 1) ? s.cost : 0));
-                redisReply *rep = redisCommand(rc, "EVAL %s 3 %s %s %s %s", SETTLE_LUA, keys[0], keys[1], keys[2], actual);
+                redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", SETTLE_LUA, keys[0], keys[1], keys[2],
+                                               keys[3], actual, field);
                 if (rep)
                     freeReplyObject(rep);
             }

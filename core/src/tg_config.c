@@ -317,13 +317,14 @@ static int load_routing(cfg_ctx *c, void *arg) {
 static int load_billing(cfg_ctx *c, void *arg) {
     tg_config_t *cfg = arg;
     static const char *const keys[] = {"enabled", "default_max_tokens", "spool_dir", "reconcile_after_ms",
-                                       "unknown_usage", NULL};
+                                       "unknown_usage", "queue_max", NULL};
     c->prefix = "billing.";
     int rc = check_keys(c, keys);
     rc = rc ?: get_bool(c, "enabled", &cfg->billing.enabled);
     rc = rc ?: get_int(c, "default_max_tokens", &cfg->billing.default_max_tokens, 1, 10000000);
     rc = rc ?: get_str(c, "spool_dir", &cfg->billing.spool_dir);
     rc = rc ?: get_int(c, "reconcile_after_ms", &cfg->billing.reconcile_after_ms, 100, 86400000);
+    rc = rc ?: get_int(c, "queue_max", &cfg->billing.queue_max, 1, 10000000);
     char *u = NULL;
     rc = rc ?: get_str(c, "unknown_usage", &u);
     if (rc == TG_OK && u) {
@@ -365,6 +366,7 @@ static void defaults(tg_config_t *cfg) {
     cfg->billing.spool_dir = strdup("var/spool");
     cfg->billing.reconcile_after_ms = 600000;
     cfg->billing.charge_unknown = 1;
+    cfg->billing.queue_max = 20000;
     cfg->limiter.lease_ttl_ms = 30000;
     cfg->limiter.queue_max = 16;
     cfg->limiter.queue_timeout_ms = 8000;

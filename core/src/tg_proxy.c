@@ -183,6 +183,7 @@ void tg_proxy_worker_init(tg_worker_t *w) {
             .charge_unknown = cfg->billing.charge_unknown,
             .worker = w->index,
             .reconciler = w->index == 0,
+            .queue_max = cfg->billing.queue_max,
         };
         pw->billing = tg_billing_create(&w->loop, w->state, &bc);
     }

@@ -75,10 +75,10 @@ async function setDurable(conninfo, on) {
 
 /**
  * The pgbench script: one tg_settle_batch call carrying what N requests give the
- * gateway's batcher (sql/0004_async_reservations.sql): N reservation elements
+ * gateway's batcher (sql/0003_billing.sql): N reservation elements
  * ({"op": "reserve"}: the `reserved` row) and then the N settlements of the same
- * requests (each marks its reservation reconciled). With `reserve` false only the N
- * settlements (their reservation UPDATE then finds no row).
+ * requests (each reconciles its reservation row). With `reserve` false only the N
+ * settlements (each then writes its reservation row itself, `awaiting reservation`).
  */
 function settleScript(dir, reserve) {
   const p = path.join(dir, reserve ? 'reserve_settle.sql' : 'settle.sql');

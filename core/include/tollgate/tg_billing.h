@@ -6,16 +6,19 @@
  * balance and the key's budget (one script, hash tag {t:<tenant>}); a balance that cannot
  * cover the bound refuses the request (402), so concurrent requests can never overspend.
  * The reservation's durable Postgres row (`reserved`) is written by the settlement
- * batcher, in order and within a millisecond, or appended to the local fsync'd spool when
- * Postgres is unreachable — so no request waits on Postgres, and a Postgres outage does
- * not stop traffic for tenants whose balance is live in Redis.
+ * batcher within a millisecond, or appended to the local fsync'd spool when Postgres is
+ * unreachable — so no request waits on Postgres, and a Postgres outage does not stop
+ * traffic for tenants whose balance is live in Redis. The hold is also indexed in Redis
+ * ({t:T}:holds), so the reconciler finds the holds of a gateway that died before their
+ * row reached Postgres.
  *
  * After the response, the exact usage is priced and settled: the Redis reservation's
  * unused part is returned exactly once (the reservation key is deleted by the same
  * script that credits it back), and the Postgres settlement (tg_settle_batch: dedup row
  * first, and only if it was inserted: debit, usage row, ledger row, reservation
  * reconciled) is queued, grouped with others into one transaction per batch, and on
- * failure appended to a local fsync'd spool that is replayed until it succeeds.
+ * failure — or when the queue reaches queue_max because Postgres is slower than the
+ * traffic — appended to a local fsync'd spool that is replayed until it succeeds.
  *
  * Money is handled in C as integer nano-USD (1e-9 USD) and in Postgres as NUMERIC;
  * never as a float.
@@ -51,6 +54,7 @@ typedef struct {
     int charge_unknown;     /* 1: unknown usage is charged at the reserved bound; 0: released */
     int worker;             /* index, for the spool file name */
     int reconciler;         /* this worker competes for the reconciler lock */
+    int queue_max;          /* elements queued for Postgres before the queue spills to the spool (0: default) */
 } tg_billing_config_t;
 
 tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billing_config_t *cfg);
@@ -97,7 +101,8 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s);
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
                                 int attempt);
 /** Sends what is queued and waits (running the loop) until Postgres took it or
- *  timeout_ms passed; what is left goes to the spool at destroy. For shutdown. */
+ *  timeout_ms passed; what is left goes to the spool at destroy. Stops the reconciler
+ *  and gives its Redis lock back if this worker holds it. For shutdown. */
 void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms);
 /** Usage is unknown (upstream timed out after the request was sent): the reservations
  *  become pending_reconciliation and keep holding the money. */

@@ -76,6 +76,7 @@ typedef struct {
         char *spool_dir;         /* settlements Postgres could not take wait here */
         int reconcile_after_ms;  /* unknown-usage reservations are settled after this */
         int charge_unknown;      /* 1: at the reserved bound (default); 0: released */
+        int queue_max;           /* settlement elements in memory before they spill to the spool */
     } billing;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;
