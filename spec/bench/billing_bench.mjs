@@ -12,6 +12,10 @@
 //      full speed with a billed key; usage rows written per second while it runs, the
 //      number of tg_settle_batch calls (so the settlements per transaction), and after
 //      the run: every 200 has its usage row, nothing spooled, `ledger verify` passes.
+//   E. Sustained end to end: the gateway (durable Postgres) under a fixed open-loop
+//      rate (tg_loadgen); usage rows written per second during the run, the backlog
+//      when it ends and how long it takes to drain: settlement keeps up when rows/s
+//      equals the rate and the backlog stays at about one batch.
 //   C. What billing costs the client: p50/p99/p99.9 latency at a fixed open-loop rate
 //      (tg_loadgen, corrected for coordinated omission) through two gateways started
 //      side by side on the same database, billing on and billing = { enabled = false },
@@ -37,6 +41,8 @@ const WRK_SECONDS = QUICK ? 4 : 10;
 const LAT_SECONDS = QUICK ? 3 : 6;
 const LAT_ROUNDS = QUICK ? 1 : 3;
 const LAT_RATES = [200, 1000];
+const SUSTAIN_RATES = QUICK ? [2000] : [2000, 4000, 5000, 6000];
+const SUSTAIN_SECONDS = QUICK ? 4 : 10;
 const BATCHES = [1, 10, 100, 200];
 const CLIENTS = 4;
 /** The gateways: 2 workers, access log off, the default reconcile delay (10 min). */
@@ -312,10 +318,71 @@ async function benchGateway() {
   }
   print();
 
+  const body = fs.readFileSync(path.join(HERE, 'billing_bench.lua'), 'utf8').match(/wrk\.body = '(.*)'/)[1];
+
+  // E. Sustained: a fixed rate, durable Postgres; does settlement keep up?
+  await setDurable(bill.conninfo, true);
+  const sus = [];
+  for (const rate of SUSTAIN_RATES) {
+    const gw = await startBilledGateway(bill, GW, { mock });
+    const usage = async () => Number(await bill.db.scalar('SELECT count(*) FROM usage'));
+    const u0 = await usage();
+    const samples = [];
+    let running = true;
+    const sampler = (async () => {
+      while (running) {
+        samples.push([Date.now(), await usage()]);
+        await sleep(500);
+      }
+    })();
+    const t0 = Date.now();
+    const kv = await openLoop(gw, bill.key, rate, SUSTAIN_SECONDS, body);
+    running = false;
+    await sampler;
+    const tEnd = Date.now();
+    const atEnd = await usage();
+    // Steady window: from 2 s after the start (after the 1 s warm-up) to the end.
+    const win = samples.filter(([t]) => t >= t0 + 2000);
+    const rowsPerSec = win.length > 1 ? ((win.at(-1)[1] - win[0][1]) * 1000) / (win.at(-1)[0] - win[0][0]) : NaN;
+    let last = atEnd;
+    let tLast = Date.now();
+    for (let same = 0, i = 0; same < 8 && i < 480; i++) {
+      await sleep(250);
+      const n = await usage();
+      if (n === last) same++;
+      else {
+        same = 0;
+        last = n;
+        tLast = Date.now();
+      }
+    }
+    const spooled = gw.proc.lines.stderr.filter((l) => /spooled/.test(l)).length;
+    await gw.stop();
+    const r = { rate, kv, rowsPerSec, backlog: last - atEnd, drainS: Math.max(0, (tLast - tEnd) / 1000), rows: last - u0, spooled };
+    sus.push(r);
+    log(`sustained ${rate}/s: ${fmt(Number(kv.measured_rate))}/s answered, ${fmt(rowsPerSec)} usage rows/s, backlog ${fmt(r.backlog)}`);
+  }
+  await setDurable(bill.conninfo, false);
+  const vE = await ledger(bill, 'verify');
+  print('### E. Sustained end to end at a fixed rate (durable Postgres)');
+  print();
+  print(`tg_loadgen open loop, 32 connections, ${SUSTAIN_SECONDS} s (1 s warm-up) per rate, a fresh gateway (2 workers) each; usage rows counted`);
+  print('every 0.5 s. "usage rows/s" is over the steady part (from 2 s to the end); "backlog" is what was still queued when the');
+  print('load stopped, "drained after" how long it then took.');
+  print();
+  print('| target rate | answered/s | service p50 / p99 | usage rows/s | backlog at the end | drained after | usage rows (all) | spooled |');
+  print('|---:|---:|---:|---:|---:|---:|---:|---:|');
+  for (const r of sus) {
+    print(`| ${fmt(r.rate)}/s | ${fmt(Number(r.kv.measured_rate))}/s | ${ms(r.kv.svc_p50_us)} / ${ms(r.kv.svc_p99_us)} ms | ` +
+      `${fmt(r.rowsPerSec)} | ${fmt(r.backlog)} | ${r.drainS.toFixed(1)} s | ${fmt(r.rows)} | ${r.spooled} |`);
+  }
+  print();
+  print(`\`ledger verify\` after these runs: exit ${vE.code}.`);
+  print();
+
   // C. billing on vs off, same database, same mock, side by side; open loop.
   const on = await startBilledGateway(bill, GW, { mock });
   const off = await startBilledGateway(bill, { ...GW, billing: { enabled: false } }, { mock });
-  const body = fs.readFileSync(path.join(HERE, 'billing_bench.lua'), 'utf8').match(/wrk\.body = '(.*)'/)[1];
   const lat = {};
   const latency = async (rate) => {
     lat[rate] = { on: [], off: [] };
