@@ -9,33 +9,45 @@
 #
 # The limits are far above anything the benchmark can reach, so nothing is refused.
 #
-#   1. latency at a fixed rate (open loop, tg_loadgen rate, 2,000 req/s): p50 / p99 of
-#      key and all against off (goal: under 100 µs added at p50 on loopback), with three
-#      pinnings: the gateway on its own core, everything on one core, and the gateway
-#      with Redis on one core and the load side on the other;
-#   2. Redis round trips per request: INFO commandstats over every measured run (EVALSHA
+#   1. the goal, "under 100 µs added at p50": the latency one request gets, measured
+#      unsaturated (added latency is a property of one request, not of a queue):
+#      a. closed loop on ONE connection (tg_loadgen ttfb --conns 1: the next request
+#         leaves when the previous response ends), key and all against off;
+#      b. the same with the gateway and Redis sharing a core (no cross-core wake-up);
+#      c. a fixed, moderate 1,000 req/s (open loop, tg_loadgen rate, 4 connections);
+#   2. latency at a busier fixed rate (TG_BENCH_RATE, 2,000 req/s over 32 connections),
+#      as measured before;
+#   3. Redis round trips per request: INFO commandstats over every measured run (EVALSHA
 #      calls per admitted request; goal: one for admission, one for release), a
 #      MONITOR capture of 200 requests that shows every command the gateway sent, and
 #      Redis's own time per script (SLOWLOG) and in the commands inside (commandstats);
-#   3. req/s with limits on against off (closed loop over 64 connections; tg_loadgen,
-#      not wrk: see section 3), with the gateway's and Redis's CPU per request.
+#   4. req/s with limits on against off (closed loop over 64 connections; saturated: a
+#      throughput figure, not an added latency), with the gateway's and Redis's CPU per
+#      request;
+#   5. admission + release without HTTP (spec/bench/limits_admit_bench.c: the gateway's
+#      tg_limits.c against the same Redis, one request at a time): the admission round
+#      trip, the gateway's CPU and Redis's CPU per request; with --callgrind also the
+#      instructions per request in Redis and in the gateway code (valgrind; exact on a
+#      loaded box, unlike any time).
 #
 # Prints Markdown (spec/bench/RESULTS-limits.md is written from it).
 #
-# Usage: spec/bench/limits_bench.sh [--quick] [--keep] [--perf]
-#   --quick  one short round of everything, to check the script
-#   --keep   keep the work directory (raw samples, logs)
-#   --perf   profile the gateway under the closed loop for off and all, and Redis for
-#            all (perf record -g); print the top of perf report --no-children of each
-# Environment: TG_BENCH_BIN (default build/tollgate), TG_BENCH_ROUNDS (5),
+# Usage: spec/bench/limits_bench.sh [--quick] [--keep] [--perf] [--callgrind]
+#   --quick      one short round of everything, to check the script
+#   --keep       keep the work directory (raw samples, logs)
+#   --perf       profile the gateway under the closed loop for off and all, and Redis for
+#                all (perf record -g); print the top of perf report --no-children of each
+#   --callgrind  section 5 under valgrind --tool=callgrind too (about a minute more)
+# Environment: TG_BENCH_BIN (default build/tollgate; its directory must hold
+#   libtollgate_core.a and libllhttp.a for section 5), TG_BENCH_ROUNDS (5),
 #   TG_BENCH_SECONDS (closed-loop seconds per round, 4), TG_BENCH_RATE (2000),
-#   TG_BENCH_LOAD_CPU (0), TG_BENCH_PROXY_CPU (1), TG_BENCH_COMMIT (what the binary was
-#   built from, for the report; default: the checkout's HEAD).
+#   TG_BENCH_SINGLE (requests per single-connection round, 2000), TG_BENCH_LOAD_CPU (0),
+#   TG_BENCH_PROXY_CPU (1), TG_BENCH_COMMIT (what the binary was built from, for the
+#   report; default: the checkout's HEAD).
 #
 # Pinning (2-core box), as in core_bench.sh: the mock upstream, the load generator,
 # Redis and Postgres on TG_BENCH_LOAD_CPU; the gateway (1 worker) alone on
-# TG_BENCH_PROXY_CPU (section 1 repeats with the gateway moved to TG_BENCH_LOAD_CPU, then
-# with Redis moved to TG_BENCH_PROXY_CPU).
+# TG_BENCH_PROXY_CPU (1b moves Redis next to the gateway).
 # Everything runs at nice -19 in a session of its own whose autogroup gets nice -19.
 # Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
 # directory), the gateway and the mock listen on 127.0.0.1; everything started here is
@@ -59,6 +71,10 @@ BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 ROUNDS=${TG_BENCH_ROUNDS:-5}
 SLICE=${TG_BENCH_SECONDS:-4}
 RATE=${TG_BENCH_RATE:-2000}
+SINGLE=${TG_BENCH_SINGLE:-2000}
+MODERATE=1000
+ADMIT_N=5000
+CG_N=1000
 LOAD_CPU=${TG_BENCH_LOAD_CPU:-0}
 PROXY_CPU=${TG_BENCH_PROXY_CPU:-1}
 NICE=(nice -n -19)
@@ -67,19 +83,25 @@ RATE_SLICE=3
 WARM=2
 MONITOR_N=200
 SAMPLE_S=3
-KEEP=0 PERF=0
+KEEP=0 PERF=0 CALLGRIND=0
 for a in "$@"; do
     case $a in
-    --quick) ROUNDS=1 SLICE=2 RATE_SLICE=1 WARM=1 SAMPLE_S=1 ;;
+    --quick) ROUNDS=1 SLICE=2 RATE_SLICE=1 WARM=1 SAMPLE_S=1 SINGLE=300 ADMIT_N=500 ;;
     --keep) KEEP=1 ;;
     --perf) PERF=1 ;;
-    *) echo "usage: $0 [--quick] [--keep] [--perf]" >&2; exit 2 ;;
+    --callgrind) CALLGRIND=1 ;;
+    *) echo "usage: $0 [--quick] [--keep] [--perf] [--callgrind]" >&2; exit 2 ;;
     esac
 done
 for tool in cc curl taskset psql redis-server redis-cli jq; do
     command -v $tool >/dev/null || { echo "limits_bench: $tool is not installed" >&2; exit 2; }
 done
 [ -x "$BIN" ] || { echo "limits_bench: $BIN is missing (build first, or set TG_BENCH_BIN)" >&2; exit 2; }
+BUILD=$(cd "$(dirname "$BIN")" && pwd)
+for f in "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a"; do
+    [ -f "$f" ] || { echo "limits_bench: $f is missing (section 5 links against it)" >&2; exit 2; }
+done
+[ $CALLGRIND = 0 ] || command -v valgrind >/dev/null || { echo "limits_bench: valgrind is not installed" >&2; exit 2; }
 
 T=$(mktemp -d /tmp/tg-limits-bench.XXXXXX)
 chmod 755 "$T"
@@ -114,6 +136,10 @@ BIN=$T/gw
 cc -O2 -Wall -Wextra -Werror -std=gnu11 -I/usr/share/include/llhttp -c "$BENCH/tg_loadgen.c" -o "$T/tg_loadgen.o"
 cc -O2 -w -I/usr/share/include/llhttp "$T/tg_loadgen.o" /usr/share/llhttp/{llhttp,api,http}.c -luv -o "$T/tg_loadgen"
 LOADGEN=$T/tg_loadgen
+# ---- the in-process admission benchmark (section 5), against the binary's own library ------
+cc -O2 -g -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$ROOT/core/include" "$BENCH/limits_admit_bench.c" \
+    "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a" \
+    $(pkg-config --libs luajit libuv hiredis libpq openssl jansson) -lm -lpthread -o "$T/limits_admit_bench"
 
 # ---- helpers ----------------------------------------------------------------------------
 port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
@@ -241,13 +267,26 @@ count_end() { # TARGET REQUESTS
     REQUESTS[$1]=$(( ${REQUESTS[$1]:-0} + $2 ))
 }
 
-# ---- 1. latency at a fixed rate -------------------------------------------------------------
+# ---- 1 and 2. latency: one request at a time, then fixed rates ---------------------------
 declare -A FAILED
-run_rate() { # TARGET PINNING
+pct_of() { pct "$T/$1.txt" "$2" "$3"; }
+# One connection, closed loop: the added latency of a request with nothing queued.
+run_single() { # TARGET PINNING
+    local t=$1 out
+    count_begin
+    out=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" ttfb 127.0.0.1:$P_GW --auth "$(key_of "$t")" --body "$BODY" \
+        --conns 1 --requests "$SINGLE" --timeout 60 --samples "$T/single-$2-$t.txt" 2>>"$T/loadgen.err" || true)
+    sleep 0.1 # the last release
+    count_end "$t" "$(kv completed "$out" | grep . || echo 0)"
+    echo "$out" >>"$T/single.txt"
+    FAILED[$2.$t]=$(( ${FAILED[$2.$t]:-0} + $(kv errors "$out" | grep . || echo 1) + $(kv non2xx "$out" | grep . || echo 0) ))
+    log "single $2 $t: p50 $(pct_of "single-$2-$t" 3 50) µs (load $(load_now))"
+}
+run_rate() { # TARGET PINNING RATE CONNS
     local t=$1 out sent
     count_begin
     out=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" rate 127.0.0.1:$P_GW --auth "$(key_of "$t")" --body "$BODY" \
-        --rate "$RATE" --conns 32 --duration $RATE_SLICE --warmup 0.5 --samples "$T/rate-$2-$t.txt" 2>>"$T/loadgen.err" || true)
+        --rate "$3" --conns "$4" --duration $RATE_SLICE --warmup 0.5 --samples "$T/rate-$2-$t.txt" 2>>"$T/loadgen.err" || true)
     sleep 0.2 # the last releases
     sent=$(kv sent "$out" | grep . || echo 0)
     count_end "$t" "$sent"
@@ -255,24 +294,25 @@ run_rate() { # TARGET PINNING
     FAILED[$2.$t]=$(( ${FAILED[$2.$t]:-0} + $(kv errors "$out" | grep . || echo 1) + $(kv non2xx "$out" | grep . || echo 0) ))
     log "rate $2 $t: p50 $(kv svc_p50_us "$out") µs p99 $(kv svc_p99_us "$out") µs (load $(load_now))"
 }
-rate_rounds() { # PINNING
-    local r t order
+rounds() { # FUNCTION ARGS...: ROUNDS × (off, key, all), the order reversed every other round
+    local r t order fn=$1
+    shift
     for r in $(seq "$ROUNDS"); do
         order=("${TARGETS[@]}")
         [ $((r % 2)) = 0 ] && order=(all key off)
-        for t in "${order[@]}"; do run_rate "$t" "$1"; done
+        for t in "${order[@]}"; do "$fn" "$t" "$@"; done
     done
 }
-rate_table() { # PINNING TITLE
-    local f=$T/rate-$1 t
-    say "### 1$1. Latency at a fixed $RATE req/s, $2"
+lat_table() { # FILE-PREFIX COLUMN TITLE DESCRIPTION
+    local f=$T/$1 c=$2 t
+    say "### $3"
     say ""
-    say "Open loop (tg_loadgen rate), 32 connections, $ROUNDS × $RATE_SLICE s per key after 0.5 s warm-up each, interleaved; samples pooled. Latency from the moment each request is written."
+    say "$4"
     say ""
-    say "| key | samples | errors | p50 ms | p90 ms | p99 ms | p99.9 ms | **p50 added µs** | p99 added µs |"
+    say "| key | samples | errors | p50 ms | p90 ms | p99 ms | **p50 added µs** | p90 added µs | p99 added µs |"
     say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     for t in "${TARGETS[@]}"; do
-        say "| $t | $(wc -l <"$f-$t.txt") | ${FAILED[$1.$t]} | $(ms "$(pct "$f-$t.txt" 1 50)") | $(ms "$(pct "$f-$t.txt" 1 90)") | $(ms "$(pct "$f-$t.txt" 1 99)") | $(ms "$(pct "$f-$t.txt" 1 99.9)") | $(added_us "$(pct "$f-$t.txt" 1 50)" "$(pct "$f-off.txt" 1 50)") | $(added_us "$(pct "$f-$t.txt" 1 99)" "$(pct "$f-off.txt" 1 99)") |"
+        say "| $t | $(wc -l <"$f-$t.txt") | ${FAILED[${1#*-}.$t]} | $(ms "$(pct "$f-$t.txt" "$c" 50)") | $(ms "$(pct "$f-$t.txt" "$c" 90)") | $(ms "$(pct "$f-$t.txt" "$c" 99)") | $(added_us "$(pct "$f-$t.txt" "$c" 50)" "$(pct "$f-off.txt" "$c" 50)") | $(added_us "$(pct "$f-$t.txt" "$c" 90)" "$(pct "$f-off.txt" "$c" 90)") | $(added_us "$(pct "$f-$t.txt" "$c" 99)" "$(pct "$f-off.txt" "$c" 99)") |"
     done
     say ""
 }
@@ -280,24 +320,29 @@ for t in "${TARGETS[@]}"; do # warm-up: connections, key cache, script cache
     "${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" rate 127.0.0.1:$P_GW --auth "$(key_of "$t")" --body "$BODY" \
         --rate "$RATE" --conns 32 --duration $WARM >/dev/null 2>>"$T/loadgen.err" || true
 done
-rate_rounds a
-taskset -a -p -c "$LOAD_CPU" "$PID_GW" >/dev/null
-rate_rounds b
-taskset -a -p -c "$PROXY_CPU" "$PID_GW" >/dev/null
+rounds run_single a
 taskset -a -p -c "$PROXY_CPU" "$PID_REDIS" >/dev/null
-rate_rounds c
+rounds run_single b
 taskset -a -p -c "$LOAD_CPU" "$PID_REDIS" >/dev/null
-gw_alive "after the fixed-rate runs"
-rate_table a "gateway on CPU $PROXY_CPU; mock, client and Redis on CPU $LOAD_CPU"
-rate_table b "everything on CPU $LOAD_CPU (no cross-core wake-ups)"
-rate_table c "gateway and Redis on CPU $PROXY_CPU; mock and client on CPU $LOAD_CPU (Redis not queued behind the load side)"
+rounds run_rate c "$MODERATE" 4
+rounds run_rate d "$RATE" 32
+gw_alive "after the latency runs"
+say "### 1. Added latency of one request, unsaturated (the goal: under 100 µs added at p50)"
+say ""
+lat_table single-a 3 "1a. One connection, closed loop; gateway on CPU $PROXY_CPU, mock + client + Redis on CPU $LOAD_CPU" \
+    "tg_loadgen ttfb --conns 1: one request in flight at any time; $ROUNDS × $SINGLE requests per key, interleaved, samples pooled; latency = request written → response complete."
+lat_table single-b 3 "1b. One connection, closed loop; gateway + Redis on CPU $PROXY_CPU, mock + client on CPU $LOAD_CPU" \
+    "As 1a, with Redis moved next to the gateway (its reply does not wait behind the load side)."
+lat_table rate-c 1 "1c. A fixed $MODERATE req/s (open loop), 4 connections; pinning as 1a" \
+    "tg_loadgen rate: $ROUNDS × $RATE_SLICE s per key after 0.5 s warm-up each, interleaved; latency from the moment each request is written."
+say "### 2. Latency at a busier fixed $RATE req/s"
+say ""
+lat_table rate-d 1 "2. $RATE req/s (open loop), 32 connections; pinning as 1a" \
+    "As 1c, at $RATE req/s over 32 connections (the figure measured before)."
 
-# ---- 3. throughput ------------------------------------------------------------------------
-# Not wrk: wrk stops by closing its connections with requests in flight, and a client
-# that goes away while its admission is in flight crashes this gateway (on_finish frees
-# the admission handle under its pending Redis reply; see RESULTS-limits.md). tg_loadgen
-# ttfb is a closed loop over CONNS connections that lets every request finish before it
-# closes; it sends a fixed number of requests, timed here from outside.
+# ---- 4. throughput ------------------------------------------------------------------------
+# tg_loadgen ttfb, a closed loop over CONNS connections that lets every request finish
+# before it closes; it sends a fixed number of requests, timed here from outside.
 declare -A REQS SECS GCPU RCPU ERRS ROUND_RPS SENT
 run_sat() { # TARGET REQUESTS SAMPLES: prints tg_loadgen's result line plus secs=
     local t0 t1 out
@@ -340,10 +385,10 @@ declare -A RPS
 for t in "${TARGETS[@]}"; do RPS[$t]=$(awk -v n="${REQS[$t]}" -v s="${SECS[$t]}" 'BEGIN {printf "%.0f", n / s}'); done
 per_req() { awk -v c="$1" -v hz="$HZ" -v n="$2" 'BEGIN { printf "%.1f", c / hz * 1e6 / n }'; }
 
-# ---- 2. round trips -----------------------------------------------------------------------
-say "### 2. Redis commands per request"
+# ---- 3. round trips -----------------------------------------------------------------------
+say "### 3. Redis commands per request"
 say ""
-say "INFO commandstats, reset before and read after every measured run of sections 1 and 3 (the gateway's own"
+say "INFO commandstats, reset before and read after every measured run of sections 1, 2 and 4 (the gateway's own"
 say "\`tollgate_admission_total{result=\"admitted\"}\` counts admissions over the same windows)."
 say ""
 say "| key | requests sent | admitted | EVALSHA | EVAL (NOSCRIPT fallback) | EVALSHA per request sent | EVALSHA per admitted request | Redis time per EVALSHA µs |"
@@ -377,7 +422,7 @@ say ""
 # Where Redis's time goes, at the rate of section 1: SLOWLOG (threshold 5 µs: the scripts,
 # not the ~1 µs commands inside them, whose logging would inflate the scripts' times) for
 # each script's execution time, and commandstats for the commands the scripts ran.
-say "Redis's own execution time, $SAMPLE_S s at $RATE req/s per key (the load of section 1a): each script from SLOWLOG"
+say "Redis's own execution time, $SAMPLE_S s at $RATE req/s per key (the load of section 2): each script from SLOWLOG"
 say "(\`slowlog-log-slower-than 5\` µs, so the ~1 µs commands inside scripts are not logged), the commands"
 say "inside them from INFO commandstats over the same window."
 say ""
@@ -396,10 +441,12 @@ for t in key all; do
     sent=$(kv sent "$out")
     redis INFO commandstats | tr -d '\r' | grep '^cmdstat_' >"$T/cmdstats-$t.txt"
     redis-cli -2 --json -s "$REDIS_SOCK" SLOWLOG GET 200000 >"$T/slowlog-$t.json"
-    jq -r '.[] | select(.[3][0] == "EVALSHA") | "\(.[3][2]) \(.[2])"' "$T/slowlog-$t.json" >"$T/scripts-$t.txt"
-    for k in 7 5 2; do
-        name=$( [ $k = 7 ] && echo admit || { [ $k = 5 ] && echo release || echo renew; })
-        awk -v k=$k '$1 == k {print $2}' "$T/scripts-$t.txt" | sort -n >"$T/s.txt"
+    # Which script: by its number of ARGV (the admission has 9 or more, the release 4 to
+    # 7, the renewal 2 or 3, in this version and the one before).
+    jq -r '.[] | select(.[3][0] == "EVALSHA") | "\((.[3] | length) - 3 - (.[3][2] | tonumber)) \(.[2])"' \
+        "$T/slowlog-$t.json" | awk '{ print ($1 >= 9 ? "admit" : $1 >= 4 ? "release" : "renew"), $2 }' >"$T/scripts-$t.txt"
+    for name in admit release renew; do
+        awk -v k=$name '$1 == k {print $2}' "$T/scripts-$t.txt" | sort -n >"$T/s.txt"
         [ -s "$T/s.txt" ] || continue
         say "| $t | $name | $(wc -l <"$T/s.txt") / $sent | $(awk '{ v[NR] = $1; s += $1 } END { printf "%d | %d | %.1f", v[int((NR + 1) / 2)], v[int(NR * 0.9 + 0.5)], s / NR }' "$T/s.txt") |"
     done
@@ -416,7 +463,7 @@ for t in key all; do
 done
 say ""
 
-say "### 3. Throughput, limits on against off (closed loop over $CONNS connections, $ROUNDS rounds of ~$SLICE s per key, interleaved)"
+say "### 4. Throughput, limits on against off (closed loop over $CONNS connections, $ROUNDS rounds of ~$SLICE s per key, interleaved)"
 say ""
 say "| key | req/s | per round | vs off | p50 ms | p99 ms | gateway CPU µs / req | Redis CPU µs / req | errors + non-2xx |"
 say "|---|---:|---|---:|---:|---:|---:|---:|---:|"
@@ -428,6 +475,58 @@ say "tg_loadgen ttfb (every connection sends its next request when the previous 
 say "responses / all seconds (each run timed from outside, connection set-up included); p50 / p99 of the whole"
 say "response time, pooled over the rounds; CPU from /proc/PID/stat over the same runs."
 say ""
+
+# ---- 5. admission + release without HTTP ---------------------------------------------------
+say "### 5. Admission + release without HTTP (limits_admit_bench.c, one request at a time)"
+say ""
+say "The gateway's own tg_limits.c + tg_redis.c against the same Redis, $ADMIT_N requests per mode, client on CPU"
+say "$PROXY_CPU, Redis on CPU $LOAD_CPU: tg_limits_admit → callback → tg_admit_release → next. Modes: \`rpm\` (rpm only:"
+say "no lease, nothing to correct, so no release round trip), \`key\`, \`all\` as above."
+say ""
+say "| mode | admission round trip p50 / p90 / p99 µs | gateway CPU µs / req | EVALSHA / req | Redis µs per EVALSHA (commandstats) | Redis CPU µs / req |"
+say "|---|---|---:|---:|---:|---:|"
+for m in rpm key all; do
+    "$T/limits_admit_bench" "unix://$REDIS_SOCK" $m 500 >/dev/null # warm: the script cache
+    redis CONFIG RESETSTAT >/dev/null
+    r0=$(cpu_ticks "$PID_REDIS")
+    out=$("${NICE[@]}" taskset -c "$PROXY_CPU" "$T/limits_admit_bench" "unix://$REDIS_SOCK" $m $ADMIT_N || true)
+    r1=$(cpu_ticks "$PID_REDIS")
+    st=$(redis INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),usec=[0-9]*,usec_per_call=\([0-9.]*\),.*/\1 \2/p')
+    say "| $m | $(kv admit_p50_us "$out") / $(kv admit_p90_us "$out") / $(kv admit_p99_us "$out") | $(kv cpu_us_per_req "$out") | $(ratio "${st% *}" $ADMIT_N) | ${st#* } | $(per_req $((r1 - r0)) $ADMIT_N) |"
+    log "in-process $m: $out (load $(load_now))"
+done
+say ""
+if [ $CALLGRIND = 1 ]; then
+    # Instructions, not time: exact whatever else the box runs. A second Redis under
+    # callgrind; its counters are zeroed after a warm-up and dumped after N requests.
+    # The gateway side: the difference between two runs of the client under callgrind.
+    CG=$T/callgrind
+    mkdir -p "$CG"
+    say "Instructions per request (valgrind --tool=callgrind, $CG_N requests per mode): Redis's whole process (scripts, event"
+    say "loop, I/O; a second redis-server under callgrind), and the gateway code (tg_limits, tg_redis, hiredis, libuv: two runs"
+    say "of limits_admit_bench, 200 and 200 + N requests, subtracted)."
+    say ""
+    say "| mode | Redis instructions / req | gateway instructions / req |"
+    say "|---|---:|---:|"
+    cg_total() { callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'; }
+    for m in rpm key all; do
+        rm -f "$CG"/*
+        valgrind --tool=callgrind --callgrind-out-file="$CG/redis.out" redis-server --port 0 --unixsocket "$CG/r.sock" \
+            --save '' --appendonly no >"$CG/redis.log" 2>"$CG/vg.err" &
+        VG=$!
+        PIDS+=("$VG")
+        for _ in $(seq 100); do redis-cli -s "$CG/r.sock" PING >/dev/null 2>&1 && break; sleep 0.2; done
+        "$T/limits_admit_bench" "unix://$CG/r.sock" $m 50 >/dev/null
+        callgrind_control -z $VG >/dev/null
+        "$T/limits_admit_bench" "unix://$CG/r.sock" $m $CG_N >/dev/null
+        callgrind_control -d $VG >/dev/null
+        valgrind --tool=callgrind --callgrind-out-file="$CG/c1.out" "$T/limits_admit_bench" "unix://$CG/r.sock" $m 200 >/dev/null 2>&1
+        valgrind --tool=callgrind --callgrind-out-file="$CG/c2.out" "$T/limits_admit_bench" "unix://$CG/r.sock" $m $((200 + CG_N)) >/dev/null 2>&1
+        kill $VG; wait $VG 2>/dev/null || true
+        say "| $m | $(( $(cg_total "$CG/redis.out.1") / CG_N )) | $(( ($(cg_total "$CG/c2.out") - $(cg_total "$CG/c1.out")) / CG_N )) |"
+    done
+    say ""
+fi
 
 # ---- optional profile ---------------------------------------------------------------------
 if [ $PERF = 1 ]; then
