@@ -58,7 +58,7 @@ if(NOT TG_FUZZ AND NOT TG_SANITIZE)
     COMMAND sh -c "ls \"$0\"/fuzz_* >/dev/null 2>&1 || { echo \"skipped: no fuzz build in $0\"; exit 77; }; exec \"$1\" \"$0\" \"\${TG_FUZZ_SECONDS:-20}\""
             ${TG_ASAN_DIR} ${CMAKE_CURRENT_LIST_DIR}/fuzz/run-fuzzers.sh)
   set_tests_properties(fuzz.run PROPERTIES LABELS "core;fuzz" SKIP_RETURN_CODE 77 TIMEOUT 300)
-  foreach(m buf sse usage http config)
+  foreach(m buf sse usage http config json)
     add_test(NAME unit-asan.${m}
       COMMAND sh -c "[ -x \"$0/tg_unit\" ] || { echo \"skipped: no asan build\"; exit 77; }; exec \"$0/tg_unit\" \"$1\""
               ${TG_ASAN_DIR} ${m})

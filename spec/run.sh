@@ -5,6 +5,9 @@
 #   spec/run.sh                 everything
 #   spec/run.sh -L limits       one label (any ctest arguments: -R REGEX, -j2, -V ...)
 #   TG_SKIP_ASAN=1 spec/run.sh  skip the clang ASan/UBSan + fuzz build (quick local runs)
+#   TG_CTEST_DIR=build-asan spec/run.sh -L routing
+#                               run ctest in the sanitizer build instead: every test,
+#                               integration ones included, then drives the ASan binary
 #
 # Tests see these environment variables:
 #   TOLLGATE_PG      libpq conninfo of the private Postgres (database `tollgate`)
@@ -76,8 +79,8 @@ tg_redis_start "$tmp/redis"
 echo "TOLLGATE_PG=$TOLLGATE_PG"
 echo "TOLLGATE_REDIS=$TOLLGATE_REDIS"
 
-echo "== ctest $*"
-cd build
+echo "== ctest $* (in ${TG_CTEST_DIR:-build})"
+cd "${TG_CTEST_DIR:-build}"
 # ctest runs in the background in its own session (setsid execs in place here, so its
 # PID is its process group) and we wait for it: a SIGINT/SIGTERM to this script then
 # stops ctest and its tests at once, and the services after them.

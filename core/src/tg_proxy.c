@@ -27,6 +27,7 @@
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_redis.h"
 #include "tollgate/tg_limits.h"
+#include "tollgate/tg_json.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_select.h"
 #include "tollgate/tg_server.h"
@@ -66,6 +67,9 @@ static const char SLOT_LUA[] =
 static const char SLOT_RELEASE_LUA[] = "return redis.call('ZREM', KEYS[1], ARGV[1])\n";
 
 typedef struct proxy_req_s proxy_req_t;
+/* Which top-level members of the client's body a phase changed: only these are
+ * rewritten in the bytes sent upstream (tg_json_set_members). */
+enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4 };
 /* The index of phase_select in phases[] below: where a retry resumes. */
 enum { PHASE_SELECT = 6 };
 typedef int (*phase_fn)(proxy_req_t *p);
@@ -102,7 +106,8 @@ struct proxy_req_s {
     const tg_account_t *account;  /* NULL: the static upstream */
     tg_upstream_t *up;
     const char *credential;
-    int json_dirty;               /* the body must be re-serialized */
+    unsigned json_dirty;          /* top-level members changed since the parse (DIRTY_*) */
+    const char *limit_key;        /* the output-cap member phase_reserve set */
     tg_admit_t *admit;            /* held while admitted; released at the end */
     int64_t est_tokens;
     int ctx_on;                   /* ctx holds a plugin generation */
@@ -211,6 +216,8 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     EVP_MD_CTX_free(pw->sha);
     while (pw->spare) {
         proxy_req_t *p = pw->spare;
+        TG_UNPOISON(p, sizeof(*p));
+        TG_UNPOISON(p->body_copy.data, p->body_copy.cap);
         pw->spare = p->next_spare;
         tg_buf_free(&p->body_copy);
         free(p);
@@ -226,27 +233,20 @@ static void slot_release(proxy_req_t *p);
 /*
  * proxy_req_t is large (the plugin context's arrays): a short per-worker list keeps
  * finished ones, with their answer-copy buffer when it is small, for the next request.
- * Not under ASan, which must see every free to catch a use after free.
+ * Under ASan the kept ones are poisoned (TG_POISON), so a use after free is still caught.
  */
-#if defined(__SANITIZE_ADDRESS__)
-#define PREQ_SPARE_MAX 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PREQ_SPARE_MAX 0
-#endif
-#endif
-#ifndef PREQ_SPARE_MAX
 #define PREQ_SPARE_MAX 64
-#endif
 
 static proxy_req_t *preq_alloc(proxy_worker_t *pw) {
     proxy_req_t *p = pw->spare;
     tg_buf_t copy;
     tg_buf_init(&copy);
     if (p) {
+        TG_UNPOISON(p, sizeof(*p));
         pw->spare = p->next_spare;
         pw->nspare--;
         copy = p->body_copy;
+        TG_UNPOISON(copy.data, copy.cap);
     } else if (!(p = malloc(sizeof(*p)))) {
         abort();
     }
@@ -268,6 +268,8 @@ static void preq_recycle(proxy_req_t *p) {
     p->next_spare = pw->spare;
     pw->spare = p;
     pw->nspare++;
+    TG_POISON(p->body_copy.data, p->body_copy.cap);
+    TG_POISON(p, sizeof(*p));
 }
 
 static void preq_free(proxy_req_t *p) {
@@ -819,6 +821,7 @@ static int phase_parse(proxy_req_t *p) {
         if (!json_is_true(json_object_get(so, "include_usage"))) {
             p->strip_usage_chunk = p->strip_usage_orig = 1;
             json_object_set_new(so, "include_usage", json_true());
+            p->json_dirty |= DIRTY_STREAM_OPTIONS;
         }
     }
     return TG_OK;
@@ -879,7 +882,7 @@ static int phase_plugins(proxy_req_t *p) {
     if (c->model_len && (c->model_len != strlen(p->model) || memcmp(c->model, p->model, c->model_len) != 0)) {
         snprintf(p->model, sizeof(p->model), "%.*s", (int)c->model_len, c->model);
         json_object_set_new(p->json, "model", json_string(p->model));
-        p->json_dirty = 1;
+        p->json_dirty |= DIRTY_MODEL;
     }
     /* The key's model restrictions apply to the model that will be served. */
     if (p->principal && !tg_principal_allows_model(p->principal, p->model))
@@ -1184,7 +1187,7 @@ static void use_account(proxy_req_t *p, const tg_account_t *acc) {
         const char *mapped = tg_account_map_model(acc, p->model);
         json_object_set_new(p->json, "model", json_string(mapped));
         if (strcmp(mapped, p->model) != 0)
-            p->json_dirty = 1;
+            p->json_dirty |= DIRTY_MODEL;
     }
 }
 
@@ -1334,7 +1337,8 @@ static int phase_reserve(proxy_req_t *p) {
     } else if (max_out <= 0) {
         max_out = cfg->billing.default_max_tokens;
         json_object_set_new(p->json, limit_field, json_integer(max_out));
-        p->json_dirty = 1;
+        p->json_dirty |= DIRTY_LIMIT;
+        p->limit_key = limit_field;
     }
     /* Input bound: JSON bytes / 3 (over-counts English text, which is ~4 bytes a token). */
     p->est_input = (int64_t)(p->req->body.len / 3) + 1;
@@ -1781,6 +1785,37 @@ static int valid_traceparent(const tg_str_t *v) {
     return 1;
 }
 
+/* The client's body with the members the phases changed rewritten in place (their
+ * values serialised from p->json); the whole document re-serialised only when the
+ * bytes cannot be edited safely. Returns a malloc'd body and its length. */
+static char *patched_body(proxy_req_t *p, size_t *len) {
+    const char *keys[3], *vals[3];
+    char *owned[3];
+    int n = 0;
+    if (p->json_dirty & DIRTY_MODEL)
+        keys[n++] = "model";
+    if ((p->json_dirty & DIRTY_LIMIT) && p->limit_key)
+        keys[n++] = p->limit_key;
+    if (p->json_dirty & DIRTY_STREAM_OPTIONS)
+        keys[n++] = "stream_options";
+    for (int i = 0; i < n; i++)
+        vals[i] = owned[i] = json_dumps(json_object_get(p->json, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+    tg_buf_t out;
+    tg_buf_init(&out);
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        ok = ok && vals[i];
+    if (!ok || tg_json_set_members(p->req->body.data, p->req->body.len, keys, vals, n, &out) != TG_OK) {
+        tg_buf_free(&out);
+        out.data = json_dumps(p->json, JSON_COMPACT);
+        out.len = out.data ? strlen(out.data) : 0;
+    }
+    for (int i = 0; i < n; i++)
+        free(owned[i]);
+    *len = out.len;
+    return out.data;
+}
+
 static int phase_upstream(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_upstream_t *u = p->up;
@@ -1807,10 +1842,11 @@ static int phase_upstream(proxy_req_t *p) {
                 return fail(p, 400, "invalid_request_error", "untranslatable_request", err);
             body = json_dumps(out, JSON_COMPACT);
             json_decref(out);
-        } else if (p->strip_usage_chunk || p->json_dirty) {
-            body = json_dumps(p->json, JSON_COMPACT);
+        } else if (p->json_dirty) {
+            body = patched_body(p, &body_len);
         }
-        body_len = body ? strlen(body) : 0;
+        if (body && !body_len)
+            body_len = strlen(body);
     }
     tg_buf_t *b = &p->upstream_req;
     tg_buf_reset(b);

@@ -67,18 +67,10 @@ static void conn_set_timer(tg_conn_t *c, int ms);
  * Requests are recycled through a short per-worker list: a keep-alive client's next
  * request reuses a finished one's struct and its url/header/body buffers instead of
  * four allocations and their growth. Only buffers up to SPARE_BUF_MAX are kept, and at
- * most SPARE_MAX requests, so idle memory stays bounded.
+ * most SPARE_MAX requests, so idle memory stays bounded. Under ASan the kept ones are
+ * poisoned (TG_POISON): touching one is reported like a use after free.
  */
-#if defined(__SANITIZE_ADDRESS__)
-#define SPARE_MAX 0 /* under ASan every request is freed, so a use after free is caught */
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SPARE_MAX 0
-#endif
-#endif
-#ifndef SPARE_MAX
 #define SPARE_MAX 64
-#endif
 #define SPARE_BUF_MAX 16384
 
 static void buf_recycle(tg_buf_t *b) {
@@ -93,9 +85,13 @@ static tg_request_t *request_new(tg_conn_t *c) {
     tg_request_t *r = w->spare;
     tg_buf_t url, raw, body;
     if (r) {
+        TG_UNPOISON(r, sizeof(*r));
         w->spare = r->next_spare;
         w->nspare--;
         url = r->url, raw = r->raw_headers, body = r->body;
+        TG_UNPOISON(url.data, url.cap);
+        TG_UNPOISON(raw.data, raw.cap);
+        TG_UNPOISON(body.data, body.cap);
     } else {
         r = malloc(sizeof(*r));
         if (!r)
@@ -148,11 +144,20 @@ static void request_free(tg_request_t *r) {
     r->next_spare = w->spare;
     w->spare = r;
     w->nspare++;
+    /* Under ASan a recycled request is as untouchable as a freed one. */
+    TG_POISON(r->url.data, r->url.cap);
+    TG_POISON(r->raw_headers.data, r->raw_headers.cap);
+    TG_POISON(r->body.data, r->body.cap);
+    TG_POISON(r, sizeof(*r));
 }
 
 static void spare_free_all(tg_worker_t *w) {
     while (w->spare) {
         tg_request_t *r = w->spare;
+        TG_UNPOISON(r, sizeof(*r));
+        TG_UNPOISON(r->url.data, r->url.cap);
+        TG_UNPOISON(r->raw_headers.data, r->raw_headers.cap);
+        TG_UNPOISON(r->body.data, r->body.cap);
         w->spare = r->next_spare;
         request_destroy(r);
     }

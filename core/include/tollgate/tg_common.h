@@ -62,6 +62,26 @@ void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n);
 void tg_buf_consume(tg_buf_t *b, size_t n);
 void tg_buf_reset(tg_buf_t *b);
 
+/*
+ * Marks memory kept for reuse (a recycled request) as unaddressable under ASan, so a
+ * use after "free" of a recycled object is still caught; no-ops otherwise.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_ASAN 1
+#endif
+#endif
+#ifdef TG_ASAN
+#include <sanitizer/asan_interface.h>
+#define TG_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define TG_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define TG_POISON(p, n) ((void)(p), (void)(n))
+#define TG_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /** Monotonic clock in nanoseconds / milliseconds. */
 uint64_t tg_now_ns(void);
 uint64_t tg_now_ms(void);
