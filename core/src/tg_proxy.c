@@ -145,7 +145,6 @@ struct proxy_req_s {
     tg_hookctx_t ctx;             /* what the plugin hooks see (tg_plugins_begin zeroes it) */
     tg_ffi_header_t hdrs[TG_MAX_HEADERS];
     tg_ffi_account_t accts[64];
-    const tg_account_t *cands[64];
     const tg_account_t *order[64]; /* candidates in order of preference */
 };
 
