@@ -13,6 +13,15 @@
 -- Plugin code runs with the JIT off (jit.off(chunk, true)) so that the instruction
 -- budget hook set by C fires inside plugin loops; this file's own code stays
 -- JIT-compiled. See plugins/README.md, "Isolation".
+--
+-- Cost. The dispatchers run interpreted (they call plugin code, which a trace cannot
+-- enter), and in the interpreter every cdata access is a metamethod call into C that
+-- allocates. So cdata is touched only in the small Ctx methods, which plugins call
+-- often enough that each becomes its own compiled trace: C writes the hook's context
+-- into `box[0]` (a C array, so compiled code reloads it on every call), there is no
+-- cast or argument per call, and a method returns a local rather than tail-calling
+-- (a tail call into ffi.string would end its trace in the plugin's frame, which the
+-- JIT refuses, leaving the method interpreted).
 local ffi = require("ffi")
 local jit = require("jit")
 require("tg_cdef")
@@ -27,7 +36,6 @@ local F = setmetatable({}, { __index = function(t, k)
     return f
 end })
 local ffi_string = ffi.string
-local ctx_ptr_t = ffi.typeof("tg_hookctx_t *")
 local strout_t = ffi.typeof("const char *[1]")
 local lenout_t = ffi.typeof("size_t[1]")
 
@@ -44,20 +52,38 @@ M.BUDGET_PREFIX = "plugin budget exceeded"
 
 local FAILURES = { [0] = "status", "connect", "timeout_connect", "timeout_first_byte",
     "timeout_idle", "reset" }
-local LIMIT_BITS = { rate = 1, tokens = 2, concurrency = 4, money = 8 }
 local LOG_LEVELS = { error = 0, warn = 1, info = 2, debug = 3 }
 
 ---------------------------------------------------------------------------------------
--- The context object. `cur` is the C context of the hook call running now.
+-- The context object. box[0] is the C context of the hook call running now: C sets it
+-- before calling a dispatcher and clears it after (NULL between hook calls).
 
-local cur
-local accounts = {}     -- reused views of cur.accounts (Lua tables, filled per call)
+local box = ffi.new("tg_hookctx_t *[1]")
+-- Where C writes the context (read once per lua_State by tg_plugin.c).
+M.box_address = tonumber(ffi.cast("uintptr_t", box))
+
+-- Per hook call: the account views, the model string, whether a plugin decided.
+local accounts = {}     -- reused views of the accounts (Lua tables)
 local naccounts = 0
+local call_no = 0       -- bumped by every dispatcher: what was read before is stale
+local n_seen = -1       -- naccounts was read in call n_seen
+local view_seen = {}    -- accounts[i] was filled in call view_seen[i]
+local model_cache       -- the model as a Lua string, valid for the hook call running now
+local decided = false   -- a plugin decided (the Lua mirror of ctx->decided)
 local hdr_val, hdr_len = strout_t(), lenout_t()
+
+-- The context, or an error for a ctx kept and used after its hook call ended.
+local function cur()
+    local c = box[0]
+    if c == nil then error("ctx used outside a hook call", 3) end
+    return c
+end
 
 local function fail(rc, what)
     if rc == -1 then
-        error("API " .. what .. " disabled in the context of " .. HOOKS[cur.hook + 1], 3)
+        local c = box[0]
+        local hook = c ~= nil and HOOKS[c.hook + 1] or "none (outside a hook call)"
+        error("API " .. what .. " disabled in the context of " .. hook, 3)
     end
     local msg = rc == -2 and "bad argument" or rc == -3 and "not found"
         or rc == -4 and "value too long" or rc == -5 and "already decided" or "error " .. rc
@@ -71,30 +97,40 @@ local function str(s, what)
     return s
 end
 
+-- id and region are strings: made only when a plugin reads them.
 local account_mt = {
     __index = function(t, k)
-        local a = cur.accounts[t.index_ - 1]
-        if k == "id" then
-            local v = ffi_string(a.id, a.id_len)
-            rawset(t, k, v)
-            return v
-        elseif k == "region" then
-            local v = ffi_string(a.region, a.region_len)
-            rawset(t, k, v)
-            return v
-        end
-        return nil
+        if k ~= "id" and k ~= "region" then return nil end
+        local c = cur()
+        local i = t.index_
+        if i > c.naccounts then return nil end -- a view kept from another request
+        local a = c.accounts[i - 1]
+        local v
+        if k == "id" then v = ffi_string(a.id, a.id_len) else v = ffi_string(a.region, a.region_len) end
+        rawset(t, k, v)
+        return v
     end,
 }
 
-local function refresh_accounts(c)
-    local n = c.naccounts
-    for i = 1, n do
-        local t = accounts[i]
-        if not t then
-            t = setmetatable({ index_ = i }, account_mt)
-            accounts[i] = t
-        end
+-- The candidates are read when a plugin first asks in a hook call (naccounts(),
+-- account(i), ...), each account's view filled on its first use: inside the compiled
+-- methods, with no extra trip out of the interpreter.
+local function account_count(c)
+    if n_seen ~= call_no then
+        naccounts = c.naccounts
+        n_seen = call_no
+    end
+    return naccounts
+end
+
+-- The view of account i (1 <= i <= account_count(c)), filled from C once per call.
+local function view(c, i)
+    local t = accounts[i]
+    if not t then
+        t = setmetatable({ index_ = i }, account_mt)
+        accounts[i] = t
+    end
+    if view_seen[i] ~= call_no then
         local a = c.accounts[i - 1]
         t.id = nil
         t.region = nil
@@ -110,201 +146,241 @@ local function refresh_accounts(c)
         t.reset_in_ms = a.reset_in_ms
         t.cost = a.cost
         t.score = a.score
+        view_seen[i] = call_no
     end
-    naccounts = n
+    return t
 end
 
 local Ctx = {}
 local band = require("bit").band
 
-function Ctx:hook() return HOOKS[cur.hook + 1] end
-function Ctx:request_id() return ffi_string(cur.request_id, cur.request_id_len) end
-function Ctx:route() return ffi_string(cur.route, cur.route_len) end
-function Ctx:protocol() return ffi_string(cur.protocol, cur.protocol_len) end
-function Ctx:key_id() return ffi_string(cur.key_id, cur.key_id_len) end
-function Ctx:tenant_id() return ffi_string(cur.tenant_id, cur.tenant_id_len) end
-local model_cache -- the model as a Lua string, valid for the hook call running now
+function Ctx:hook() local c = cur() return HOOKS[c.hook + 1] end
+function Ctx:request_id() local c = cur() local v = ffi_string(c.request_id, c.request_id_len) return v end
+function Ctx:route() local c = cur() local v = ffi_string(c.route, c.route_len) return v end
+function Ctx:protocol() local c = cur() local v = ffi_string(c.protocol, c.protocol_len) return v end
+function Ctx:key_id() local c = cur() local v = ffi_string(c.key_id, c.key_id_len) return v end
+function Ctx:tenant_id() local c = cur() local v = ffi_string(c.tenant_id, c.tenant_id_len) return v end
 function Ctx:model()
+    local c = cur()
     local m = model_cache
     if not m then
-        m = ffi_string(cur.model, cur.model_len)
+        m = ffi_string(c.model, c.model_len)
         model_cache = m
     end
     return m
 end
-function Ctx:original_model() return ffi_string(cur.original_model, cur.original_model_len) end
-function Ctx:group() return ffi_string(cur.group, cur.group_len) end
-function Ctx:stream() return cur.stream ~= 0 end
-function Ctx:generation() return tonumber(cur.generation) end
-function Ctx:now_ms() return cur.now_ms end
-function Ctx:worker() return cur.worker end
-function Ctx:nworkers() return cur.nworkers end
+function Ctx:original_model()
+    local c = cur()
+    local v = ffi_string(c.original_model, c.original_model_len)
+    return v
+end
+function Ctx:group() local c = cur() local v = ffi_string(c.group, c.group_len) return v end
+function Ctx:stream() local c = cur() return c.stream ~= 0 end
+function Ctx:generation() local c = cur() local v = tonumber(c.generation) return v end
+function Ctx:now_ms() local c = cur() return c.now_ms end
+function Ctx:worker() local c = cur() return c.worker end
+function Ctx:nworkers() local c = cur() return c.nworkers end
 function Ctx:max_tokens()
-    local v = cur.max_tokens
+    local v = cur().max_tokens
     if v < 0 then return nil end
-    return tonumber(v)
+    v = tonumber(v)
+    return v
 end
 
 function Ctx:header(name)
+    local c = cur()
     str(name, "header")
-    if F.tg_ffi_header(cur, name, #name, hdr_val, hdr_len) ~= 0 then return nil end
-    return ffi_string(hdr_val[0], hdr_len[0])
+    if F.tg_ffi_header(c, name, #name, hdr_val, hdr_len) ~= 0 then return nil end
+    local v = ffi_string(hdr_val[0], hdr_len[0])
+    return v
 end
 
-function Ctx:naccounts() return naccounts end
+function Ctx:naccounts()
+    local n = account_count(cur())
+    return n
+end
 function Ctx:account(i)
-    if type(i) ~= "number" or i < 1 or i > naccounts then return nil end
-    return accounts[i]
+    local c = cur()
+    if type(i) ~= "number" or i < 1 or i > account_count(c) or i % 1 ~= 0 then return nil end
+    local t = view(c, i)
+    return t
 end
 function Ctx:selected()
-    local s = cur.selected
+    local s = cur().selected
     if s < 0 then return nil end
     return s + 1
 end
 
-function Ctx:attempt() return cur.attempt end
-function Ctx:upstream_status() return cur.upstream_status end
-function Ctx:failure() return FAILURES[cur.failure] or "status" end
-function Ctx:bytes_sent() return cur.bytes_sent ~= 0 end
+function Ctx:attempt() local c = cur() return c.attempt end
+function Ctx:upstream_status() local c = cur() return c.upstream_status end
+function Ctx:failure() local c = cur() return FAILURES[c.failure] or "status" end
+function Ctx:bytes_sent() local c = cur() return c.bytes_sent ~= 0 end
 function Ctx:retry_after_ms()
-    local v = cur.retry_after_ms
+    local v = cur().retry_after_ms
     if v < 0 then return nil end
-    return tonumber(v)
+    v = tonumber(v)
+    return v
 end
-function Ctx:elapsed_ms() return tonumber(cur.elapsed_ms) end
+function Ctx:elapsed_ms() local v = tonumber(cur().elapsed_ms) return v end
 function Ctx:deadline_ms()
-    local v = cur.deadline_ms
+    local v = cur().deadline_ms
     if v <= 0 then return nil end
-    return tonumber(v)
+    v = tonumber(v)
+    return v
 end
 
+-- limits() and usage() return a fresh table each call, copied from a constant
+-- constructor that has every key (one allocation, no key insertion); absent entries
+-- are then set to nil, which a plugin cannot tell from a key never set.
+
 function Ctx:limits()
-    local bits = cur.limits
-    return {
-        rate = band(bits, LIMIT_BITS.rate) ~= 0 or nil,
-        tokens = band(bits, LIMIT_BITS.tokens) ~= 0 or nil,
-        concurrency = band(bits, LIMIT_BITS.concurrency) ~= 0 or nil,
-        money = band(bits, LIMIT_BITS.money) ~= 0 or nil,
-    }
+    local bits = cur().limits
+    local t = { rate = true, tokens = true, concurrency = true, money = true }
+    if band(bits, 1) == 0 then t.rate = nil end
+    if band(bits, 2) == 0 then t.tokens = nil end
+    if band(bits, 4) == 0 then t.concurrency = nil end
+    if band(bits, 8) == 0 then t.money = nil end
+    return t
 end
 
 function Ctx:usage()
-    local c = cur
+    local c = cur()
     local k = tonumber(c.usage_known)
-    return {
-        input = band(k, 1) ~= 0 and tonumber(c.usage_input) or nil,
-        output = band(k, 2) ~= 0 and tonumber(c.usage_output) or nil,
-        cache_read = band(k, 4) ~= 0 and tonumber(c.usage_cache_read) or nil,
-        cache_write = band(k, 8) ~= 0 and tonumber(c.usage_cache_write) or nil,
-        reasoning = band(k, 16) ~= 0 and tonumber(c.usage_reasoning) or nil,
-    }
+    local t = { input = 0, output = 0, cache_read = 0, cache_write = 0, reasoning = 0 }
+    if band(k, 1) ~= 0 then t.input = tonumber(c.usage_input) else t.input = nil end
+    if band(k, 2) ~= 0 then t.output = tonumber(c.usage_output) else t.output = nil end
+    if band(k, 4) ~= 0 then t.cache_read = tonumber(c.usage_cache_read) else t.cache_read = nil end
+    if band(k, 8) ~= 0 then t.cache_write = tonumber(c.usage_cache_write) else t.cache_write = nil end
+    if band(k, 16) ~= 0 then t.reasoning = tonumber(c.usage_reasoning) else t.reasoning = nil end
+    return t
 end
 function Ctx:cost_nanousd()
-    local v = cur.cost_nanousd
+    local v = cur().cost_nanousd
     if v < 0 then return nil end
-    return tonumber(v)
+    v = tonumber(v)
+    return v
 end
-function Ctx:status() return cur.status end
+function Ctx:status() local c = cur() return c.status end
 function Ctx:ttft_ms()
-    local v = cur.ttft_ms
+    local v = cur().ttft_ms
     if v < 0 then return nil end
     return v
 end
-function Ctx:total_ms() return cur.total_ms end
+function Ctx:total_ms() local c = cur() return c.total_ms end
 
 function Ctx:set_model(m)
+    local c = cur()
     str(m, "set_model")
-    local rc = F.tg_ffi_set_model(cur, m, #m)
+    local rc = F.tg_ffi_set_model(c, m, #m)
     if rc ~= 0 then return fail(rc, "set_model") end
     model_cache = m
     return true
 end
 
 function Ctx:set_group(g)
+    local c = cur()
     str(g, "set_group")
-    local rc = F.tg_ffi_set_group(cur, g, #g)
+    local rc = F.tg_ffi_set_group(c, g, #g)
     if rc ~= 0 then return fail(rc, "set_group") end
     return true
 end
 
+-- The functions that decide (tg_ffi_reject, _select, _retry, _limiter, _set_cost set
+-- ctx->decided) also set `decided`, which the dispatcher reads instead of the cdata.
 function Ctx:reject(status, code, message)
+    local c = cur()
     code = str(code or "rejected_by_policy", "reject")
     message = str(message or "rejected by policy", "reject")
-    local rc = F.tg_ffi_reject(cur, tonumber(status) or 0, code, #code, message, #message)
+    local rc = F.tg_ffi_reject(c, tonumber(status) or 0, code, #code, message, #message)
     if rc ~= 0 then return fail(rc, "reject") end
+    decided = true
     return true
 end
 
 function Ctx:exclude(i)
-    local rc = F.tg_ffi_exclude(cur, (tonumber(i) or 0) - 1)
+    local c = cur()
+    i = tonumber(i) or 0
+    if i % 1 ~= 0 then return nil, "bad argument" end
+    local rc = F.tg_ffi_exclude(c, i - 1)
     if rc ~= 0 then return fail(rc, "exclude") end
-    accounts[i].excluded = true
+    view(c, i).excluded = true
     return true
 end
 
--- Scores stay in the Lua views while the hook runs (no FFI call per account); the
--- dispatcher writes them back through tg_ffi_set_score once the plugins are done.
+-- The score goes into the Lua view (what ctx:account(i).score reads) and the C
+-- account (logs, workbench) at once: no writing back after the hook.
 function Ctx:set_score(i, s)
-    if cur.hook ~= 2 then return fail(-1, "set_score") end
+    local c = cur()
+    if c.hook ~= 2 then return fail(-1, "set_score") end
     s = tonumber(s)
-    if type(i) ~= "number" or i < 1 or i > naccounts or not s or s ~= s then
+    if type(i) ~= "number" or i < 1 or i > account_count(c) or i % 1 ~= 0 or not s or s ~= s then
         return nil, "bad argument"
     end
-    accounts[i].score = s
+    view(c, i).score = s
+    c.accounts[i - 1].score = s
     return true
 end
 
 function Ctx:select(i)
-    local rc = F.tg_ffi_select(cur, (tonumber(i) or 0) - 1)
+    local rc = F.tg_ffi_select(cur(), (tonumber(i) or 0) - 1)
     if rc ~= 0 then return fail(rc, "select") end
+    decided = true
     return true
 end
 
 local RETRY = { give_up = 0, same = 1, other = 2 }
 function Ctx:retry(action, delay_ms)
+    local c = cur()
     local a = RETRY[action]
     if not a then error("retry: action must be 'same', 'other' or 'give_up'", 2) end
-    local rc = F.tg_ffi_retry(cur, a, math.floor(tonumber(delay_ms) or 0))
+    local rc = F.tg_ffi_retry(c, a, math.floor(tonumber(delay_ms) or 0))
     if rc ~= 0 then return fail(rc, "retry") end
+    decided = true
     return true
 end
 function Ctx:give_up() return self:retry("give_up", 0) end
 
 function Ctx:limiter(decision)
+    local c = cur()
     local d = decision == "open" and 1 or decision == "closed" and 0 or nil
     if not d then error("limiter: decision must be 'open' or 'closed'", 2) end
-    local rc = F.tg_ffi_limiter(cur, d)
+    local rc = F.tg_ffi_limiter(c, d)
     if rc ~= 0 then return fail(rc, "limiter") end
+    decided = true
     return true
 end
 
 function Ctx:set_cost(nanousd)
-    local rc = F.tg_ffi_set_cost(cur, tonumber(nanousd) or -1)
+    local rc = F.tg_ffi_set_cost(cur(), tonumber(nanousd) or -1)
     if rc ~= 0 then return fail(rc, "set_cost") end
+    decided = true
     return true
 end
 
 function Ctx:add_header(name, value)
+    local c = cur()
     str(name, "add_header")
     value = tostring(value)
-    local rc = F.tg_ffi_add_header(cur, name, #name, value, #value)
+    local rc = F.tg_ffi_add_header(c, name, #name, value, #value)
     if rc ~= 0 then return fail(rc, "add_header") end
     return true
 end
 
 function Ctx:log_field(key, value)
+    local c = cur()
     str(key, "log_field")
     value = tostring(value)
-    local rc = F.tg_ffi_log_field(cur, key, #key, value, #value)
+    local rc = F.tg_ffi_log_field(c, key, #key, value, #value)
     if rc ~= 0 then return fail(rc, "log_field") end
     return true
 end
 
 function Ctx:log(level, msg)
+    local c = cur()
     local l = LOG_LEVELS[level]
     if not l then error("log: level must be error, warn, info or debug", 2) end
     msg = tostring(msg)
-    F.tg_ffi_log(cur, l, msg, #msg)
+    F.tg_ffi_log(c, l, msg, #msg)
     return true
 end
 
@@ -323,7 +399,11 @@ M.ctx = ctx
 local api = {
     version = "0.1.0",
     hooks = HOOKS,
-    now_ms = function() return cur and cur.now_ms or os.time() * 1000 end,
+    now_ms = function()
+        local c = box[0]
+        if c ~= nil then return c.now_ms end
+        return os.time() * 1000
+    end,
     monotonic_ms = function() return F.tg_ffi_monotonic_ms() end,
 }
 M.api = api
@@ -474,30 +554,37 @@ local function make_dispatch(hook_id, list)
         fns[i] = list[i].handler[HOOKS[hook_id + 1]]
         confs[i] = list[i].conf
     end
-    local with_accounts = hook_id == HOOK_ID.select_account
-    return function(ud)
-        local c = ffi.cast(ctx_ptr_t, ud)
-        cur = c
-        model_cache = nil
-        if with_accounts then refresh_accounts(c) end
-        local failed, err = 0, nil
-        for i = 1, n do
-            -- confs[i] is this generation's (or this group's) config of plugin i.
-            local ok, e = pcall(fns[i], ctx, confs[i])
-            if not ok then
-                failed, err = i, tostring(e)
-                break
-            end
-            if c.decided ~= 0 then break end
+    -- Called by C with the context in box[0]; no cdata is touched here (see the top).
+    -- confs[i] is this generation's (or this group's) config of plugin i.
+    local dispatch
+    if n == 1 then
+        -- One plugin: its error reaches C's lua_pcall, which knows it is plugin 1
+        -- (gen.count); no pcall of our own.
+        local fn, conf = fns[1], confs[1]
+        dispatch = function()
+            call_no = call_no + 1
+            model_cache = nil
+            decided = false
+            fn(ctx, conf)
+            return 0
         end
-        if with_accounts then
-            for i = 1, naccounts do
-                local s = accounts[i].score
-                if c.accounts[i - 1].score ~= s then F.tg_ffi_set_score(c, i - 1, s) end
+    else
+        dispatch = function()
+            call_no = call_no + 1
+            model_cache = nil
+            decided = false
+            for i = 1, n do
+                local ok, e = pcall(fns[i], ctx, confs[i])
+                if not ok then return i, tostring(e) end
+                if decided then break end
             end
+            return 0
         end
-        return failed, err
     end
+    -- It calls plugin code, where no trace can go: without this the JIT would keep
+    -- trying (and failing) to record it, which costs more than interpreting it.
+    jit.off(dispatch)
+    return dispatch
 end
 
 -- Sorts `list` (priority, highest first; ties by `order`) and builds its dispatchers.
@@ -507,7 +594,7 @@ local function assemble(list, number)
         return a.order < b.order
     end)
     local gen = { number = number, plugins = list, dispatch = {}, names = {},
-        fail_closed = {} }
+        fail_closed = {}, count = {} }
     for id = 0, #HOOKS - 1 do
         local sub, names, closed = {}, {}, {}
         for _, pl in ipairs(list) do
@@ -520,6 +607,7 @@ local function assemble(list, number)
         gen.dispatch[id] = #sub > 0 and make_dispatch(id, sub) or false
         gen.names[id] = names
         gen.fail_closed[id] = closed
+        gen.count[id] = #sub
     end
     return gen
 end

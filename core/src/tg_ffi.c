@@ -238,20 +238,31 @@ int tg_ffi_log_field(tg_hookctx_t *ctx, const char *key, size_t key_len, const c
     memcpy(d + n, "\":\"", 3);
     n += 3;
     static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < value_len; i++) {
-        unsigned char c = (unsigned char)value[i];
+    size_t i = 0;
+    while (i < value_len) {
+        /* A run of bytes that need no escaping goes in with one copy. */
+        size_t run = i;
+        while (run < value_len && (unsigned char)value[run] >= 0x20 && value[run] != '"' && value[run] != '\\')
+            run++;
+        if (run > i) {
+            if (n + (run - i) + 1 > room)
+                return TG_FFI_ETOOLONG;
+            memcpy(d + n, value + i, run - i);
+            n += run - i;
+            i = run;
+            continue;
+        }
+        unsigned char c = (unsigned char)value[i++];
         char esc[6];
         size_t m = 0;
         if (c == '"' || c == '\\') {
             esc[m++] = '\\';
             esc[m++] = (char)c;
-        } else if (c < 0x20) {
+        } else {
             memcpy(esc, "\\u00", 4);
             esc[4] = hex[c >> 4];
             esc[5] = hex[c & 15];
             m = 6;
-        } else {
-            esc[m++] = (char)c;
         }
         if (n + m + 1 > room)
             return TG_FFI_ETOOLONG;

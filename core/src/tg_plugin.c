@@ -92,11 +92,14 @@ static int guarded_pcall(tg_plugins_t *pl, int nargs, int nresults, long mult) {
     tl_L = L;
     atomic_store_explicit(&pl->call_limit_ns, (uint64_t)pl->max_hook_ms * (uint64_t)mult * 1000000u,
                           memory_order_relaxed);
-    atomic_store_explicit(&pl->call_start_ns, tg_now_ns(), memory_order_release);
+    /* The watchdog only needs to tell one call from the next: a counter, no clock read. */
+    if (++pl->call_seq == 0)
+        pl->call_seq = 1;
+    atomic_store_explicit(&pl->call_id, pl->call_seq, memory_order_release);
     tl_in_call = 1;
     int rc = lua_pcall(L, nargs, nresults, 0);
     tl_in_call = 0;
-    atomic_store_explicit(&pl->call_start_ns, 0, memory_order_release);
+    atomic_store_explicit(&pl->call_id, 0, memory_order_release);
     if (tl_expired) {
         tl_expired = 0;
         if (pl->max_instructions > 0)
@@ -181,7 +184,16 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
         tg__plugins_free(pl);
         return NULL;
     }
+    /* The cell the runtime reads the running hook's context from (tg_runtime.lua, box). */
+    lua_getfield(L, -1, "box_address");
+    pl->ctxbox = (tg_hookctx_t **)(uintptr_t)lua_tonumber(L, -1);
+    lua_pop(L, 1);
     pl->runtime_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (!pl->ctxbox) {
+        snprintf(err, errlen, "plugins: runtime: no context cell");
+        tg__plugins_free(pl);
+        return NULL;
+    }
     return pl;
 }
 
@@ -247,6 +259,13 @@ static tg_plugin_gen_t *gen_from_table(tg_plugins_t *pl, uint64_t number) {
     g->owner = pl;
     g->number = number;
     g->refs = 1;
+    lua_getfield(L, -1, "count");
+    for (int h = 0; h < TG_HOOK__COUNT; h++) {
+        lua_rawgeti(L, -1, h);
+        g->nplugins[h] = (int)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
     lua_getfield(L, -1, "dispatch");
     for (int h = 0; h < TG_HOOK__COUNT; h++) {
         lua_rawgeti(L, -1, h);
@@ -604,13 +623,24 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
         ctx->decided = 0;
         counter_inc(&pl->calls[hook]);
         lua_rawgeti(L, LUA_REGISTRYINDEX, g->dispatch_ref[hook]);
-        lua_pushlightuserdata(L, ctx);
+        *pl->ctxbox = ctx;
         int idx = 0;
         const char *err = NULL;
-        if (guarded_pcall(pl, 1, 2, 1) != 0) {
+        int rc = guarded_pcall(pl, 0, 2, 1);
+        if (rc != 0) {
+            /* The dispatcher of a single plugin has no pcall of its own: the error is
+             * that plugin's. tostring() as the dispatcher would (under the budget). */
+            if (g->nplugins[hook] == 1)
+                idx = 1;
+            if (!lua_isstring(L, -1)) {
+                lua_getglobal(L, "tostring");
+                lua_insert(L, -2);
+                if (guarded_pcall(pl, 1, 1, 1) != 0 || !lua_isstring(L, -1)) {
+                    lua_pop(L, 1);
+                    lua_pushstring(L, "(error object is not a string)");
+                }
+            }
             err = lua_tostring(L, -1);
-            if (!err)
-                err = "(error object is not a string)";
         } else if ((idx = (int)lua_tointeger(L, -2)) != 0) {
             err = lua_tostring(L, -1);
             if (!err)
@@ -630,6 +660,7 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
                             (unsigned long long)g->number, err);
             fallback(ctx, hook, fail_closed, saved_model, saved_model_len, saved_group, saved_group_len);
         }
+        *pl->ctxbox = NULL; /* a ctx a plugin kept is refused after its hook call */
         lua_settop(L, top);
         ctx->hook = -1;
     }

@@ -689,7 +689,7 @@ static void *watchdog_main(void *arg) {
         long interval_ms = 25;
         for (tg_plugins_t *pl = registry; pl; pl = pl->next) {
             interval_ms = TG_MIN(interval_ms, TG_MAX(1, pl->max_hook_ms / 4));
-            uint64_t start = atomic_load_explicit(&pl->call_start_ns, memory_order_acquire);
+            uint64_t start = atomic_load_explicit(&pl->call_id, memory_order_acquire);
             if (!start || !atomic_load(&pl->thread_known) || pl->signalled_start == start)
                 continue;
             /* CPU time the call has used since the watchdog first saw it running. */

@@ -89,6 +89,7 @@ struct tg_plugin_gen_s {
     uint64_t number;
     int gen_ref;
     int dispatch_ref[TG_HOOK__COUNT];
+    int nplugins[TG_HOOK__COUNT]; /* plugins implementing each hook */
     tg_plugins_t *owner;
     tg_plugin_gen_t *base;          /* a variant: the generation it derives from (a ref) */
     tg_plugin_variant_t *variants;  /* a base: open-addressed by group id, one ref each */
@@ -104,6 +105,7 @@ struct tg_plugins_s {
     long max_instructions;
     int max_hook_ms;
     int runtime_ref;
+    tg_hookctx_t **ctxbox; /* where the runtime reads the running hook's context (a Lua-owned C array) */
     int quiet; /* do not log plugin errors (dry runs) */
     char last_error[512];
     /* Counters read by the status JSON from other threads. */
@@ -121,8 +123,9 @@ struct tg_plugins_s {
     int destroyed; /* tg_plugins_destroy was called */
     int has_async, has_signal, has_timer;
     struct tg_plugins_s *next; /* global registry */
-    /* Watchdog: when the running Lua call started (0: none) and its limit. */
-    _Atomic uint64_t call_start_ns;
+    /* Watchdog: the running Lua call (a number per call, 0: none) and its limit. */
+    _Atomic uint64_t call_id;
+    uint64_t call_seq; /* the last call's number (the worker's) */
     _Atomic uint64_t call_limit_ns;
     uint64_t seen_start;      /* watchdog's: the call it is timing */
     uint64_t seen_cpu_ns;     /* watchdog's: the thread's CPU time when it first saw it */

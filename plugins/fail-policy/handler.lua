@@ -35,12 +35,28 @@ end
 
 function M._reset() buckets, nbuckets = {}, 0 end
 
+local LOCAL_LIMITS = { "rate", "tokens", "concurrency" }
+-- Bucket ids by tenant or key: built once per name, not per request (bounded).
+local ids, nids = { t = {}, k = {} }, 0
+
+local function bucket_id(kind, name)
+    local id = ids[kind][name]
+    if not id then
+        if nids >= 4096 then ids, nids = { t = {}, k = {} }, 0 end
+        id = kind .. ":" .. name
+        ids[kind][name] = id
+        nids = nids + 1
+    end
+    return id
+end
+
 -- Returns "open" or "closed" and the reason.
 function M._decide(ctx, conf)
     local limits = ctx:limits()
     if limits.money and conf.money == "closed" then return "closed", "money" end
     local need_local = false
-    for _, name in ipairs({ "rate", "tokens", "concurrency" }) do
+    for i = 1, 3 do
+        local name = LOCAL_LIMITS[i]
         if limits[name] then
             local m = conf[name]
             if m == "closed" then return "closed", name end
@@ -49,16 +65,25 @@ function M._decide(ctx, conf)
     end
     if need_local then
         local by, id = conf.local_bucket.by, "*"
-        if by == "tenant" then id = "t:" .. ctx:tenant_id() elseif by == "key" then id = "k:" .. ctx:key_id() end
+        if by == "tenant" then id = bucket_id("t", ctx:tenant_id())
+        elseif by == "key" then id = bucket_id("k", ctx:key_id()) end
         if not M._take(conf, id, ctx:now_ms(), ctx:nworkers()) then return "closed", "local_bucket" end
         return "open", "local_bucket"
     end
     return "open", "configured"
 end
 
+-- The log value "decision:reason", made once per pair.
+local LOG = { open = {}, closed = {} }
+
 function M.on_limiter_down(ctx, conf)
     local decision, reason = M._decide(ctx, conf)
-    ctx:log_field("limiter_down", decision .. ":" .. reason)
+    local log = LOG[decision][reason]
+    if not log then
+        log = decision .. ":" .. reason
+        LOG[decision][reason] = log
+    end
+    ctx:log_field("limiter_down", log)
     ctx:limiter(decision)
 end
 

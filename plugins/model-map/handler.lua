@@ -33,6 +33,11 @@ function M._resolve(conf, model)
     return nil
 end
 
+-- Resolutions are cached per model name (the same few names arrive again and again):
+-- a hit costs one table lookup instead of the pattern scan, the '*' substitution and
+-- the log string. At most CACHE_MAX names; past that the cache starts over.
+local CACHE_MAX = 512
+
 function M.init(conf)
     local list = {}
     for pattern in pairs(conf.aliases) do
@@ -43,15 +48,33 @@ function M.init(conf)
         return a.pattern < b.pattern
     end)
     conf._patterns = list
+    conf._cache, conf._cached = {}, 0
+end
+
+-- { target, log } for `model` (target false: no alias matches).
+local function lookup(conf, model)
+    local hit = conf._cache[model]
+    if hit then return hit end
+    local target = M._resolve(conf, model)
+    if target then
+        hit = { target, target ~= model and model .. "->" .. target or false }
+    else
+        hit = { false, false }
+    end
+    if conf._cached >= CACHE_MAX then conf._cache, conf._cached = {}, 0 end
+    conf._cache[model] = hit
+    conf._cached = conf._cached + 1
+    return hit
 end
 
 function M.map_model(ctx, conf)
     local model = ctx:model()
-    local target = M._resolve(conf, model)
+    local hit = lookup(conf, model)
+    local target = hit[1]
     if target then
-        if target ~= model then
+        if hit[2] then
             ctx:set_model(target)
-            ctx:log_field("model_map", model .. "->" .. target)
+            ctx:log_field("model_map", hit[2])
         end
     elseif conf.reject_unknown then
         ctx:reject(404, "model_not_found", "the model '" .. model .. "' does not exist")

@@ -31,15 +31,30 @@ function M.init(conf)
         return a.pattern < b.pattern
     end)
     conf._patterns = list
+    conf._found, conf._nfound = {}, 0
 end
 
-function M._prices(conf, model)
+-- The prices of `model` by name, else by the pattern with the most literal characters.
+local function find(conf, model)
     local p = conf.models[model]
     if p then return p end
     for _, pat in ipairs(conf._patterns) do
         if model:match(pat.lua) then return conf.models[pat.pattern] end
     end
     return nil
+end
+
+-- What find() gave for a model name is cached (false: no price), so the pattern scan
+-- runs once per name; at most 512 names, then the cache starts over.
+function M._prices(conf, model)
+    local p = conf._found[model]
+    if p == nil then
+        p = find(conf, model) or false
+        if conf._nfound >= 512 then conf._found, conf._nfound = {}, 0 end
+        conf._found[model] = p
+        conf._nfound = conf._nfound + 1
+    end
+    return p or nil
 end
 
 -- Returns the cost in nano-USD, or nil for a model without a price.

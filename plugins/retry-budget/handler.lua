@@ -64,9 +64,17 @@ function M._decide(ctx, conf)
     return action, delay, "retry"
 end
 
+-- The log value "action:reason", made once per pair (reasons are a fixed set).
+local LOG = { same = {}, other = {}, give_up = {} }
+
 function M.on_upstream_error(ctx, conf)
     local action, delay, reason = M._decide(ctx, conf)
-    ctx:log_field("retry", action .. ":" .. reason)
+    local log = LOG[action][reason]
+    if not log then
+        log = action .. ":" .. reason
+        LOG[action][reason] = log
+    end
+    ctx:log_field("retry", log)
     if action == "give_up" then
         ctx:give_up()
     else

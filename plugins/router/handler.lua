@@ -3,51 +3,81 @@
 -- and stickiness; then one of the best top_k is drawn at random, weighted by
 -- exp((score - best) / temperature), so load spreads without flapping to the worst.
 -- Excluded accounts (by a policy of higher priority) are never scored.
+--
+-- Plugin code runs interpreted (plugins/README.md, Isolation), where every table
+-- lookup and method call counts: the weights live in upvalues (reloaded only when the
+-- config changes), each account field is read once, ctx's methods fetched once per call.
 local M = { name = "router", priority = 500, version = "1.0.0" }
 
 local exp, random = math.exp, math.random
 
-function M._score(a, conf)
+-- conf's weights and limits as upvalues (cheaper than table lookups), loaded when the
+-- config in use changes (a group may have its own instance).
+local cur_conf
+local wpri, wload, wqueue, werr, wttft, wreset, wcost, wsticky, wtried
+local window, sticky_max_error, sticky_max_ttft, saturated_penalty
+
+local function use(conf)
+    if conf == cur_conf then return end
     local w = conf.weights
+    wpri, wload, wqueue, werr, wttft = w.priority, w.load, w.queue, w.error, w.ttft
+    wreset, wcost, wsticky, wtried = w.reset, w.cost, w.sticky, w.tried
+    window, sticky_max_error = conf.reset_window_ms, conf.sticky_max_error
+    sticky_max_ttft, saturated_penalty = conf.sticky_max_ttft_ms, conf.saturated_penalty
+    cur_conf = conf
+end
+
+-- The score of account `a` (as ctx:account returns it) under the conf in use.
+local function score(a)
+    local inflight, maxc = a.inflight, a.max_concurrency
+    local error_ewma, ttft, reset = a.error_ewma, a.ttft_ewma_ms, a.reset_in_ms
     local load
     local saturated = false
-    if a.max_concurrency > 0 then
-        load = a.inflight / a.max_concurrency
-        saturated = a.inflight >= a.max_concurrency
+    if maxc > 0 then
+        load = inflight / maxc
+        saturated = inflight >= maxc
     else
-        load = a.inflight / 100
+        load = inflight / 100
     end
-    local s = w.priority * a.priority - w.load * load - w.queue * a.queued
-        - w.error * a.error_ewma - w.cost * a.cost - w.tried * a.tried
-    if a.ttft_ewma_ms >= 0 then s = s - w.ttft * a.ttft_ewma_ms / 1000 end
-    if a.reset_in_ms >= 0 and a.reset_in_ms < conf.reset_window_ms then
-        s = s + w.reset * (1 - a.reset_in_ms / conf.reset_window_ms)
+    local s = wpri * a.priority - wload * load - wqueue * a.queued
+        - werr * error_ewma - wcost * a.cost - wtried * a.tried
+    if ttft >= 0 then s = s - wttft * ttft / 1000 end
+    if reset >= 0 and reset < window then
+        s = s + wreset * (1 - reset / window)
     end
     -- Stickiness keeps prompt-cache locality, but is dropped at once for an account
     -- that is saturated, failing or slow.
-    if a.sticky and not saturated and a.error_ewma <= conf.sticky_max_error
-            and (a.ttft_ewma_ms < 0 or a.ttft_ewma_ms <= conf.sticky_max_ttft_ms) then
-        s = s + w.sticky
+    if a.sticky and not saturated and error_ewma <= sticky_max_error
+            and (ttft < 0 or ttft <= sticky_max_ttft) then
+        s = s + wsticky
     end
-    if saturated then s = s - conf.saturated_penalty end
+    if saturated then s = s - saturated_penalty end
     return s
+end
+
+function M._score(a, conf)
+    use(conf)
+    return score(a)
 end
 
 -- Scratch arrays reused across calls (one lua_State per worker, one call at a time).
 local idx, scores = {}, {}
 
 function M.select_account(ctx, conf)
+    use(conf)
+    local account, set_score = ctx.account, ctx.set_score
+    local top_k = conf.top_k
     local n, k = ctx:naccounts(), 0
     for i = 1, n do
-        local a = ctx:account(i)
+        local a = account(ctx, i)
         if not a.excluded then
-            local s = M._score(a, conf)
-            ctx:set_score(i, s)
+            local s = score(a)
+            set_score(ctx, i, s)
             -- Insertion into the descending top list, at most top_k long.
             local pos = k + 1
             while pos > 1 and scores[pos - 1] < s do pos = pos - 1 end
-            if pos <= conf.top_k then
-                local last = k < conf.top_k and k + 1 or k
+            if pos <= top_k then
+                local last = k < top_k and k + 1 or k
                 for j = last, pos + 1, -1 do
                     idx[j], scores[j] = idx[j - 1], scores[j - 1]
                 end
@@ -57,9 +87,9 @@ function M.select_account(ctx, conf)
         end
     end
     if k == 0 then return end
-    local best, total = scores[1], 0
+    local best, total, temperature = scores[1], 0, conf.temperature
     for j = 1, k do
-        local wj = exp((scores[j] - best) / conf.temperature)
+        local wj = exp((scores[j] - best) / temperature)
         scores[j] = wj
         total = total + wj
     end
