@@ -42,6 +42,15 @@ ALTER TABLE usage
 -- Deadlocks: every transaction takes its row locks in one global order — dedup rows by
 -- request id, reservation rows by (request id, attempt), then tenants and keys by id,
 -- last, so the hot tenant rows are held only for the end of the transaction.
+-- The settlements of a batch that bill (a JSON array), as rows.
+CREATE FUNCTION tg_settling(settling jsonb)
+RETURNS TABLE (rid text, tenant_id bigint, api_key_id bigint, cost numeric, attempts int, e jsonb)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT e->>'request_id', (e->>'tenant_id')::bigint, (e->>'api_key_id')::bigint, (e->>'cost')::numeric,
+           greatest(coalesce((e->>'attempts')::int, 1), 1), e
+    FROM jsonb_array_elements(settling) AS j(e)
+$$;
+
 CREATE FUNCTION tg_settle_batch(batch jsonb)
 RETURNS TABLE (request_id text, outcome text) LANGUAGE plpgsql
 -- The planner cannot know a batch's size (generate_series over attempts, JSON arrays)
@@ -51,6 +60,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     won text[];
+    settling jsonb; -- the settlements that bill, one per request id
 BEGIN
     -- 1. The dedup rows: the first settlement of each request id in the batch.
     WITH s AS (
@@ -66,19 +76,14 @@ BEGIN
         RETURNING billing_dedup.request_id)
     SELECT coalesce(array_agg(ins.request_id), '{}') INTO won FROM ins;
 
-    -- The settlements that bill: the first element of each request id that inserted.
-    IF to_regclass('pg_temp.tg_settling') IS NULL THEN
-        CREATE TEMP TABLE tg_settling (
-            rid text, tenant_id bigint, api_key_id bigint, cost numeric, attempts int, e jsonb
-        ) ON COMMIT DELETE ROWS;
-    END IF;
-    DELETE FROM tg_settling; -- a second call in the same transaction starts afresh
-    INSERT INTO tg_settling
-    SELECT DISTINCT ON (e->>'request_id') e->>'request_id', (e->>'tenant_id')::bigint, (e->>'api_key_id')::bigint,
-           (e->>'cost')::numeric, greatest(coalesce((e->>'attempts')::int, 1), 1), e
-    FROM jsonb_array_elements(batch) WITH ORDINALITY AS a(e, ord)
-    WHERE e->>'op' IS NULL AND e->>'request_id' = ANY (won)
-    ORDER BY e->>'request_id', ord;
+    -- The settlements that bill: the first element of each request id that inserted
+    -- (kept in a variable: a temporary table costs a truncation at every commit).
+    SELECT coalesce(jsonb_agg(x.e ORDER BY x.rid), '[]') INTO settling
+    FROM (SELECT DISTINCT ON (e->>'request_id') e->>'request_id' AS rid, e
+          FROM jsonb_array_elements(batch) WITH ORDINALITY AS a(e, ord)
+          JOIN unnest(won) AS w(rid) ON w.rid = e->>'request_id'
+          WHERE e->>'op' IS NULL
+          ORDER BY e->>'request_id', ord) x;
 
     -- 2. Reservation rows, one statement: each (request, attempt) gets its reservation
     -- (from a reserve element) and/or its settlement (from a billed settlement).
@@ -95,7 +100,7 @@ BEGIN
         ORDER BY e->>'request_id', (e->>'attempt')::int, ord),
     s AS (
         SELECT st.rid, g AS attempt, st.tenant_id, st.api_key_id, st.cost
-        FROM tg_settling st, generate_series(1, st.attempts) g)
+        FROM tg_settling(settling) st, generate_series(1, st.attempts) g)
     INSERT INTO reservations AS x (request_id, attempt, tenant_id, api_key_id, amount, model, instance, state,
                                    settled_cost, note, created_at)
     SELECT coalesce(r.rid, s.rid), coalesce(r.attempt, s.attempt), coalesce(r.tenant_id, s.tenant_id),
@@ -139,18 +144,18 @@ BEGIN
            (e->>'cache_write')::bigint, (e->>'reasoning')::bigint, st.cost,
            coalesce((e->>'estimated')::boolean, false), (e->>'status')::int,
            (e->>'ttft_ms')::double precision, (e->>'total_ms')::double precision, coalesce(e->'attempt_ids', '[]')
-    FROM tg_settling st;
+    FROM tg_settling(settling) st;
     INSERT INTO ledger (tenant_id, kind, amount, request_id)
-    SELECT st.tenant_id, 'usage', -st.cost, st.rid FROM tg_settling st;
+    SELECT st.tenant_id, 'usage', -st.cost, st.rid FROM tg_settling(settling) st;
 
     -- 5. Balances and spend: one row update per tenant and per key, locked in id order.
-    PERFORM 1 FROM tenants WHERE id IN (SELECT st.tenant_id FROM tg_settling st) ORDER BY id FOR NO KEY UPDATE;
+    PERFORM 1 FROM tenants WHERE id IN (SELECT st.tenant_id FROM tg_settling(settling) st) ORDER BY id FOR NO KEY UPDATE;
     UPDATE tenants t SET balance = t.balance - a.c, spend = t.spend + a.c, updated_at = now()
-    FROM (SELECT st.tenant_id, sum(st.cost) AS c FROM tg_settling st GROUP BY st.tenant_id) a
+    FROM (SELECT st.tenant_id, sum(st.cost) AS c FROM tg_settling(settling) st GROUP BY st.tenant_id) a
     WHERE t.id = a.tenant_id;
-    PERFORM 1 FROM api_keys WHERE id IN (SELECT st.api_key_id FROM tg_settling st) ORDER BY id FOR NO KEY UPDATE;
+    PERFORM 1 FROM api_keys WHERE id IN (SELECT st.api_key_id FROM tg_settling(settling) st) ORDER BY id FOR NO KEY UPDATE;
     UPDATE api_keys k SET spend = k.spend + a.c
-    FROM (SELECT st.api_key_id, sum(st.cost) AS c FROM tg_settling st GROUP BY st.api_key_id) a
+    FROM (SELECT st.api_key_id, sum(st.cost) AS c FROM tg_settling(settling) st GROUP BY st.api_key_id) a
     WHERE k.id = a.api_key_id;
 
     -- 6. One outcome per element, in order.
