@@ -4,6 +4,7 @@
 -- hook. C calls a dispatcher once per hook per request with the request's
 -- tg_hookctx_t; the dispatcher runs the plugins in priority order (highest first)
 -- until one decides, and returns 0, or the failing plugin's index and its error.
+-- (A hook with a single plugin is called without one: C calls the plugin itself.)
 --
 -- Plugins see `ctx`, an object whose methods read the C context directly through the
 -- FFI (declared by tg_cdef, checked against tg_ffi.h) and change it only through
@@ -14,14 +15,16 @@
 -- budget hook set by C fires inside plugin loops; this file's own code stays
 -- JIT-compiled. See plugins/README.md, "Isolation".
 --
--- Cost. The dispatchers run interpreted (they call plugin code, which a trace cannot
--- enter), and in the interpreter every cdata access is a metamethod call into C that
--- allocates. So cdata is touched only in the small Ctx methods, which plugins call
--- often enough that each becomes its own compiled trace: C writes the hook's context
--- into `box[0]` (a C array, so compiled code reloads it on every call), there is no
--- cast or argument per call, and a method returns a local rather than tail-calling
--- (a tail call into ffi.string would end its trace in the plugin's frame, which the
--- JIT refuses, leaving the method interpreted).
+-- Cost. Plugin code runs interpreted, and in the interpreter every cdata access is a
+-- metamethod call into C that allocates. So cdata is touched only in the small Ctx
+-- methods, which plugins call often enough that each becomes its own compiled trace:
+-- C writes the hook's context into `cell` (C memory, so compiled code reloads it on
+-- every call), there is no cast or argument per call, and a method returns a local
+-- rather than tail-calling (a tail call into ffi.string would end its trace in the
+-- plugin's frame, which the JIT refuses, leaving the method interpreted). A method's
+-- trace also cannot grow a second path for its branches (that too would return into
+-- the plugin's frame), so the methods avoid branches that flip from call to call. A
+-- hook that one plugin implements is called by C directly, without a dispatcher.
 local ffi = require("ffi")
 local jit = require("jit")
 require("tg_cdef")
@@ -55,33 +58,30 @@ local FAILURES = { [0] = "status", "connect", "timeout_connect", "timeout_first_
 local LOG_LEVELS = { error = 0, warn = 1, info = 2, debug = 3 }
 
 ---------------------------------------------------------------------------------------
--- The context object. box[0] is the C context of the hook call running now: C sets it
--- before calling a dispatcher and clears it after (NULL between hook calls).
+-- The context object. cell.ctx is the C context of the hook call running now: C sets
+-- it before a hook call and clears it after (NULL between hook calls). Layout:
+-- tg_ctxcell_t in tg_plugin_internal.h.
 
-local box = ffi.new("tg_hookctx_t *[1]")
--- Where C writes the context (read once per lua_State by tg_plugin.c).
-M.box_address = tonumber(ffi.cast("uintptr_t", box))
+local cell = ffi.new("struct { tg_hookctx_t *ctx; }")
+-- Where C writes (read once per lua_State by tg_plugin.c).
+M.cell_address = tonumber(ffi.cast("uintptr_t", ffi.cast("void *", cell)))
 
--- Per hook call: the account views, the model string, whether a plugin decided.
-local accounts = {}     -- reused views of the accounts (Lua tables)
+-- Per hook call: the account views, whether a plugin decided.
+local accounts = {}     -- reused views of the accounts (Lua tables, filled per call)
 local naccounts = 0
-local call_no = 0       -- bumped by every dispatcher: what was read before is stale
-local n_seen = -1       -- naccounts was read in call n_seen
-local view_seen = {}    -- accounts[i] was filled in call view_seen[i]
-local model_cache       -- the model as a Lua string, valid for the hook call running now
 local decided = false   -- a plugin decided (the Lua mirror of ctx->decided)
 local hdr_val, hdr_len = strout_t(), lenout_t()
 
 -- The context, or an error for a ctx kept and used after its hook call ended.
 local function cur()
-    local c = box[0]
+    local c = cell.ctx
     if c == nil then error("ctx used outside a hook call", 3) end
     return c
 end
 
 local function fail(rc, what)
     if rc == -1 then
-        local c = box[0]
+        local c = cell.ctx
         local hook = c ~= nil and HOOKS[c.hook + 1] or "none (outside a hook call)"
         error("API " .. what .. " disabled in the context of " .. hook, 3)
     end
@@ -112,25 +112,20 @@ local account_mt = {
     end,
 }
 
--- The candidates are read when a plugin first asks in a hook call (naccounts(),
--- account(i), ...), each account's view filled on its first use: inside the compiled
--- methods, with no extra trip out of the interpreter.
-local function account_count(c)
-    if n_seen ~= call_no then
-        naccounts = c.naccounts
-        n_seen = call_no
-    end
-    return naccounts
-end
-
--- The view of account i (1 <= i <= account_count(c)), filled from C once per call.
-local function view(c, i)
-    local t = accounts[i]
-    if not t then
-        t = setmetatable({ index_ = i }, account_mt)
-        accounts[i] = t
-    end
-    if view_seen[i] ~= call_no then
+-- The views are filled when a select_account call starts (by its dispatcher, which C
+-- always uses for that hook): one compiled loop. Filling them lazily inside the
+-- compiled methods would put a branch there whose other side the JIT cannot compile
+-- (it would have to return into the plugin's interpreted frame), and every call taking
+-- that side would leave the trace and finish interpreted, at many times the cost.
+local function refresh_accounts()
+    local c = cell.ctx
+    local n = c.naccounts
+    for i = 1, n do
+        local t = accounts[i]
+        if not t then
+            t = setmetatable({ index_ = i }, account_mt)
+            accounts[i] = t
+        end
         local a = c.accounts[i - 1]
         t.id = nil
         t.region = nil
@@ -146,9 +141,8 @@ local function view(c, i)
         t.reset_in_ms = a.reset_in_ms
         t.cost = a.cost
         t.score = a.score
-        view_seen[i] = call_no
     end
-    return t
+    naccounts = n
 end
 
 local Ctx = {}
@@ -160,15 +154,9 @@ function Ctx:route() local c = cur() local v = ffi_string(c.route, c.route_len) 
 function Ctx:protocol() local c = cur() local v = ffi_string(c.protocol, c.protocol_len) return v end
 function Ctx:key_id() local c = cur() local v = ffi_string(c.key_id, c.key_id_len) return v end
 function Ctx:tenant_id() local c = cur() local v = ffi_string(c.tenant_id, c.tenant_id_len) return v end
-function Ctx:model()
-    local c = cur()
-    local m = model_cache
-    if not m then
-        m = ffi_string(c.model, c.model_len)
-        model_cache = m
-    end
-    return m
-end
+-- No per-call cache: it would need a branch (see refresh_accounts); interning a
+-- short string that exists already is cheap.
+function Ctx:model() local c = cur() local v = ffi_string(c.model, c.model_len) return v end
 function Ctx:original_model()
     local c = cur()
     local v = ffi_string(c.original_model, c.original_model_len)
@@ -195,15 +183,11 @@ function Ctx:header(name)
     return v
 end
 
-function Ctx:naccounts()
-    local n = account_count(cur())
-    return n
-end
+-- Plain Lua (the views): no cdata, so nothing to check about the cell.
+function Ctx:naccounts() return naccounts end
 function Ctx:account(i)
-    local c = cur()
-    if type(i) ~= "number" or i < 1 or i > account_count(c) or i % 1 ~= 0 then return nil end
-    local t = view(c, i)
-    return t
+    if type(i) ~= "number" or i < 1 or i > naccounts then return nil end
+    return accounts[i]
 end
 function Ctx:selected()
     local s = cur().selected
@@ -273,7 +257,6 @@ function Ctx:set_model(m)
     str(m, "set_model")
     local rc = F.tg_ffi_set_model(c, m, #m)
     if rc ~= 0 then return fail(rc, "set_model") end
-    model_cache = m
     return true
 end
 
@@ -303,7 +286,7 @@ function Ctx:exclude(i)
     if i % 1 ~= 0 then return nil, "bad argument" end
     local rc = F.tg_ffi_exclude(c, i - 1)
     if rc ~= 0 then return fail(rc, "exclude") end
-    view(c, i).excluded = true
+    accounts[i].excluded = true
     return true
 end
 
@@ -313,10 +296,10 @@ function Ctx:set_score(i, s)
     local c = cur()
     if c.hook ~= 2 then return fail(-1, "set_score") end
     s = tonumber(s)
-    if type(i) ~= "number" or i < 1 or i > account_count(c) or i % 1 ~= 0 or not s or s ~= s then
+    if type(i) ~= "number" or i < 1 or i > naccounts or not s or s ~= s then
         return nil, "bad argument"
     end
-    view(c, i).score = s
+    accounts[i].score = s
     c.accounts[i - 1].score = s
     return true
 end
@@ -400,7 +383,7 @@ local api = {
     version = "0.1.0",
     hooks = HOOKS,
     now_ms = function()
-        local c = box[0]
+        local c = cell.ctx
         if c ~= nil then return c.now_ms end
         return os.time() * 1000
     end,
@@ -554,32 +537,18 @@ local function make_dispatch(hook_id, list)
         fns[i] = list[i].handler[HOOKS[hook_id + 1]]
         confs[i] = list[i].conf
     end
-    -- Called by C with the context in box[0]; no cdata is touched here (see the top).
+    -- Called by C with the context in the cell; no cdata is touched here (see the top).
     -- confs[i] is this generation's (or this group's) config of plugin i.
-    local dispatch
-    if n == 1 then
-        -- One plugin: its error reaches C's lua_pcall, which knows it is plugin 1
-        -- (gen.count); no pcall of our own.
-        local fn, conf = fns[1], confs[1]
-        dispatch = function()
-            call_no = call_no + 1
-            model_cache = nil
-            decided = false
-            fn(ctx, conf)
-            return 0
+    local with_accounts = hook_id == HOOK_ID.select_account
+    local dispatch = function()
+        decided = false
+        if with_accounts then refresh_accounts() end
+        for i = 1, n do
+            local ok, e = pcall(fns[i], ctx, confs[i])
+            if not ok then return i, tostring(e) end
+            if decided then break end
         end
-    else
-        dispatch = function()
-            call_no = call_no + 1
-            model_cache = nil
-            decided = false
-            for i = 1, n do
-                local ok, e = pcall(fns[i], ctx, confs[i])
-                if not ok then return i, tostring(e) end
-                if decided then break end
-            end
-            return 0
-        end
+        return 0
     end
     -- It calls plugin code, where no trace can go: without this the JIT would keep
     -- trying (and failing) to record it, which costs more than interpreting it.
@@ -594,7 +563,7 @@ local function assemble(list, number)
         return a.order < b.order
     end)
     local gen = { number = number, plugins = list, dispatch = {}, names = {},
-        fail_closed = {}, count = {} }
+        fail_closed = {}, single = {} }
     for id = 0, #HOOKS - 1 do
         local sub, names, closed = {}, {}, {}
         for _, pl in ipairs(list) do
@@ -607,14 +576,18 @@ local function assemble(list, number)
         gen.dispatch[id] = #sub > 0 and make_dispatch(id, sub) or false
         gen.names[id] = names
         gen.fail_closed[id] = closed
-        gen.count[id] = #sub
+        -- One plugin: C calls its function with (ctx, conf) itself; not for
+        -- select_account, whose dispatcher fills the account views first.
+        gen.single[id] = #sub == 1 and id ~= HOOK_ID.select_account
+            and { sub[1].handler[HOOKS[id + 1]], sub[1].conf } or false
     end
     return gen
 end
 
 -- Builds a generation from `spec` = {generation = N, plugins = {...}}. Returns the
 -- generation table or nil, err. The table holds `dispatch[hook_id]` (a function or
--- false), `plugins` (sorted), and `fail_closed[hook_id]` lists.
+-- false), `single[hook_id]` ({fn, conf} when one plugin implements it, else false),
+-- `plugins` (sorted), and `fail_closed[hook_id]` lists.
 function M.build(spec)
     local list = {}
     for i, p in ipairs(spec.plugins) do

@@ -149,7 +149,7 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
     pl->nworkers = nworkers;
     pl->max_instructions = max_instructions > 0 ? max_instructions : 0;
     pl->max_hook_ms = max_hook_ms > 0 ? max_hook_ms : 50;
-    pl->runtime_ref = LUA_NOREF;
+    pl->runtime_ref = pl->ctx_ref = LUA_NOREF;
     lua_State *L = luaL_newstate();
     if (!L) {
         snprintf(err, errlen, "plugins: cannot create a Lua state");
@@ -184,12 +184,13 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
         tg__plugins_free(pl);
         return NULL;
     }
-    /* The cell the runtime reads the running hook's context from (tg_runtime.lua, box). */
-    lua_getfield(L, -1, "box_address");
-    pl->ctxbox = (tg_hookctx_t **)(uintptr_t)lua_tonumber(L, -1);
+    lua_getfield(L, -1, "cell_address");
+    pl->cell = (tg_ctxcell_t *)(uintptr_t)lua_tonumber(L, -1);
     lua_pop(L, 1);
+    lua_getfield(L, -1, "ctx");
+    pl->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     pl->runtime_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (!pl->ctxbox) {
+    if (!pl->cell) {
         snprintf(err, errlen, "plugins: runtime: no context cell");
         tg__plugins_free(pl);
         return NULL;
@@ -211,8 +212,11 @@ static void gen_free(tg_plugin_gen_t *g) {
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
-    for (int h = 0; h < TG_HOOK__COUNT; h++)
+    for (int h = 0; h < TG_HOOK__COUNT; h++) {
         luaL_unref(L, LUA_REGISTRYINDEX, g->dispatch_ref[h]);
+        luaL_unref(L, LUA_REGISTRYINDEX, g->single_fn_ref[h]);
+        luaL_unref(L, LUA_REGISTRYINDEX, g->single_conf_ref[h]);
+    }
     luaL_unref(L, LUA_REGISTRYINDEX, g->gen_ref);
     tg_plugin_gen_t *base = g->base;
     free(g->variants); /* emptied when the generation was retired */
@@ -259,10 +263,16 @@ static tg_plugin_gen_t *gen_from_table(tg_plugins_t *pl, uint64_t number) {
     g->owner = pl;
     g->number = number;
     g->refs = 1;
-    lua_getfield(L, -1, "count");
+    lua_getfield(L, -1, "single");
     for (int h = 0; h < TG_HOOK__COUNT; h++) {
+        g->single_fn_ref[h] = g->single_conf_ref[h] = LUA_NOREF;
         lua_rawgeti(L, -1, h);
-        g->nplugins[h] = (int)lua_tointeger(L, -1);
+        if (lua_istable(L, -1)) {
+            lua_rawgeti(L, -1, 1);
+            g->single_fn_ref[h] = luaL_ref(L, LUA_REGISTRYINDEX);
+            lua_rawgeti(L, -1, 2);
+            g->single_conf_ref[h] = luaL_ref(L, LUA_REGISTRYINDEX);
+        }
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
@@ -622,15 +632,25 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
         ctx->hook = hook;
         ctx->decided = 0;
         counter_inc(&pl->calls[hook]);
-        lua_rawgeti(L, LUA_REGISTRYINDEX, g->dispatch_ref[hook]);
-        *pl->ctxbox = ctx;
+        pl->cell->ctx = ctx;
+        int single = g->single_fn_ref[hook] != LUA_NOREF, rc;
+        if (single) {
+            /* One plugin implements the hook: call it, no dispatcher in between. */
+            lua_rawgeti(L, LUA_REGISTRYINDEX, g->single_fn_ref[hook]);
+            lua_rawgeti(L, LUA_REGISTRYINDEX, pl->ctx_ref);
+            lua_rawgeti(L, LUA_REGISTRYINDEX, g->single_conf_ref[hook]);
+            rc = guarded_pcall(pl, 2, 0, 1);
+        } else {
+            lua_rawgeti(L, LUA_REGISTRYINDEX, g->dispatch_ref[hook]);
+            rc = guarded_pcall(pl, 0, 2, 1);
+        }
         int idx = 0;
         const char *err = NULL;
-        int rc = guarded_pcall(pl, 0, 2, 1);
         if (rc != 0) {
-            /* The dispatcher of a single plugin has no pcall of its own: the error is
-             * that plugin's. tostring() as the dispatcher would (under the budget). */
-            if (g->nplugins[hook] == 1)
+            /* A single plugin's error is that plugin's; the dispatcher catches each
+             * plugin's own, so one reaching here came from between them (the budget).
+             * tostring() as the dispatcher would (under the budget). */
+            if (single)
                 idx = 1;
             if (!lua_isstring(L, -1)) {
                 lua_getglobal(L, "tostring");
@@ -641,7 +661,7 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
                 }
             }
             err = lua_tostring(L, -1);
-        } else if ((idx = (int)lua_tointeger(L, -2)) != 0) {
+        } else if (!single && (idx = (int)lua_tointeger(L, -2)) != 0) {
             err = lua_tostring(L, -1);
             if (!err)
                 err = "(error object is not a string)";
@@ -660,7 +680,7 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
                             (unsigned long long)g->number, err);
             fallback(ctx, hook, fail_closed, saved_model, saved_model_len, saved_group, saved_group_len);
         }
-        *pl->ctxbox = NULL; /* a ctx a plugin kept is refused after its hook call */
+        pl->cell->ctx = NULL; /* a ctx a plugin kept is refused after its hook call */
         lua_settop(L, top);
         ctx->hook = -1;
     }

@@ -71,6 +71,14 @@ void tg__plugins_group_free(tg_group_plugin_t *g, int n);
 
 typedef struct tg_plugin_gen_s tg_plugin_gen_t;
 
+/**
+ * The cell the Lua runtime reads the running hook's context from (`cell` in
+ * core/lua/tg_runtime.lua, same layout): the context, NULL between hook calls.
+ */
+typedef struct {
+    tg_hookctx_t *ctx;
+} tg_ctxcell_t;
+
 /** A base generation's cached variant for one group (see tg_plugins_use_group). */
 typedef struct {
     int64_t group_id; /* 0: empty slot */
@@ -89,7 +97,10 @@ struct tg_plugin_gen_s {
     uint64_t number;
     int gen_ref;
     int dispatch_ref[TG_HOOK__COUNT];
-    int nplugins[TG_HOOK__COUNT]; /* plugins implementing each hook */
+    /* A hook one plugin implements: that plugin's function and config (else LUA_NOREF),
+     * called directly instead of through the dispatcher. */
+    int single_fn_ref[TG_HOOK__COUNT];
+    int single_conf_ref[TG_HOOK__COUNT];
     tg_plugins_t *owner;
     tg_plugin_gen_t *base;          /* a variant: the generation it derives from (a ref) */
     tg_plugin_variant_t *variants;  /* a base: open-addressed by group id, one ref each */
@@ -105,7 +116,8 @@ struct tg_plugins_s {
     long max_instructions;
     int max_hook_ms;
     int runtime_ref;
-    tg_hookctx_t **ctxbox; /* where the runtime reads the running hook's context (a Lua-owned C array) */
+    tg_ctxcell_t *cell; /* where the runtime reads the running hook's context (Lua-owned) */
+    int ctx_ref;        /* the ctx object plugins receive */
     int quiet; /* do not log plugin errors (dry runs) */
     char last_error[512];
     /* Counters read by the status JSON from other threads. */

@@ -32,6 +32,7 @@ function M.init(conf)
     end)
     conf._patterns = list
     conf._found, conf._nfound = {}, 0
+    conf._by_group = next(conf.group_multipliers) ~= nil
 end
 
 -- The prices of `model` by name, else by the pattern with the most literal characters.
@@ -57,10 +58,8 @@ function M._prices(conf, model)
     return p or nil
 end
 
--- Returns the cost in nano-USD, or nil for a model without a price.
-function M._cost(conf, model, protocol, group, u)
-    local p = M._prices(conf, model)
-    if not p then return nil end
+-- The cost in nano-USD of usage `u` at prices `p`.
+local function cost(conf, p, protocol, group, u)
     local input, output = u.input or 0, u.output or 0
     local cr, cw, rs = u.cache_read or 0, u.cache_write or 0, u.reasoning or 0
     if INPUT_INCLUDES_CACHE[protocol] then input = input - cr end
@@ -73,13 +72,27 @@ function M._cost(conf, model, protocol, group, u)
     return usd_per_mtok * 1000 * mult
 end
 
+-- Returns the cost in nano-USD, or nil for a model without a price.
+function M._cost(conf, model, protocol, group, u)
+    local p = M._prices(conf, model)
+    if not p then return nil end
+    return cost(conf, p, protocol, group, u)
+end
+
 function M.price(ctx, conf)
-    local cost = M._cost(conf, ctx:model(), ctx:protocol(), ctx:group(), ctx:usage())
-    if cost then
-        ctx:set_cost(cost)
-    else
-        ctx:log_field("pricing", "no price for " .. ctx:model())
+    local model = ctx:model()
+    local p = M._prices(conf, model)
+    if not p then
+        ctx:log_field("pricing", "no price for " .. model)
+        return
     end
+    local u = ctx:usage()
+    -- The protocol matters only with cached tokens, the group only with group
+    -- multipliers: each is asked for only then (every ctx call costs, see router).
+    local cr = u.cache_read
+    local protocol = cr and cr ~= 0 and ctx:protocol() or nil
+    local group = conf._by_group and ctx:group() or nil
+    ctx:set_cost(cost(conf, p, protocol, group, u))
 end
 
 return M

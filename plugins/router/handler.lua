@@ -67,22 +67,28 @@ function M.select_account(ctx, conf)
     use(conf)
     local account, set_score = ctx.account, ctx.set_score
     local top_k = conf.top_k
-    local n, k = ctx:naccounts(), 0
+    local n, k, kth = ctx:naccounts(), 0, 0
     for i = 1, n do
         local a = account(ctx, i)
         if not a.excluded then
             local s = score(a)
             set_score(ctx, i, s)
-            -- Insertion into the descending top list, at most top_k long.
-            local pos = k + 1
-            while pos > 1 and scores[pos - 1] < s do pos = pos - 1 end
-            if pos <= top_k then
-                local last = k < top_k and k + 1 or k
-                for j = last, pos + 1, -1 do
-                    idx[j], scores[j] = idx[j - 1], scores[j - 1]
+            -- Insertion into the descending top list, at most top_k long (kth is its
+            -- last score once full): from the slot it fills (a new one, or the last,
+            -- whose account drops out) up past every lower score. Equal scores keep
+            -- their order, so the earlier account stays ahead.
+            if k < top_k or s > kth then
+                local pos = k
+                if k < top_k then
+                    k = k + 1
+                    pos = k
+                end
+                while pos > 1 and scores[pos - 1] < s do
+                    idx[pos], scores[pos] = idx[pos - 1], scores[pos - 1]
+                    pos = pos - 1
                 end
                 idx[pos], scores[pos] = i, s
-                k = last
+                kth = scores[k]
             end
         end
     end
