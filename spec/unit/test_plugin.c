@@ -523,6 +523,68 @@ TG_TEST(plugin, workbench_replays_requests_through_a_policy) {
     ASSERT_EQ_INT(workbench(out, sizeof(out), args3, 5), 2);
 }
 
+/* A hook one plugin implements is called without the dispatcher: its error is still
+ * that plugin's (its fail_closed applies), as with several plugins on one hook; an
+ * error object that is not a string is shown through tostring(). */
+TG_TEST(plugin, errors_are_charged_to_their_plugin_with_one_or_several_per_hook) {
+    make_dir();
+    write_file("guard.lua", "return { name = 'guard', priority = 5, version = '1', fail_closed = true,\n"
+                            "  on_request = function(ctx) if ctx:header('x-fail') then error('guard down') end end,\n"
+                            "  map_model = function(ctx) ctx:set_model('by-guard') end }\n");
+    write_file("open.lua", "return { name = 'open', priority = 1, version = '1',\n"
+                           "  map_model = function(ctx)\n"
+                           "    if ctx:model() == 'by-guard' and ctx:header('x-fail') then\n"
+                           "      error(setmetatable({}, { __tostring = function() return 'open says no' end }))\n"
+                           "    end\n"
+                           "  end,\n"
+                           "  price = function(ctx) if ctx:usage().input == 1 then error({}) end end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'guard', 'open'}", &loop);
+    tg_ffi_header_t h = {"x-fail", 6, "1", 1};
+    tg_hookctx_t ctx;
+
+    /* on_request: guard alone, fail_closed: the request is refused with a 500. */
+    begin(pl, &ctx, "m");
+    ctx.headers = &h;
+    ctx.nheaders = 1;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_DONE);
+    ASSERT_EQ_INT(ctx.reject_status, 500);
+    ASSERT_EQ_STR(ctx.reject_code, "plugin_error");
+    ASSERT_EQ_INT(ctx.plugin_errors, 1);
+    tg_plugins_end(pl, &ctx);
+
+    /* map_model: both, the second (not fail_closed) throws a table: model restored. */
+    begin(pl, &ctx, "m");
+    ctx.headers = &h;
+    ctx.nheaders = 1;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &ctx), TG_OK);
+    ASSERT_EQ_STR(ctx.model, "m");
+    ASSERT_EQ_INT(ctx.reject_status, 0);
+    ASSERT_EQ_INT(ctx.plugin_errors, 1);
+    /* price: open alone, a table without __tostring: unpriced, counted. */
+    ctx.usage_input = 1;
+    ctx.usage_known = 1;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_PRICE, &ctx), TG_OK);
+    ASSERT_EQ_INT(ctx.cost_nanousd, -1);
+    ASSERT_EQ_INT(ctx.plugin_errors, 2);
+    tg_plugins_end(pl, &ctx);
+    stop(pl, &loop);
+
+    /* The messages, as `tollgate policy test` shows them. */
+    write_file("reqs.jsonl", "{\"id\":\"r1\",\"model\":\"m\",\"tenant_id\":\"acme\"}\n");
+    write_file("thrower.lua", "return { name = 'thrower', priority = 1, version = '1',\n"
+                              "  map_model = function(ctx)\n"
+                              "    if ctx:tenant_id() ~= 'acme' then return end\n"
+                              "    error(setmetatable({}, { __tostring = function() return 'thrower says no' end }))\n"
+                              "  end }\n");
+    char reqs[300], policy[300], out[8192];
+    snprintf(reqs, sizeof(reqs), "%s/reqs.jsonl", dir);
+    snprintf(policy, sizeof(policy), "%s/thrower.lua", dir);
+    const char *args[] = {policy, "--requests", reqs};
+    ASSERT_EQ_INT(workbench(out, sizeof(out), args, 3), 1);
+    ASSERT(strstr(out, "map_model          ERROR plugins.thrower.map_model: thrower says no; fallback") != NULL);
+}
+
 TG_TEST(plugin, admin_writes_are_validated_against_the_schema) {
     char lua[512], err[512];
     snprintf(lua, sizeof(lua), "{dirs = {'%s/plugins'}}", TG_SOURCE_DIR);
