@@ -23,7 +23,6 @@
 #include "tollgate/tg_redis.h"
 
 #include <assert.h>
-#include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -104,6 +103,7 @@ struct tg_redis_s {
     tg__redis_list_t pending, deferred;
     uv_timer_t timer; /* deadlines of pending, and the stall check */
     uv_idle_t idle;   /* runs while deferred is not empty; closed last */
+    uv_prepare_t flush; /* writes the commands of this loop iteration before it polls */
     int closing;
     int idle_closing;
     int nctx;    /* live hiredis contexts */
@@ -178,11 +178,13 @@ static void redis_maybe_close(tg_redis_t *r) {
     if (r->closing && r->nctx == 0 && !r->idle_closing) {
         r->idle_closing = 1;
         uv_close((uv_handle_t *)&r->idle, redis_on_handle_close);
+        uv_close((uv_handle_t *)&r->flush, redis_on_handle_close);
     }
 }
 
 static void redis_on_idle(uv_idle_t *h);
 static void redis_on_timer(uv_timer_t *t);
+static void redis_on_flush(uv_prepare_t *h);
 static void conn_connect(tg__redis_conn_t *c);
 
 static void redis_defer(tg_redis_t *r, tg_redis_req_t *q, const char *err) {
@@ -257,6 +259,124 @@ static void conn_log_failure(tg__redis_conn_t *c, const char *why) {
         tg_log_debug("redis: %s connection: connect failed: %s", c->name, why ? why : "unknown error");
 }
 
+
+/* ---- the event adapter ----------------------------------------------------------------
+ *
+ * hiredis asks its event library to watch for writability after every command, and
+ * hiredis's own libuv adapter restarts the uv_poll for each change: two epoll_ctl calls
+ * and an extra loop iteration (wait for EPOLLOUT, then write) per command. Here the
+ * socket stays registered for reading, and the commands a loop iteration issued are
+ * written together just before the loop polls again (a uv_prepare, like the client
+ * side's corked output): one write, no epoll_ctl, and pipelining for free. Writability
+ * is watched only while connecting or when the kernel buffer was full.
+ */
+typedef struct {
+    redisAsyncContext *context; /* NULL once hiredis let go of it */
+    uv_poll_t handle;
+    tg_redis_t *r;
+    int events;   /* what hiredis wants watched */
+    int started;  /* what the uv_poll watches */
+    int want_flush, flushing;
+} tg__redis_ev_t;
+
+static void ev_poll_cb(uv_poll_t *h, int status, int events);
+
+static void ev_apply(tg__redis_ev_t *e) {
+    if (e->events == e->started || !e->context)
+        return;
+    e->started = e->events;
+    if (e->events)
+        uv_poll_start(&e->handle, e->events, ev_poll_cb);
+    else
+        uv_poll_stop(&e->handle);
+}
+
+static void ev_poll_cb(uv_poll_t *h, int status, int events) {
+    tg__redis_ev_t *e = h->data;
+    if (status != 0)
+        return; /* as hiredis's own adapter: the next read or write reports it */
+    if (e->context && (events & UV_READABLE))
+        redisAsyncHandleRead(e->context);
+    if (e->context && (events & UV_WRITABLE))
+        redisAsyncHandleWrite(e->context);
+}
+
+static void ev_add_read(void *d) {
+    tg__redis_ev_t *e = d;
+    e->events |= UV_READABLE;
+    ev_apply(e);
+}
+
+static void ev_del_read(void *d) {
+    tg__redis_ev_t *e = d;
+    e->events &= ~UV_READABLE;
+    ev_apply(e);
+}
+
+static void ev_add_write(void *d) {
+    tg__redis_ev_t *e = d;
+    if (e->flushing || !(e->context->c.flags & REDIS_CONNECTED)) {
+        e->events |= UV_WRITABLE; /* connecting, or the kernel buffer is full */
+        ev_apply(e);
+        return;
+    }
+    e->want_flush = 1;
+    uv_prepare_start(&e->r->flush, redis_on_flush);
+}
+
+static void ev_del_write(void *d) {
+    tg__redis_ev_t *e = d;
+    e->want_flush = 0;
+    e->events &= ~UV_WRITABLE;
+    ev_apply(e);
+}
+
+static void ev_on_close(uv_handle_t *h) { free(h->data); }
+
+static void ev_cleanup(tg__redis_ev_t *e) {
+    e->context = NULL;
+    e->want_flush = 0;
+    uv_close((uv_handle_t *)&e->handle, ev_on_close);
+}
+
+static int ev_attach(redisAsyncContext *ac, tg_redis_t *r) {
+    tg__redis_ev_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return REDIS_ERR;
+    if (uv_poll_init(r->loop, &e->handle, ac->c.fd) != 0) {
+        free(e);
+        return REDIS_ERR;
+    }
+    e->context = ac;
+    e->r = r;
+    e->handle.data = e;
+    ac->ev.data = e;
+    ac->ev.addRead = ev_add_read;
+    ac->ev.delRead = ev_del_read;
+    ac->ev.addWrite = ev_add_write;
+    ac->ev.delWrite = ev_del_write;
+    return REDIS_OK;
+}
+
+static void conn_flush(tg__redis_conn_t *c) {
+    if (!c->ac || c->freeing)
+        return;
+    tg__redis_ev_t *e = c->ac->ev.data;
+    if (!e || !e->want_flush)
+        return;
+    e->want_flush = 0;
+    e->flushing = 1;
+    redisAsyncHandleWrite(c->ac); /* may disconnect: then e->context is NULL */
+    e->flushing = 0;
+}
+
+static void redis_on_flush(uv_prepare_t *h) {
+    tg_redis_t *r = h->data;
+    uv_prepare_stop(h);
+    conn_flush(&r->cmd);
+    conn_flush(&r->sub);
+}
+
 /* The hiredis context is being freed (hiredis calls its event-library cleanup exactly
  * there). */
 static void conn_gone(tg__redis_conn_t *c) {
@@ -279,13 +399,13 @@ static void conn_gone(tg__redis_conn_t *c) {
 }
 
 static void conn_on_cleanup(void *privdata) {
-    redisLibuvEvents *p = privdata;
-    redisAsyncContext *ac = p ? p->context : NULL;
+    tg__redis_ev_t *e = privdata;
+    redisAsyncContext *ac = e ? e->context : NULL;
     if (!ac)
         return;
     tg__redis_conn_t *c = ac->data;
     ac->ev.cleanup = NULL; /* once */
-    redisLibuvCleanup(p);
+    ev_cleanup(e);
     conn_gone(c);
 }
 
@@ -360,8 +480,7 @@ static void conn_connect(tg__redis_conn_t *c) {
         conn_retry(c);
         return;
     }
-    if (redisLibuvAttach(ac, r->loop) != REDIS_OK) {
-        ac->ev.cleanup = NULL; /* the adapter sets it before it can fail */
+    if (ev_attach(ac, r) != REDIS_OK) {
         redisAsyncFree(ac);
         conn_log_failure(c, "cannot watch the socket");
         c->tried = 1;
@@ -628,7 +747,9 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     r->timer.data = r;
     uv_idle_init(loop, &r->idle);
     r->idle.data = r;
-    r->handles = 2;
+    uv_prepare_init(loop, &r->flush);
+    r->flush.data = r;
+    r->handles = 3;
     conn_init(r, &r->cmd, "command", 0);
     conn_init(r, &r->sub, "pubsub", 1);
     conn_connect(&r->cmd);

@@ -99,7 +99,8 @@ static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, i
         if (i1 < n1)
             prio = TG_MAX(prio, a1[i1]->priority);
         int e0 = tier_end(a0, i0, n0, prio), e1 = tier_end(a1, i1, n1, prio);
-        tier_t tr = {a0 + i0, a1 + i1, (unsigned)(e0 - i0), (unsigned)(e0 - i0 + e1 - i1)};
+        /* An empty side has no array at all: no offset from a null pointer (UBSan). */
+        tier_t tr = {a0 ? a0 + i0 : NULL, a1 ? a1 + i1 : NULL, (unsigned)(e0 - i0), (unsigned)(e0 - i0 + e1 - i1)};
         /* Read from a random offset when the tier holds more than we still want, so every
          * member has the same chance. */
         unsigned want = (unsigned)(max - n), t = tr.t;
