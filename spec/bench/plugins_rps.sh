@@ -77,18 +77,28 @@ rps() { # PORT PID NAME: prints req/s; adds the process's CPU ticks and requests
     awk '/Requests\/sec/ {print $2}' "$T/wrk.out"
 }
 cpu_us() { awk -v tick="$TICK_US" '{ t += $1; n += $2 } END { printf "%.2f", t * tick / n }' "$T/$1.cpu"; }
+# The CPU ratio off/on of round R alone (line R of each file).
+round_ratio() {
+    paste -d' ' "$T/off.cpu" "$T/on.cpu" | awk -v r="$1" 'NR == r { printf "%.3f", ($1 / $2) / ($3 / $4) }'
+}
 best_off=0 best_on=0
 for r in $(seq "$ROUNDS"); do
     off=$(rps $P_OFF $PID_OFF off)
     on=$(rps $P_ON $PID_ON on)
-    echo "round $r: off $off req/s, on $on req/s" >&2
+    echo "round $r: off $off req/s, on $on req/s, CPU ratio off/on $(round_ratio $r)" >&2
     best_off=$(awk -v a="$best_off" -v b="$off" 'BEGIN { print (b > a ? b : a) }')
     best_on=$(awk -v a="$best_on" -v b="$on" 'BEGIN { print (b > a ? b : a) }')
 done
 c_off=$(cpu_us off) c_on=$(cpu_us on)
+# Median of the rounds' own CPU ratios: a burst of other work during one round moves
+# the all-rounds figure, not the median.
+median=$(for r in $(seq "$ROUNDS"); do round_ratio "$r"; echo; done | sort -n |
+    awk '{ v[NR] = $1 } END { printf "%.3f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+spread=$(for r in $(seq "$ROUNDS"); do round_ratio "$r"; echo; done | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s to %s", lo, hi }')
 echo "| tollgate, 1 worker, wrk -c64, ${DUR} s x $ROUNDS rounds, alternating | req/s (best) | gateway CPU µs per request (all rounds) |"
 echo "|---|---|---|"
 echo "| plugins off | $best_off | $c_off |"
 echo "| plugins on (model-map, router, retry-budget, fail-policy, pricing) | $best_on | $c_on |"
 awk -v a="$best_off" -v b="$best_on" -v c="$c_off" -v d="$c_on" \
     'BEGIN { printf "| on / off | %.3f | %.3f (CPU off / on: the throughput ratio on a free core) |\n", b / a, c / d }'
+echo "| on / off, median of the rounds' CPU ratios (range) | | $median ($spread) |"
