@@ -78,8 +78,9 @@ fi
   echo
   echo "The same two gateways under callgrind (\`spec/bench/plugins_rps_ir.sh\`): what one"
   echo "request costs in user-space instructions, which a loaded machine does not change. The"
-  echo "kernel's share (sockets, the same with plugins on or off) is not counted, so off / on"
-  echo "here is a lower bound of the throughput ratio."
+  echo "kernel's share (sockets, the same with plugins on or off; about two thirds of the"
+  echo "gateway's CPU time per request here) is not counted, so the CPU ratio is higher than"
+  echo "this one unless plugin code runs much slower per instruction than the rest."
   echo
   echo "$rps_ir"
   echo
@@ -88,9 +89,10 @@ fi
   echo "$table" | awk -F'|' '/^\| shipped: model-map/ { gsub(/ /, "", $4);
     printf "- All hooks per request with the shipped plugins: %s µs CPU, goal under 10 µs: %s.\n", $4, ($4 + 0 < 10 ? "met" : "NOT met") }
     /group variant/ { gsub(/ /, "", $4); printf "- The same for a key whose group has its own plugins setting: %s µs CPU (%s).\n", $4, ($4 + 0 < 10 ? "met" : "NOT met") }'
-  echo "$rps" | awk -F'|' '/^\| on \/ off/ { split($4, c, " "); gsub(/ /, "", $3);
-    printf "- req/s plugins on / off: %s best-of-rounds, %s by CPU per request; goal at least 0.9: %s.\n", $3, c[1], (c[1] + 0 >= 0.9 ? "met" : "NOT met") }'
+  echo "$rps" | awk -F'|' '/^\| on \/ off \|/ { split($4, c, " "); gsub(/ /, "", $3);
+    printf "- req/s plugins on / off: %s best-of-rounds, %s by CPU per request over all rounds; goal at least 0.9: %s.\n", $3, c[1], (c[1] + 0 >= 0.9 ? "met" : "NOT met") }
+    /^\| on \/ off, median/ { split($4, c, " "); printf "- The median of the rounds'"'"' own CPU ratios: %s (%s).\n", c[1], (c[1] + 0 >= 0.9 ? "met" : "NOT met") }'
   echo "$rps_ir" | awk -F'|' '/^\| on \/ off/ { split($3, c, " "); split($3, d, "add ");
-    printf "- Gateway instructions per request, off / on: %s (plugins add %s instructions; a lower bound of the throughput ratio).\n", c[1], d[2] + 0 }'
+    printf "- Gateway user-space instructions per request, off / on: %s (plugins add %s).\n", c[1], d[2] + 0 }'
 } > "$out"
 echo "wrote $out"
