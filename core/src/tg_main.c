@@ -75,6 +75,23 @@ int main(int argc, char **argv) {
             fprintf(stderr, "usage: tollgate ledger verify|reconcile -c FILE\n");
             return 2;
         }
+        /* Every argument is known, or the command refuses to run: a typo must not turn
+         * into a check of some other database. */
+        int older = 0;
+        for (int i = 3; i < argc; i++) {
+            if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) && i + 1 < argc) {
+                i++;
+            } else if (!strcmp(argv[2], "reconcile") && !strcmp(argv[i], "--older-than-ms") && i + 1 < argc &&
+                       argv[i + 1][0] && strspn(argv[i + 1], "0123456789") == strlen(argv[i + 1]) &&
+                       strlen(argv[i + 1]) <= 9) {
+                older = atoi(argv[++i]);
+            } else {
+                fprintf(stderr, "tollgate ledger %s: unexpected argument \"%.64s\" (usage: tollgate ledger %s)\n",
+                        argv[2], argv[i],
+                        strcmp(argv[2], "verify") ? "reconcile -c FILE [--older-than-ms N]" : "verify -c FILE");
+                return 2;
+            }
+        }
         tg_config_t cfg;
         int rc = load(argc, argv, &cfg);
         if (rc)
@@ -87,10 +104,6 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[2], "verify")) {
             rc = tg_ledger_verify_main(cfg.pg_conninfo, cfg.redis_url);
         } else {
-            int older = 0;
-            for (int i = 3; i < argc - 1; i++)
-                if (!strcmp(argv[i], "--older-than-ms"))
-                    older = atoi(argv[i + 1]);
             rc = tg_ledger_reconcile_main(cfg.pg_conninfo, cfg.redis_url, older, cfg.billing.charge_unknown);
         }
         tg_config_free(&cfg);
