@@ -505,6 +505,17 @@ static int send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
     return -1;
 }
 
+/* Removes the oldest batch (at most BATCH_MAX elements) from the queue and returns it. */
+static json_t *queue_take(tg_billing_t *b) {
+    size_t total = json_array_size(b->queue), n = TG_MIN(total, (size_t)BATCH_MAX);
+    json_t *batch = json_array(), *rest = json_array();
+    for (size_t i = 0; i < total; i++)
+        json_array_append(i < n ? batch : rest, json_array_get(b->queue, i));
+    json_decref(b->queue);
+    b->queue = rest;
+    return batch;
+}
+
 static void flush(tg_billing_t *b) {
     /* Few transactions under load: everything queued goes in (bounded) batches, at most
      * LIVE_INFLIGHT of them at Postgres; what arrives meanwhile waits for the next. */
@@ -514,15 +525,7 @@ static void flush(tg_billing_t *b) {
         return;
     }
     while (json_array_size(b->queue) && b->live_inflight < LIVE_INFLIGHT) {
-        size_t total = json_array_size(b->queue);
-        size_t n = TG_MIN(total, (size_t)BATCH_MAX);
-        json_t *batch = json_array();
-        json_t *rest = json_array();
-        for (size_t i = 0; i < total; i++)
-            json_array_append(i < n ? batch : rest, json_array_get(b->queue, i));
-        json_decref(b->queue);
-        b->queue = rest;
-        if (send_batch(b, batch, 0) != 0)
+        if (send_batch(b, queue_take(b), 0) != 0)
             break;
     }
 }
@@ -586,12 +589,7 @@ static void enqueue(tg_billing_t *b, json_t *item) {
         /* One batch at a time, the oldest: each overflow holds the loop for one batch's
          * encoding and fsync (milliseconds), not the whole queue's (was 0.25-0.8 s for
          * 20,000 elements, long enough for reservations in flight to time out). */
-        size_t total = json_array_size(b->queue), cut = TG_MIN(total, (size_t)BATCH_MAX);
-        json_t *oldest = json_array(), *rest = json_array();
-        for (size_t i = 0; i < total; i++)
-            json_array_append(i < cut ? oldest : rest, json_array_get(b->queue, i));
-        json_decref(b->queue);
-        b->queue = rest;
+        json_t *oldest = queue_take(b);
         spool_append(b, oldest, "the queue is full (Postgres is slower than the traffic)"); /* on failure: back in the queue */
         json_decref(oldest);
     }

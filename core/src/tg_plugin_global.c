@@ -70,23 +70,28 @@ static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ..
 }
 
 /* Writes the Lua value at `idx` as a Lua constructor. Only data: no functions. */
+/* A Lua string literal for s (decimal escapes for anything not printable ASCII). */
+static void lua_quote(tg_buf_t *b, const char *s, size_t n) {
+    tg_buf_appends(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            tg_buf_printf(b, "\\%c", c);
+        else if (c < 0x20 || c >= 0x7f)
+            tg_buf_printf(b, "\\%03u", c);
+        else
+            tg_buf_append(b, &s[i], 1);
+    }
+    tg_buf_appends(b, "\"");
+}
+
 static int serialize(lua_State *L, int idx, tg_buf_t *b, const char *path, int depth, char *err, size_t errlen) {
     idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
     switch (lua_type(L, idx)) {
     case LUA_TSTRING: {
         size_t n;
         const char *s = lua_tolstring(L, idx, &n);
-        tg_buf_appends(b, "\"");
-        for (size_t i = 0; i < n; i++) {
-            unsigned char c = (unsigned char)s[i];
-            if (c == '"' || c == '\\')
-                tg_buf_printf(b, "\\%c", c);
-            else if (c < 0x20 || c >= 0x7f)
-                tg_buf_printf(b, "\\%03u", c);
-            else
-                tg_buf_append(b, &s[i], 1);
-        }
-        tg_buf_appends(b, "\"");
+        lua_quote(b, s, n);
         return TG_OK;
     }
     case LUA_TNUMBER:
@@ -493,20 +498,6 @@ static int gfail(char *err, size_t errlen, const char *path, const char *fmt, ..
         vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
     va_end(ap);
     return TG_ERROR;
-}
-
-static void lua_quote(tg_buf_t *b, const char *s, size_t n) {
-    tg_buf_appends(b, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            tg_buf_printf(b, "\\%c", c);
-        else if (c < 0x20 || c >= 0x7f)
-            tg_buf_printf(b, "\\%03u", c);
-        else
-            tg_buf_append(b, &s[i], 1);
-    }
-    tg_buf_appends(b, "\"");
 }
 
 /* Writes JSON value v as a Lua constructor (objects keyed by string, arrays 1..n). */
