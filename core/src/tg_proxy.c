@@ -155,10 +155,18 @@ static void proxy_run(proxy_req_t *p);
 
 /* ---- per-worker state --------------------------------------------------------------- */
 
+void tg_proxy_worker_flush(tg_worker_t *w) {
+    tg_redis_t *r = w->state ? tg_state_redis(w->state) : NULL;
+    if (r)
+        tg_redis_flush(r);
+}
+
 void tg_proxy_worker_init(tg_worker_t *w) {
     proxy_worker_t *pw = calloc(1, sizeof(*pw));
     char err[256];
     w->state = tg_state_create(&w->loop, w->gw->cfg, (const uint8_t(*)[32])w->gw->key_hashes, w->gw->nkeys);
+    if (tg_state_redis(w->state))
+        tg_redis_owner_flushes(tg_state_redis(w->state)); /* after the clients' bytes */
     pw->upstream = tg_upstream_create(&w->loop, &w->gw->cfg->upstream, w->gw->client_tls, err, sizeof(err));
     if (!pw->upstream)
         tg_log_error("worker %d: %s", w->index, err);

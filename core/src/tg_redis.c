@@ -104,6 +104,7 @@ struct tg_redis_s {
     uv_timer_t timer; /* deadlines of pending, and the stall check */
     uv_idle_t idle;   /* runs while deferred is not empty; closed last */
     uv_prepare_t flush; /* writes the commands of this loop iteration before it polls */
+    int owner_flushes;  /* tg_redis_owner_flushes(): the loop's owner calls tg_redis_flush */
     int closing;
     int idle_closing;
     int nctx;    /* live hiredis contexts */
@@ -321,7 +322,8 @@ static void ev_add_write(void *d) {
         return;
     }
     e->want_flush = 1;
-    uv_prepare_start(&e->r->flush, redis_on_flush);
+    if (!e->r->owner_flushes)
+        uv_prepare_start(&e->r->flush, redis_on_flush);
 }
 
 static void ev_del_write(void *d) {
@@ -371,10 +373,17 @@ static void conn_flush(tg__redis_conn_t *c) {
 }
 
 static void redis_on_flush(uv_prepare_t *h) {
-    tg_redis_t *r = h->data;
-    uv_prepare_stop(h);
+    tg_redis_flush(h->data);
+}
+
+void tg_redis_flush(tg_redis_t *r) {
+    uv_prepare_stop(&r->flush);
     conn_flush(&r->cmd);
     conn_flush(&r->sub);
+}
+
+void tg_redis_owner_flushes(tg_redis_t *r) {
+    r->owner_flushes = 1;
 }
 
 /* The hiredis context is being freed (hiredis calls its event-library cleanup exactly

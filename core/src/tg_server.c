@@ -308,6 +308,7 @@ static void prepare_cb(uv_prepare_t *h) {
         w->dirty = c->dirty_next;
         conn_flush(c);
     }
+    tg_proxy_worker_flush(w);
     if (w->logbuf.len) {
         log_flush(w);
         if (w->logbuf.cap > 1 << 20)

@@ -110,6 +110,17 @@ int tg_redis_subscribe(tg_redis_t *r, const char *channel, tg_redis_msg_cb cb, v
 tg_redis_req_t *tg_redis_publish(tg_redis_t *r, const char *channel, const char *msg, size_t len, tg_redis_cb cb,
                                  void *ud);
 
+/**
+ * Commands issued during a loop iteration are written together just before the loop
+ * polls, by a uv_prepare of the client's own. A loop owner that corks output of its own
+ * can take that over: after tg_redis_owner_flushes(), the owner must call
+ * tg_redis_flush() from a uv_prepare that runs on every iteration, after its own output.
+ * The gateway's workers do this so that a response's bytes leave before the Redis
+ * bookkeeping of the request they end (the limits release), not just behind it.
+ */
+void tg_redis_owner_flushes(tg_redis_t *r);
+void tg_redis_flush(tg_redis_t *r);
+
 /** The client's counters. */
 const tg_redis_stats_t *tg_redis_stats(const tg_redis_t *r);
 

@@ -148,6 +148,9 @@ void tg_gateway_destroy(tg_gateway_t *gw);
 /* Implemented by tg_proxy.c. */
 void tg_proxy_worker_init(tg_worker_t *w);
 void tg_proxy_worker_close(tg_worker_t *w);
+/* Called at the end of every loop iteration's output flush, after the clients' bytes:
+ * writes the Redis commands the iteration issued (see tg_redis_owner_flushes). */
+void tg_proxy_worker_flush(tg_worker_t *w);
 void tg_proxy_handle(tg_request_t *req);
 
 /*
