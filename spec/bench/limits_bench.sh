@@ -32,8 +32,14 @@
 #
 # Prints Markdown (spec/bench/RESULTS-limits.md is written from it).
 #
-# Usage: spec/bench/limits_bench.sh [--quick] [--keep] [--perf] [--callgrind]
+# Usage: spec/bench/limits_bench.sh [--quick] [--latency] [--idle-poll] [--keep] [--perf] [--callgrind]
 #   --quick      one short round of everything, to check the script
+#   --latency    sections 1 and 5 only (the added latency, and the admission without HTTP)
+#   --idle-poll  hold the PM QoS request cpu_dma_latency = 0 for the whole run (as tuned's
+#                latency-performance profile does), so idle CPUs poll instead of halting.
+#                On this VM a halted vCPU (guest_halt_poll_ns = 0) takes tens of µs to
+#                wake, and every request crosses cores several times; the report names
+#                which idle mode each run used. Released when the script exits.
 #   --keep       keep the work directory (raw samples, logs)
 #   --perf       profile the gateway under the closed loop for off and all, and Redis for
 #                all (perf record -g); print the top of perf report --no-children of each
@@ -83,14 +89,16 @@ RATE_SLICE=3
 WARM=2
 MONITOR_N=200
 SAMPLE_S=3
-KEEP=0 PERF=0 CALLGRIND=0
+KEEP=0 PERF=0 CALLGRIND=0 LATENCY=0 IDLE_POLL=0
 for a in "$@"; do
     case $a in
     --quick) ROUNDS=1 SLICE=2 RATE_SLICE=1 WARM=1 SAMPLE_S=1 SINGLE=300 ADMIT_N=500 ;;
+    --latency) LATENCY=1 ;;
+    --idle-poll) IDLE_POLL=1 ;;
     --keep) KEEP=1 ;;
     --perf) PERF=1 ;;
     --callgrind) CALLGRIND=1 ;;
-    *) echo "usage: $0 [--quick] [--keep] [--perf] [--callgrind]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--latency] [--idle-poll] [--keep] [--perf] [--callgrind]" >&2; exit 2 ;;
     esac
 done
 for tool in cc curl taskset psql redis-server redis-cli jq; do
@@ -128,6 +136,19 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+IDLE_DRV=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
+IDLE_MODE="cpuidle driver $IDLE_DRV, governor $(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null || echo none)"
+[ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ] && IDLE_MODE="$IDLE_MODE, guest_halt_poll_ns $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+if [ $IDLE_POLL = 1 ]; then
+    # The request lasts while this descriptor is open: until the script (and everything it
+    # started, which inherits it) has exited.
+    exec 9>/dev/cpu_dma_latency || { log "--idle-poll: cannot open /dev/cpu_dma_latency (root needed)"; exit 2; }
+    printf '0' >&9
+    IDLE_MODE="$IDLE_MODE; **idle polling: PM QoS cpu_dma_latency = 0 held for the run** (idle CPUs poll, no halt)"
+else
+    IDLE_MODE="$IDLE_MODE; default idle (a halted vCPU is woken by an interrupt)"
+fi
+
 cp "$BIN" "$T/gw" # a rebuild during the run cannot change what is measured
 BIN_SRC=$BIN
 BIN=$T/gw
@@ -155,6 +176,7 @@ start() { # NAME CPU CMD...: pinned, niced, output in $T/NAME.{out,err}; sets LA
 load_now() { cut -d' ' -f1-3 /proc/loadavg; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
+per_req() { awk -v c="$1" -v hz="$HZ" -v n="$2" 'BEGIN { printf "%.1f", c / hz * 1e6 / n }'; }
 kv() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
 to_us() { awk -v v="$1" 'BEGIN { n = v + 0; u = v; sub(/^[0-9.]+/, "", u);
     if (u == "ms") n *= 1000; else if (u == "s") n *= 1000000; printf "%.0f", n }'; }
@@ -252,6 +274,7 @@ say "- load average before: $(load_now); nproc $(nproc); $(grep -m1 'model name'
 say "- tollgate: ${TG_BENCH_COMMIT:-tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12)"
 say "- $(redis-server --version | awk '{print $1, $2, $3}'), $(psql --version | head -1)"
 say "- pinning: mock, load generator, Redis, Postgres on CPU $LOAD_CPU; gateway (workers = 1) on CPU $PROXY_CPU; nice -19 ($AUTOGROUP)"
+say "- idle: $IDLE_MODE"
 say "- limits of \`key\` and \`all\`: rpm = rpm_burst = $BIGL, tpm 2000000000, concurrency 100000; request: \`$BODY\`"
 say ""
 
@@ -325,7 +348,7 @@ taskset -a -p -c "$PROXY_CPU" "$PID_REDIS" >/dev/null
 rounds run_single b
 taskset -a -p -c "$LOAD_CPU" "$PID_REDIS" >/dev/null
 rounds run_rate c "$MODERATE" 4
-rounds run_rate d "$RATE" 32
+[ $LATENCY = 1 ] || rounds run_rate d "$RATE" 32
 gw_alive "after the latency runs"
 say "### 1. Added latency of one request, unsaturated (the goal: under 100 µs added at p50)"
 say ""
@@ -335,12 +358,13 @@ lat_table single-b 3 "1b. One connection, closed loop; gateway + Redis on CPU $P
     "As 1a, with Redis moved next to the gateway (its reply does not wait behind the load side)."
 lat_table rate-c 1 "1c. A fixed $MODERATE req/s (open loop), 4 connections; pinning as 1a" \
     "tg_loadgen rate: $ROUNDS × $RATE_SLICE s per key after 0.5 s warm-up each, interleaved; latency from the moment each request is written."
+if [ $LATENCY = 0 ]; then
 say "### 2. Latency at a busier fixed $RATE req/s"
 say ""
 lat_table rate-d 1 "2. $RATE req/s (open loop), 32 connections; pinning as 1a" \
     "As 1c, at $RATE req/s over 32 connections (the figure measured before)."
 
-# ---- 4. throughput ------------------------------------------------------------------------
+# ---- 4. throughput (sections 2 to 4 are skipped with --latency) ---------------------------
 # tg_loadgen ttfb, a closed loop over CONNS connections that lets every request finish
 # before it closes; it sends a fixed number of requests, timed here from outside.
 declare -A REQS SECS GCPU RCPU ERRS ROUND_RPS SENT
@@ -383,7 +407,6 @@ done
 gw_alive "after the closed-loop runs"
 declare -A RPS
 for t in "${TARGETS[@]}"; do RPS[$t]=$(awk -v n="${REQS[$t]}" -v s="${SECS[$t]}" 'BEGIN {printf "%.0f", n / s}'); done
-per_req() { awk -v c="$1" -v hz="$HZ" -v n="$2" 'BEGIN { printf "%.1f", c / hz * 1e6 / n }'; }
 
 # ---- 3. round trips -----------------------------------------------------------------------
 say "### 3. Redis commands per request"
@@ -475,6 +498,7 @@ say "tg_loadgen ttfb (every connection sends its next request when the previous 
 say "responses / all seconds (each run timed from outside, connection set-up included); p50 / p99 of the whole"
 say "response time, pooled over the rounds; CPU from /proc/PID/stat over the same runs."
 say ""
+fi # LATENCY = 0
 
 # ---- 5. admission + release without HTTP ---------------------------------------------------
 say "### 5. Admission + release without HTTP (limits_admit_bench.c, one request at a time)"
