@@ -9,20 +9,7 @@
 
 #include <string.h>
 
-/* s[i] == '"': returns the index just past the closing quote; *escaped when it held one. */
-static size_t skip_string(const char *s, size_t len, size_t i, int *escaped) {
-    for (i++; i < len; i++) {
-        if (s[i] == '\\') {
-            *escaped = 1;
-            i++;
-        } else if (s[i] == '"') {
-            return i + 1;
-        }
-    }
-    return len;
-}
-
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+#include "tg_jscan_internal.h"
 
 int tg_json_set_members(const char *doc, size_t len, const char *const *keys, const char *const *values, int n,
                         tg_buf_t *out) {
@@ -30,7 +17,7 @@ int tg_json_set_members(const char *doc, size_t len, const char *const *keys, co
     if (n < 0 || n > MAXK)
         return TG_ERROR;
     size_t i = 0;
-    while (i < len && is_ws(doc[i]))
+    while (i < len && tg_js_is_ws(doc[i]))
         i++;
     if (i >= len || doc[i] != '{')
         return TG_ERROR;
@@ -40,7 +27,7 @@ int tg_json_set_members(const char *doc, size_t len, const char *const *keys, co
     int found[MAXK] = {0};
     i++;
     for (;;) {
-        while (i < len && (is_ws(doc[i]) || doc[i] == ','))
+        while (i < len && (tg_js_is_ws(doc[i]) || doc[i] == ','))
             i++;
         if (i >= len)
             return TG_ERROR;
@@ -50,38 +37,13 @@ int tg_json_set_members(const char *doc, size_t len, const char *const *keys, co
             return TG_ERROR;
         int escaped = 0;
         size_t kstart = i + 1;
-        i = skip_string(doc, len, i, &escaped);
-        if (escaped)
+        if (tg_js_skip_string(doc, len, &i, &escaped) != 0 || escaped)
             return TG_ERROR;
         size_t klen = i - 1 - kstart;
-        while (i < len && (is_ws(doc[i]) || doc[i] == ':'))
+        while (i < len && (tg_js_is_ws(doc[i]) || doc[i] == ':'))
             i++;
         size_t vs = i;
-        int depth = 0;
-        while (i < len) {
-            char c = doc[i];
-            if (c == '"') {
-                int esc = 0;
-                i = skip_string(doc, len, i, &esc);
-                if (depth == 0)
-                    break;
-                continue;
-            }
-            if (c == '{' || c == '[') {
-                depth++;
-            } else if (c == '}' || c == ']') {
-                if (depth == 0)
-                    break; /* a scalar ended at the object's end */
-                if (--depth == 0) {
-                    i++;
-                    break;
-                }
-            } else if (depth == 0 && (c == ',' || is_ws(c))) {
-                break;
-            }
-            i++;
-        }
-        if (i > len)
+        if (tg_js_skip_value(doc, len, &i) != 0)
             return TG_ERROR;
         for (int k = 0; k < n; k++)
             if (strlen(keys[k]) == klen && !memcmp(doc + kstart, keys[k], klen)) {
@@ -105,7 +67,7 @@ int tg_json_set_members(const char *doc, size_t len, const char *const *keys, co
     }
     /* Whether the object had members at all: then a comma follows what was added. */
     size_t j = open + 1;
-    while (j < len && is_ws(doc[j]))
+    while (j < len && tg_js_is_ws(doc[j]))
         j++;
     if (added && doc[j] != '}')
         tg_buf_append(out, ",", 1);

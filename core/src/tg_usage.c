@@ -40,6 +40,8 @@
 #include <jansson.h>
 #include <string.h> /* memmem: the build defines _GNU_SOURCE */
 
+#include "tg_jscan_internal.h"
+
 /*
  * Where the counts are read from: a usage object parsed by jansson, or the members the
  * fast reader (below) collected from the usage object's bytes. Either way, the last of
@@ -234,34 +236,6 @@ typedef struct {
 
 enum { SCAN_OK = 0, SCAN_BAD = -1, SCAN_FULL = 1 };
 
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-/* Skips a string starting at s[*i] == '"'; on return s[*i] is past the closing quote.
- * Sets *escaped when it holds a backslash. */
-static int scan_string(const char *s, size_t len, size_t *i, int *escaped) {
-    /* 1 for the bytes that need a look: the quote, the backslash and control bytes. */
-    static const unsigned char special[256] = {
-        [0 ... 0x1f] = 1, ['"'] = 1, ['\\'] = 1,
-    };
-    size_t k = *i + 1;
-    while (k < len) {
-        while (k < len && !special[(unsigned char)s[k]])
-            k++;
-        if (k >= len)
-            break;
-        unsigned char c = (unsigned char)s[k];
-        if (c == '"') {
-            *i = k + 1;
-            return SCAN_OK;
-        }
-        if (c < 0x20)
-            return SCAN_BAD;
-        *escaped = 1;
-        k += 2; /* the backslash and the byte it escapes */
-    }
-    return SCAN_BAD;
-}
-
 /*
  * One pass over the document: checks that brackets nest, strings close, keys are
  * followed by ':' and members separated by ',', and nothing but whitespace follows the
@@ -279,7 +253,7 @@ static int scan(const char *s, size_t len, const char *outer, span_t *top, span_
     size_t olen = outer ? strlen(outer) : 0;
     for (size_t i = 0; i < len;) {
         char c = s[i];
-        if (is_ws(c)) {
+        if (tg_js_is_ws(c)) {
             i++;
             continue;
         }
@@ -295,7 +269,7 @@ static int scan(const char *s, size_t len, const char *outer, span_t *top, span_
             {
                 size_t start = i;
                 int escaped = 0;
-                if (scan_string(s, len, &i, &escaped) != SCAN_OK)
+                if (tg_js_skip_string(s, len, &i, &escaped) != SCAN_OK)
                     return SCAN_BAD;
                 if (escaped)
                     return SCAN_FULL; /* "\u0075sage" is "usage" too: let jansson decide */
@@ -362,12 +336,12 @@ static int scan(const char *s, size_t len, const char *outer, span_t *top, span_
         }
         if (c == '"') {
             int escaped = 0;
-            if (scan_string(s, len, &i, &escaped) != SCAN_OK)
+            if (tg_js_skip_string(s, len, &i, &escaped) != SCAN_OK)
                 return SCAN_BAD;
         } else if (c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n') {
             /* A number or literal: its bytes are checked only if it sits in the usage
              * object, by jansson. */
-            while (i < len && !is_ws(s[i]) && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ':' &&
+            while (i < len && !tg_js_is_ws(s[i]) && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ':' &&
                    s[i] != '"' && s[i] != '{' && s[i] != '[')
                 i++;
         } else {
@@ -401,37 +375,8 @@ static int scan(const char *s, size_t len, const char *outer, span_t *top, span_
     return done ? SCAN_OK : SCAN_BAD;
 }
 
-/* Skips one value that scan has already found well-formed, starting at s[*i]. */
-static int skip_one(const char *s, size_t len, size_t *i) {
-    int depth = 0, escaped = 0;
-    while (*i < len) {
-        char c = s[*i];
-        if (c == '"') {
-            if (scan_string(s, len, i, &escaped) != SCAN_OK)
-                return SCAN_BAD;
-            if (depth == 0)
-                return SCAN_OK;
-            continue;
-        }
-        if (c == '}' || c == ']') {
-            if (depth == 0)
-                return SCAN_OK; /* a scalar ended at its container's end */
-            (*i)++;
-            if (--depth == 0)
-                return SCAN_OK;
-            continue;
-        }
-        if (c == '{' || c == '[')
-            depth++;
-        else if (depth == 0 && (c == ',' || is_ws(c)))
-            return SCAN_OK;
-        (*i)++;
-    }
-    return depth == 0 ? SCAN_OK : SCAN_BAD;
-}
-
 static void skip_ws(const char *s, size_t len, size_t *i) {
-    while (*i < len && is_ws(s[*i]))
+    while (*i < len && tg_js_is_ws(s[*i]))
         (*i)++;
 }
 
@@ -490,7 +435,7 @@ static int read_members(const char *s, size_t len, member_t *m, int *nm) {
             return SCAN_FULL;
         size_t start = i;
         int escaped = 0;
-        if (scan_string(s, len, &i, &escaped) != SCAN_OK || escaped)
+        if (tg_js_skip_string(s, len, &i, &escaped) != SCAN_OK || escaped)
             return SCAN_FULL;
         member_t *e = &m[n];
         e->key = s + start + 1;
@@ -523,7 +468,7 @@ static int read_members(const char *s, size_t len, member_t *m, int *nm) {
             }
         }
         n++;
-        if (skip_one(s, len, &i) != SCAN_OK)
+        if (tg_js_skip_value(s, len, &i) != SCAN_OK)
             return SCAN_FULL;
     }
     *nm = n;
