@@ -32,4 +32,17 @@ foreach(file ${TG_STATE_LIMITS_IT})
     TIMEOUT 180
     SKIP_RETURN_CODE 77
     RESOURCE_LOCK redis)
+  # The Redis-failure files again against the sanitizer build, when there is one (see
+  # spec/tests.cmake): their fallback paths free and reuse request state.
+  if(name MATCHES "^limits_(no_redis|redis_down|down_hook)$" AND NOT TG_SANITIZE AND TG_ASAN_BUILD)
+    add_test(NAME integration-asan.${name}
+      COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ] || [ ! -x \"$TG_BIN\" ]; then echo 'skipped: needs spec/run.sh and an asan build'; exit 77; fi; exec \"$0\" --test \"$1\""
+              ${TG_NODE} ${file})
+    set_tests_properties(integration-asan.${name} PROPERTIES
+      ENVIRONMENT "TG_BIN=${TG_ASAN_BUILD}/tollgate"
+      LABELS "${issue};integration;asan"
+      TIMEOUT 400
+      SKIP_RETURN_CODE 77
+      RESOURCE_LOCK redis)
+  endif()
 endforeach()

@@ -38,7 +38,7 @@ enum {
 };
 /* on_limiter_down: the limits that could not be checked, and the decision. */
 enum { TG_LIMIT_RATE = 1, TG_LIMIT_TOKENS = 2, TG_LIMIT_CONCURRENCY = 4, TG_LIMIT_MONEY = 8 };
-enum { TG_LIMITER_CLOSED = 0, TG_LIMITER_OPEN = 1 };
+enum { TG_LIMITER_DEFAULT = -1, TG_LIMITER_CLOSED = 0, TG_LIMITER_OPEN = 1, TG_LIMITER_LOCAL = 2 };
 
 typedef struct {
     const char *name;
@@ -120,7 +120,9 @@ typedef struct {
 
     /* on_limiter_down */
     int limits;                 /* TG_LIMIT_* bits that could not be checked */
-    int limiter_decision;       /* out: TG_LIMITER_* */
+    int limiter_decision[4];    /* out: TG_LIMITER_* per limit, indexed by the bit
+                                   position of its TG_LIMIT_* (rate, tokens, concurrency,
+                                   money); DEFAULT = the configured policy */
 
     /* price, on_log */
     int64_t usage_input;
@@ -159,7 +161,7 @@ int tg_ffi_exclude(tg_hookctx_t *ctx, int index);
 int tg_ffi_set_score(tg_hookctx_t *ctx, int index, double score);
 int tg_ffi_select(tg_hookctx_t *ctx, int index);
 int tg_ffi_retry(tg_hookctx_t *ctx, int action, int64_t delay_ms);
-int tg_ffi_limiter(tg_hookctx_t *ctx, int decision);
+int tg_ffi_limiter(tg_hookctx_t *ctx, int limits, int decision);
 int tg_ffi_set_cost(tg_hookctx_t *ctx, double nanousd);
 int tg_ffi_add_header(tg_hookctx_t *ctx, const char *name, size_t name_len,
                       const char *value, size_t value_len);

@@ -323,11 +323,37 @@ function Ctx:retry(action, delay_ms)
 end
 function Ctx:give_up() return self:retry("give_up", 0) end
 
-function Ctx:limiter(decision)
+-- limiter(decision [, limit]) or limiter({ rate = decision, money = decision, ... }):
+-- decision is "closed", "open" or "local" (money: closed or open); without a limit it
+-- applies to every limit the request has. Limits left undecided take the configured
+-- policy.
+local LIMITER = { closed = 0, open = 1, ["local"] = 2 }
+local LIMIT_BIT = { rate = 1, tokens = 2, concurrency = 4, money = 8 }
+local MONEY_LOCAL = "limiter: money is 'closed' or 'open' (a local money bucket would let every instance spend the whole balance)"
+function Ctx:limiter(decision, limit)
     local c = cur()
-    local d = decision == "open" and 1 or decision == "closed" and 0 or nil
-    if not d then error("limiter: decision must be 'open' or 'closed'", 2) end
-    local rc = F.tg_ffi_limiter(c, d)
+    if type(decision) == "table" then
+        for name, d in pairs(decision) do
+            local bit = LIMIT_BIT[name]
+            if not bit then error("limiter: unknown limit '" .. tostring(name) .. "'", 2) end
+            local v = LIMITER[d]
+            if not v then error("limiter: decision must be 'closed', 'open' or 'local'", 2) end
+            if bit == 8 and v == 2 then error(MONEY_LOCAL, 2) end
+            local rc = F.tg_ffi_limiter(c, bit, v)
+            if rc ~= 0 then return fail(rc, "limiter") end
+        end
+        decided = true
+        return true
+    end
+    local d = LIMITER[decision]
+    if not d then error("limiter: decision must be 'closed', 'open' or 'local'", 2) end
+    local bit = 0
+    if limit ~= nil then
+        bit = LIMIT_BIT[limit]
+        if not bit then error("limiter: unknown limit '" .. tostring(limit) .. "'", 2) end
+        if bit == 8 and d == 2 then error(MONEY_LOCAL, 2) end
+    end
+    local rc = F.tg_ffi_limiter(c, bit, d)
     if rc ~= 0 then return fail(rc, "limiter") end
     decided = true
     return true

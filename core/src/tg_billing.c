@@ -210,6 +210,7 @@ int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multipl
 
 static void reserve_send(tg_reserve_t *x);
 static void enqueue(tg_billing_t *b, json_t *item);
+static void reserved_row(tg_billing_t *b, tg_reserve_t *x);
 
 static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
     if (!x->detached)
@@ -238,6 +239,15 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
         if (tg_state_redis(b->st)) {
             const char *argv[6] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], "0", x->field};
             tg_redis_eval(tg_state_redis(b->st), b->settle_script, 4, 6, argv, NULL, NULL, NULL);
+        }
+        if (!x->detached && x->r.money_open && x->r.money_open(x->ud)) {
+            /* Money fails open: no hold, but the reservation row goes to Postgres as
+             * usual (a fresh Redis loads the balance minus it) and the request settles
+             * as usual; the settlement finds no hold to give back. */
+            b->stats.unheld++;
+            reserved_row(b, x);
+            reserve_finish(x, 0, NULL, NULL);
+            return;
         }
         reserve_finish(x, 503, "billing_unavailable",
                        "the balance could not be checked (the limiter store is unavailable); try again");
@@ -276,6 +286,13 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
     /* The hold is in Redis (atomic, before the upstream call); its Postgres row goes
      * with the next settlement batch, in order, or to the local spool when Postgres is
      * unreachable: no request waits on Postgres. */
+    reserved_row(b, x);
+    b->stats.reserved++;
+    reserve_finish(x, 0, NULL, NULL);
+}
+
+/* The reservation's Postgres row, queued with the settlements. */
+static void reserved_row(tg_billing_t *b, tg_reserve_t *x) {
     char amount[32];
     tg_money_format(x->r.amount, amount);
     json_t *o = json_object();
@@ -288,8 +305,12 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
     json_object_set_new(o, "model", json_string(x->model));
     json_object_set_new(o, "instance", json_string(instance_id));
     enqueue(b, o);
-    b->stats.reserved++;
-    reserve_finish(x, 0, NULL, NULL);
+}
+
+static void unsent_cb(uv_timer_t *t) {
+    tg_reserve_t *x = t->data;
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    redis_reserved(x, NULL, "the Redis client is closing");
 }
 
 static void reserve_send(tg_reserve_t *x) {
@@ -298,7 +319,14 @@ static void reserve_send(tg_reserve_t *x) {
     snprintf(amt, sizeof(amt), "%lld", (long long)x->r.amount);
     const char *argv[10] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], amt, x->tenant_init, x->key_init,
                             RES_TTL_S, x->field, x->hold};
-    tg_redis_eval(redis, x->b->reserve_script, 4, 10, argv, NULL, redis_reserved, x);
+    if (!tg_redis_eval(redis, x->b->reserve_script, 4, 10, argv, NULL, redis_reserved, x)) {
+        /* No callback will come (the client is closing): a failed round trip, on the
+         * next loop turn (this may run inside tg_billing_reserve). */
+        uv_timer_t *t = malloc(sizeof(*t));
+        uv_timer_init(x->b->loop, t);
+        t->data = x;
+        uv_timer_start(t, unsent_cb, 0, 0);
+    }
 }
 
 /* The keys of one attempt's hold (all under the tenant's hash tag) and its field in

@@ -282,13 +282,15 @@ static int get_policy(cfg_ctx *c, const char *key, int *out) {
 
 static int load_limiter(cfg_ctx *c, tg_config_t *cfg) {
     static const char *const keys[] = {"lease_ttl_ms", "queue_max", "queue_timeout_ms", "on_redis_down_rate",
-                                       "on_redis_down_concurrency", NULL};
+                                       "on_redis_down_tokens", "on_redis_down_concurrency", NULL};
     c->prefix = "limiter.";
     int rc = check_keys(c, keys);
     rc = rc ?: get_int(c, "lease_ttl_ms", &cfg->limiter.lease_ttl_ms, 1000, 3600000);
     rc = rc ?: get_int(c, "queue_max", &cfg->limiter.queue_max, 0, 100000);
     rc = rc ?: get_int(c, "queue_timeout_ms", &cfg->limiter.queue_timeout_ms, 0, 600000);
     rc = rc ?: get_policy(c, "on_redis_down_rate", &cfg->limiter.fail_rate);
+    cfg->limiter.fail_tokens = cfg->limiter.fail_rate; /* unless set apart */
+    rc = rc ?: get_policy(c, "on_redis_down_tokens", &cfg->limiter.fail_tokens);
     rc = rc ?: get_policy(c, "on_redis_down_concurrency", &cfg->limiter.fail_concurrency);
     if (rc == TG_OK)
         c->prefix = "";
@@ -371,6 +373,7 @@ static void defaults(tg_config_t *cfg) {
     cfg->limiter.queue_max = 16;
     cfg->limiter.queue_timeout_ms = 8000;
     cfg->limiter.fail_rate = 2;        /* local */
+    cfg->limiter.fail_tokens = 2;      /* local */
     cfg->limiter.fail_concurrency = 2; /* local */
     cfg->limits = (tg_limits_config_t){
         .max_header_bytes = 16384,

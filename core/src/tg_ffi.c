@@ -167,12 +167,24 @@ int tg_ffi_retry(tg_hookctx_t *ctx, int action, int64_t delay_ms) {
     return TG_FFI_OK;
 }
 
-int tg_ffi_limiter(tg_hookctx_t *ctx, int decision) {
+/* Decides `limits` (TG_LIMIT_* bits; 0 = every limit the request has). Money is closed
+ * or open only: a local bucket of money would be a per-instance balance, so N instances
+ * could each spend the whole balance, and the spend would not reach the shared one.
+ * "local" for every limit (0) therefore leaves money as it was. */
+int tg_ffi_limiter(tg_hookctx_t *ctx, int limits, int decision) {
     if (!IN(ctx, HOOK_BIT(TG_HOOK_ON_LIMITER_DOWN)))
         return TG_FFI_EPHASE;
-    if (decision != TG_LIMITER_CLOSED && decision != TG_LIMITER_OPEN)
+    if (decision != TG_LIMITER_CLOSED && decision != TG_LIMITER_OPEN && decision != TG_LIMITER_LOCAL)
         return TG_FFI_EARG;
-    ctx->limiter_decision = decision;
+    if (limits & ~(TG_LIMIT_RATE | TG_LIMIT_TOKENS | TG_LIMIT_CONCURRENCY | TG_LIMIT_MONEY))
+        return TG_FFI_EARG;
+    if (decision == TG_LIMITER_LOCAL && (limits & TG_LIMIT_MONEY))
+        return TG_FFI_EARG;
+    if (!limits)
+        limits = ctx->limits & (decision == TG_LIMITER_LOCAL ? ~TG_LIMIT_MONEY : ~0);
+    for (int i = 0; i < 4; i++)
+        if (limits & (1 << i))
+            ctx->limiter_decision[i] = decision;
     ctx->decided = 1;
     return TG_FFI_OK;
 }

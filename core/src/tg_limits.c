@@ -4,6 +4,7 @@
  */
 #include "tollgate/tg_limits.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,14 +146,6 @@ static const char RENEW_LUA[] =
     "end\n"
     "return 1\n";
 
-typedef struct local_bucket_s {
-    int64_t id;      /* key id, or -tenant id */
-    double tokens;
-    uint64_t ts_ms;
-    int64_t inflight;
-    struct local_bucket_s *next;
-} local_bucket_t;
-
 struct tg_limits_s {
     uv_loop_t *loop;
     tg_state_t *st;
@@ -160,7 +153,6 @@ struct tg_limits_s {
     int admit_script, release_script, renew_script;
     tg_admit_t *queue_head, *queue_tail;
     int queued;
-    local_bucket_t *local;
     tg_limits_stats_t stats;
 };
 
@@ -175,6 +167,8 @@ struct tg_admit_s {
     int state;
     int cancelled;      /* the owner is gone; free when the reply arrives */
     int local;          /* admitted by the local fallback */
+    int local_conc[2];  /* holds a local concurrency count: [0] the key's, [1] the tenant's */
+    int64_t local_tpm[2]; /* tokens charged to the local TPM buckets (to correct on release) */
     tg_redis_req_t *rq;
     uv_timer_t timer;   /* retry while waiting; lease renewal while admitted */
     int timer_open;
@@ -314,73 +308,269 @@ static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64
 
 /* ---- the local fallback -------------------------------------------------------------- */
 
-static local_bucket_t *local_get(tg_limits_t *l, int64_t id) {
-    for (local_bucket_t *b = l->local; b; b = b->next)
-        if (b->id == id)
-            return b;
-    local_bucket_t *b = calloc(1, sizeof(*b));
-    b->id = id;
-    b->tokens = -1;
-    b->next = l->local;
-    l->local = b;
-    return b;
-}
+/*
+ * One table per instance (this process), shared by its workers under a mutex, so that
+ * `local` over-admits N (instances) times a limit, not N × W: it is only touched while
+ * Redis cannot be asked, never on the normal path. An entry is a key (id > 0) or a tenant
+ * (-id): its RPM bucket (capacity = burst, refill rpm / 60 s), its TPM bucket (capacity =
+ * tpm, refill tpm / 60 s, charged min(estimate, tpm) and corrected on release), and the
+ * requests it admitted that are still running. A new entry starts full, like a Redis
+ * bucket never seen. The table is bounded: an entry whose buckets are full again and
+ * that holds nothing is dropped when space is needed (dropping it loses nothing: a new
+ * one starts full too); when no entry can go, the request fails closed.
+ */
+typedef struct local_entry_s {
+    int64_t id;
+    double rpm_tokens, tpm_tokens;
+    uint64_t ts_ms;
+    uint64_t full_at_ms; /* both buckets are full again from then on */
+    int64_t inflight;
+    struct local_entry_s *next;
+} local_entry_t;
 
-static int local_take(tg_limits_t *l, int64_t id, int64_t per_min, int64_t burst, int64_t conc) {
-    local_bucket_t *b = local_get(l, id);
-    uint64_t now = tg_now_ms();
-    if (per_min >= 0) {
-        if (b->tokens < 0) {
-            b->tokens = (double)burst;
-            b->ts_ms = now;
+enum { LOCAL_SLOTS = 4096, LOCAL_MAX = 65536 };
+
+static struct {
+    pthread_mutex_t mu;
+    local_entry_t *slot[LOCAL_SLOTS];
+    size_t n;
+    uint64_t swept_ms;
+} local_tab = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static int local_users; /* tg_limits_t alive (under the mutex): the last one frees the table */
+
+static unsigned local_hash(int64_t id) { return (unsigned)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 52); }
+
+/* Drops the entries that hold nothing and are full again (at most once a second). */
+static void local_sweep(uint64_t now) {
+    if (now - local_tab.swept_ms < 1000)
+        return;
+    local_tab.swept_ms = now;
+    for (unsigned i = 0; i < LOCAL_SLOTS; i++) {
+        local_entry_t **pp = &local_tab.slot[i];
+        while (*pp) {
+            local_entry_t *e = *pp;
+            if (e->inflight == 0 && now >= e->full_at_ms) {
+                *pp = e->next;
+                free(e);
+                local_tab.n--;
+            } else {
+                pp = &e->next;
+            }
         }
-        b->tokens = TG_MIN((double)burst, b->tokens + (double)(now - b->ts_ms) * (double)per_min / 60000.0);
-        b->ts_ms = now;
-        if (b->tokens < 1)
-            return 0;
     }
-    if (conc >= 0 && b->inflight >= conc)
-        return 0;
-    if (per_min >= 0)
-        b->tokens -= 1;
-    return 1;
 }
 
+/* The entry of `id` (created full when `create`), or NULL. Under the mutex. */
+static local_entry_t *local_find(int64_t id, int create, uint64_t now) {
+    unsigned h = local_hash(id);
+    for (local_entry_t *e = local_tab.slot[h]; e; e = e->next)
+        if (e->id == id)
+            return e;
+    if (!create)
+        return NULL;
+    if (local_tab.n >= LOCAL_MAX)
+        local_sweep(now);
+    if (local_tab.n >= LOCAL_MAX)
+        return NULL;
+    local_entry_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->id = id;
+    e->rpm_tokens = e->tpm_tokens = -1; /* full at the first use */
+    e->ts_ms = now;
+    e->next = local_tab.slot[h];
+    local_tab.slot[h] = e;
+    local_tab.n++;
+    return e;
+}
+
+/* One scope's limits that the local table enforces (-1: not enforced locally). */
+typedef struct {
+    int64_t id, rpm, burst, tpm, conc;
+} local_scope_t;
+
+static double refill(double tokens, double cap, int64_t per_min, uint64_t dt_ms) {
+    if (tokens < 0)
+        return cap;
+    return TG_MIN(cap, tokens + (double)dt_ms * (double)per_min / 60000.0);
+}
+
+/* Refills e and checks s against it: 0 when it admits, else the refusing TG_ADMIT_* with
+ * *retry_ms set. */
+static tg_admit_result_t local_check(local_entry_t *e, const local_scope_t *s, int64_t est, uint64_t now,
+                                     int64_t *retry_ms) {
+    uint64_t dt = now > e->ts_ms ? now - e->ts_ms : 0;
+    if (s->rpm >= 0)
+        e->rpm_tokens = refill(e->rpm_tokens, (double)s->burst, s->rpm, dt);
+    if (s->tpm >= 0)
+        e->tpm_tokens = refill(e->tpm_tokens, (double)s->tpm, s->tpm, dt);
+    e->ts_ms = now;
+    if (s->rpm >= 0 && e->rpm_tokens < 1) {
+        *retry_ms = s->rpm > 0 ? (int64_t)((1 - e->rpm_tokens) * 60000.0 / (double)s->rpm) + 1 : 60000;
+        return TG_ADMIT_RATE;
+    }
+    double charge = (double)TG_MIN(est, s->tpm);
+    if (s->tpm >= 0 && e->tpm_tokens < charge) {
+        *retry_ms = s->tpm > 0 ? (int64_t)((charge - e->tpm_tokens) * 60000.0 / (double)s->tpm) + 1 : 60000;
+        return TG_ADMIT_TOKENS;
+    }
+    if (s->conc >= 0 && e->inflight >= s->conc) {
+        *retry_ms = 1000;
+        return TG_ADMIT_CONCURRENCY;
+    }
+    return TG_ADMIT_OK;
+}
+
+static void local_charge(local_entry_t *e, const local_scope_t *s, int64_t est, uint64_t now) {
+    uint64_t full = now;
+    if (s->rpm >= 0) {
+        e->rpm_tokens -= 1;
+        full = s->rpm > 0 ? now + (uint64_t)(((double)s->burst - e->rpm_tokens) * 60000.0 / (double)s->rpm) + 1
+                          : UINT64_MAX;
+    }
+    if (s->tpm >= 0) {
+        e->tpm_tokens -= (double)TG_MIN(est, s->tpm);
+        uint64_t f = s->tpm > 0 ? now + (uint64_t)(((double)s->tpm - e->tpm_tokens) * 60000.0 / (double)s->tpm) + 1
+                                : UINT64_MAX;
+        full = TG_MAX(full, f);
+    }
+    e->full_at_ms = TG_MAX(e->full_at_ms, full);
+    if (s->conc >= 0)
+        e->inflight++;
+}
+
+/* Both scopes admit, and then both are charged, or neither is. */
+static tg_admit_result_t local_take(tg_admit_t *a, const local_scope_t s[2], const char **which, int64_t *retry_ms) {
+    static const char *const names[][2] = {
+        [TG_ADMIT_RATE] = {"key rpm (local: limiter unavailable)", "tenant rpm (local: limiter unavailable)"},
+        [TG_ADMIT_TOKENS] = {"key tpm (local: limiter unavailable)", "tenant tpm (local: limiter unavailable)"},
+        [TG_ADMIT_CONCURRENCY] = {"key concurrency (local: limiter unavailable)",
+                                  "tenant concurrency (local: limiter unavailable)"},
+    };
+    int64_t est = TG_MAX(a->lim.est_tokens, 0);
+    uint64_t now = tg_now_ms();
+    local_entry_t *e[2] = {NULL, NULL};
+    tg_admit_result_t r = TG_ADMIT_OK;
+    pthread_mutex_lock(&local_tab.mu);
+    for (int i = 0; i < 2 && r == TG_ADMIT_OK; i++) {
+        if (s[i].rpm < 0 && s[i].tpm < 0 && s[i].conc < 0)
+            continue;
+        e[i] = local_find(s[i].id, 1, now);
+        if (!e[i]) {
+            r = TG_ADMIT_UNAVAILABLE;
+            *which = "limiter unavailable (local table full)";
+            *retry_ms = 1000;
+            break;
+        }
+        r = local_check(e[i], &s[i], est, now, retry_ms);
+        if (r != TG_ADMIT_OK)
+            *which = names[r][i];
+    }
+    if (r == TG_ADMIT_OK) {
+        for (int i = 0; i < 2; i++) {
+            if (!e[i])
+                continue;
+            local_charge(e[i], &s[i], est, now);
+            a->local_conc[i] = s[i].conc >= 0;
+            a->local_tpm[i] = s[i].tpm >= 0 ? TG_MIN(est, s[i].tpm) : -1;
+        }
+    }
+    pthread_mutex_unlock(&local_tab.mu);
+    return r;
+}
+
+/* A locally admitted request ended: its concurrency counts go back, its TPM charge is
+ * corrected by the actual usage (as RELEASE_LUA does in Redis). */
+static void local_release(tg_admit_t *a, int64_t actual) {
+    int64_t ids[2] = {a->lim.key_id, -a->lim.tenant_id}, tpm[2] = {a->lim.key_tpm, a->lim.tenant_tpm};
+    pthread_mutex_lock(&local_tab.mu);
+    for (int i = 0; i < 2; i++) {
+        local_entry_t *e = local_find(ids[i], 0, 0);
+        if (!e)
+            continue;
+        if (a->local_conc[i] && e->inflight > 0)
+            e->inflight--;
+        if (a->local_tpm[i] >= 0 && actual >= 0 && e->tpm_tokens >= 0) {
+            double back = (double)(a->local_tpm[i] - TG_MIN(actual, tpm[i]));
+            e->tpm_tokens = TG_MAX(0.0, TG_MIN((double)tpm[i], e->tpm_tokens + back));
+        }
+    }
+    pthread_mutex_unlock(&local_tab.mu);
+}
+
+/* The limits of the request, as TG_DOWN_* bits. */
+static int limit_bits(const tg_limit_req_t *m) {
+    return (m->key_rpm >= 0 || m->tenant_rpm >= 0 ? 1 << TG_DOWN_RATE : 0) |
+           (m->key_tpm >= 0 || m->tenant_tpm >= 0 ? 1 << TG_DOWN_TOKENS : 0) |
+           (m->key_conc >= 0 || m->tenant_conc >= 0 ? 1 << TG_DOWN_CONCURRENCY : 0);
+}
+
+/* Redis could not be asked: each limit of the request goes by its policy (the
+ * on_limiter_down hook's, else the configured one). Any closed limit refuses (503); the
+ * local ones are checked in the instance's table; open ones are not checked. */
 static void local_admit(tg_admit_t *a) {
     tg_limits_t *l = a->l;
-    tg_fail_policy_t rate = l->cfg.fail_rate, conc = l->cfg.fail_concurrency;
-    int need_rate = a->lim.key_rpm >= 0 || a->lim.tenant_rpm >= 0 || a->lim.key_tpm >= 0 || a->lim.tenant_tpm >= 0;
-    int need_conc = has_conc(&a->lim);
-    if (a->lim.on_down) {
-        int bits = (a->lim.key_rpm >= 0 || a->lim.tenant_rpm >= 0 ? 1 : 0) |
-                   (a->lim.key_tpm >= 0 || a->lim.tenant_tpm >= 0 ? 2 : 0) | (need_conc ? 4 : 0);
-        int decided = a->lim.on_down(a->ud, bits);
-        if (decided >= 0)
-            rate = conc = (tg_fail_policy_t)decided;
+    int bits = limit_bits(&a->lim);
+    tg_fail_policy_t pol[TG_DOWN__COUNT] = {l->cfg.fail_rate, l->cfg.fail_tokens, l->cfg.fail_concurrency,
+                                            TG_FAIL_CLOSED};
+    if (a->lim.on_down)
+        a->lim.on_down(a->ud, bits, pol);
+    int closed = 0, local = 0;
+    for (int k = 0; k < TG_DOWN__COUNT; k++) {
+        if (!(bits & (1 << k)))
+            continue;
+        if (pol[k] != TG_FAIL_OPEN && pol[k] != TG_FAIL_LOCAL)
+            pol[k] = TG_FAIL_CLOSED;
+        l->stats.down[k][pol[k]]++;
+        closed |= pol[k] == TG_FAIL_CLOSED;
+        local |= pol[k] == TG_FAIL_LOCAL;
     }
-    if ((need_rate && rate == TG_FAIL_CLOSED) || (need_conc && conc == TG_FAIL_CLOSED)) {
+    if (closed) {
         l->stats.redis_down_closed++;
         deliver(a, TG_ADMIT_UNAVAILABLE, "limiter unavailable", 1000, 1);
         return;
     }
-    int local = (need_rate && rate == TG_FAIL_LOCAL) || (need_conc && conc == TG_FAIL_LOCAL);
-    if (local) {
-        int64_t kr = rate == TG_FAIL_LOCAL ? a->lim.key_rpm : -1, tr = rate == TG_FAIL_LOCAL ? a->lim.tenant_rpm : -1;
-        int64_t kc = conc == TG_FAIL_LOCAL ? a->lim.key_conc : -1, tc = conc == TG_FAIL_LOCAL ? a->lim.tenant_conc : -1;
-        if (!local_take(l, a->lim.key_id, kr, a->lim.key_burst, kc) ||
-            !local_take(l, -a->lim.tenant_id, tr, a->lim.tenant_burst, tc)) {
-            l->stats.redis_down_local++;
-            deliver(a, TG_ADMIT_RATE, "local limit (limiter unavailable)", 1000, 1);
-            return;
-        }
-        local_get(l, a->lim.key_id)->inflight++;
-        local_get(l, -a->lim.tenant_id)->inflight++;
-        a->local = 1;
-        l->stats.redis_down_local++;
-    } else {
+    if (!local) {
         l->stats.redis_down_open++;
+        deliver(a, TG_ADMIT_OK, NULL, 0, 1);
+        return;
     }
+    l->stats.redis_down_local++;
+    const tg_limit_req_t *m = &a->lim;
+    int lr = pol[TG_DOWN_RATE] == TG_FAIL_LOCAL, lt = pol[TG_DOWN_TOKENS] == TG_FAIL_LOCAL,
+        lc = pol[TG_DOWN_CONCURRENCY] == TG_FAIL_LOCAL;
+    local_scope_t s[2] = {
+        {m->key_id, lr ? m->key_rpm : -1, m->key_burst, lt ? m->key_tpm : -1, lc ? m->key_conc : -1},
+        {-m->tenant_id, lr ? m->tenant_rpm : -1, m->tenant_burst, lt ? m->tenant_tpm : -1, lc ? m->tenant_conc : -1},
+    };
+    const char *which = NULL;
+    int64_t retry_ms = 0;
+    tg_admit_result_t r = local_take(a, s, &which, &retry_ms);
+    if (r != TG_ADMIT_OK) {
+        deliver(a, r, which, retry_ms, 1);
+        return;
+    }
+    a->local = 1;
     deliver(a, TG_ADMIT_OK, NULL, 0, 1);
+}
+
+/* Decides without Redis on the next loop turn: the callback never runs from inside
+ * tg_limits_admit (the caller stores the handle after it returns), and a decision made
+ * while the caller is still inside admit_send would reach freed memory. */
+static void down_cb(uv_timer_t *t) {
+    tg_admit_t *a = t->data;
+    if (a->state == A_WAITING)
+        queue_remove(a->l, a);
+    local_admit(a);
+}
+
+static void down_later(tg_admit_t *a) {
+    if (!a->timer_open) {
+        uv_timer_init(a->l->loop, &a->timer);
+        a->timer.data = a;
+        a->timer_open = 1;
+    }
+    uv_timer_start(&a->timer, down_cb, 0, 0);
 }
 
 /* ---- waiting for a slot -------------------------------------------------------------- */
@@ -545,7 +735,7 @@ static void admit_send(tg_admit_t *a) {
     tg_limits_t *l = a->l;
     tg_redis_t *redis = tg_state_redis(l->st);
     if (!redis) {
-        local_admit(a);
+        down_later(a);
         return;
     }
     const tg_limit_req_t *m = &a->lim;
@@ -559,8 +749,11 @@ static void admit_send(tg_admit_t *a) {
     scope_args(&g, m->key_rpm, m->key_burst, m->key_tpm, m->key_conc, est);
     if (has_tenant(m))
         scope_args(&g, m->tenant_rpm, m->tenant_burst, m->tenant_tpm, m->tenant_conc, est);
-    l->stats.round_trips++;
     a->rq = tg_redis_eval(redis, l->admit_script, nkeys, g.n, g.v, g.len, admit_reply, a);
+    if (a->rq)
+        l->stats.round_trips++;
+    else
+        down_later(a); /* no callback will come (client closing, script not registered) */
 }
 
 tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_limit_req_t *lim, tg_admit_cb cb,
@@ -651,8 +844,7 @@ void tg_admit_release(tg_admit_t *a, int64_t actual_tokens) {
     }
     tg_limits_t *l = a->l;
     if (a->local) {
-        local_get(l, a->lim.key_id)->inflight--;
-        local_get(l, -a->lim.tenant_id)->inflight--;
+        local_release(a, actual_tokens);
     } else if (a->state == A_ADMITTED) {
         release_send(l, a, actual_tokens);
     }
@@ -667,6 +859,9 @@ tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admissio
     l->loop = loop;
     l->st = st;
     l->cfg = *cfg;
+    pthread_mutex_lock(&local_tab.mu);
+    local_users++;
+    pthread_mutex_unlock(&local_tab.mu);
     tg_redis_t *redis = tg_state_redis(st);
     if (redis) {
         l->admit_script = tg_redis_script_register(redis, ADMIT_LUA);
@@ -679,13 +874,25 @@ tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admissio
 void tg_limits_destroy(tg_limits_t *l) {
     if (!l)
         return;
-    local_bucket_t *b = l->local;
-    while (b) {
-        local_bucket_t *next = b->next;
-        free(b);
-        b = next;
+    pthread_mutex_lock(&local_tab.mu);
+    if (--local_users == 0) {
+        /* The last worker is gone: the instance's local table goes with it. */
+        for (unsigned i = 0; i < LOCAL_SLOTS; i++) {
+            while (local_tab.slot[i]) {
+                local_entry_t *e = local_tab.slot[i];
+                local_tab.slot[i] = e->next;
+                free(e);
+            }
+        }
+        local_tab.n = 0;
     }
+    pthread_mutex_unlock(&local_tab.mu);
     free(l);
 }
 
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l) { return &l->stats; }
+
+void tg_limits_count_down(tg_limits_t *l, int kind, tg_fail_policy_t policy) {
+    if (kind >= 0 && kind < TG_DOWN__COUNT && policy >= TG_FAIL_CLOSED && policy <= TG_FAIL_LOCAL)
+        l->stats.down[kind][policy]++;
+}

@@ -598,7 +598,9 @@ static void fallback(tg_hookctx_t *ctx, int hook, int fail_closed, const char *s
         ctx->retry_delay_ms = 0;
         break;
     case TG_HOOK_ON_LIMITER_DOWN:
-        ctx->limiter_decision = TG_LIMITER_CLOSED;
+        /* A plugin that failed: every limit closed (whatever it decided before). */
+        for (int i = 0; i < 4; i++)
+            ctx->limiter_decision[i] = TG_LIMITER_CLOSED;
         break;
     case TG_HOOK_PRICE:
         ctx->cost_nanousd = -1;
@@ -616,7 +618,9 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
         ctx->retry_action = TG_RETRY_GIVE_UP;
         ctx->retry_delay_ms = 0;
     } else if (hook == TG_HOOK_ON_LIMITER_DOWN) {
-        ctx->limiter_decision = TG_LIMITER_CLOSED;
+        /* What no plugin decides takes the configured policy. */
+        for (int i = 0; i < 4; i++)
+            ctx->limiter_decision[i] = TG_LIMITER_DEFAULT;
     }
     if (pl && g && g->dispatch_ref[hook] != LUA_NOREF) {
         lua_State *L = pl->L;

@@ -263,7 +263,17 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
                               (long long)c->retry_delay_ms);
             break;
         case TG_HOOK_ON_LIMITER_DOWN:
-            tg_buf_appends(&b, c->limiter_decision == TG_LIMITER_OPEN ? "open (admit)" : "closed (refuse)");
+            for (int k = 0, n = 0; k < 4; k++) {
+                static const char *const lim[] = {"rate", "tokens", "concurrency", "money"};
+                int d = c->limiter_decision[k];
+                if (!(c->limits & (1 << k)))
+                    continue;
+                tg_buf_printf(&b, "%s%s %s", n++ ? ", " : "", lim[k],
+                              d == TG_LIMITER_OPEN    ? "open (not checked)"
+                              : d == TG_LIMITER_LOCAL ? "local (this instance's bucket)"
+                              : d == TG_LIMITER_CLOSED ? "closed (refuse)"
+                                                       : "the configured policy");
+            }
             break;
         case TG_HOOK_PRICE:
             if (c->cost_nanousd < 0)

@@ -178,6 +178,7 @@ void tg_proxy_worker_init(tg_worker_t *w) {
         .queue_max = cfg->limiter.queue_max,
         .queue_timeout_ms = cfg->limiter.queue_timeout_ms,
         .fail_rate = (tg_fail_policy_t)cfg->limiter.fail_rate,
+        .fail_tokens = (tg_fail_policy_t)cfg->limiter.fail_tokens,
         .fail_concurrency = (tg_fail_policy_t)cfg->limiter.fail_concurrency,
     };
     pw->limits = tg_limits_create(&w->loop, w->state, &ac);
@@ -569,6 +570,7 @@ static int phase_route(proxy_req_t *p) {
         /* Admission, billing: per-worker counters, summed. */
         tg_limits_stats_t ls = {0};
         tg_billing_stats_t bs = {0};
+        tg_redis_stats_t rs = {0};
         for (int i = 0; i < gw->nworkers; i++) {
             proxy_worker_t *wp = gw->workers[i]->proxy;
             if (!wp)
@@ -585,6 +587,21 @@ static int phase_route(proxy_req_t *p) {
                 ls.redis_down_local += x->redis_down_local;
                 ls.redis_down_closed += x->redis_down_closed;
                 ls.round_trips += x->round_trips;
+                for (int k = 0; k < TG_DOWN__COUNT; k++)
+                    for (int pol = 0; pol < 3; pol++)
+                        ls.down[k][pol] += x->down[k][pol];
+            }
+            tg_redis_t *rc = gw->workers[i]->state ? tg_state_redis(gw->workers[i]->state) : NULL;
+            if (rc) {
+                /* Read from another worker's thread: counters only, a torn read at worst
+                 * lags by one event (as for the admission counters above). */
+                const tg_redis_stats_t *x = tg_redis_stats(rc);
+                rs.commands += x->commands;
+                rs.failed_fast += x->failed_fast;
+                rs.timeouts += x->timeouts;
+                rs.disconnects += x->disconnects;
+                rs.connects += x->connects;
+                rs.script_loads += x->script_loads;
             }
             if (wp->billing) {
                 const tg_billing_stats_t *x = tg_billing_stats(wp->billing);
@@ -597,6 +614,7 @@ static int phase_route(proxy_req_t *p) {
                 bs.spooled += x->spooled;
                 bs.replayed += x->replayed;
                 bs.reconciled += x->reconciled;
+                bs.unheld += x->unheld;
             }
         }
         tg_buf_printf(&b,
@@ -623,7 +641,8 @@ static int phase_route(proxy_req_t *p) {
                       "tollgate_billing_total{event=\"batch\"} %llu\n"
                       "tollgate_billing_total{event=\"spooled\"} %llu\n"
                       "tollgate_billing_total{event=\"replayed\"} %llu\n"
-                      "tollgate_billing_total{event=\"reconciled\"} %llu\n",
+                      "tollgate_billing_total{event=\"reconciled\"} %llu\n"
+                      "tollgate_billing_total{event=\"unheld\"} %llu\n",
                       (unsigned long long)ls.admitted, (unsigned long long)ls.refused_rate,
                       (unsigned long long)ls.refused_tokens, (unsigned long long)ls.refused_concurrency,
                       (unsigned long long)ls.queue_full, (unsigned long long)ls.waited,
@@ -631,7 +650,28 @@ static int phase_route(proxy_req_t *p) {
                       (unsigned long long)ls.redis_down_closed, (unsigned long long)bs.reserved,
                       (unsigned long long)bs.refused, (unsigned long long)bs.settled, (unsigned long long)bs.duplicates,
                       (unsigned long long)bs.conflicts, (unsigned long long)bs.batches, (unsigned long long)bs.spooled,
-                      (unsigned long long)bs.replayed, (unsigned long long)bs.reconciled);
+                      (unsigned long long)bs.replayed, (unsigned long long)bs.reconciled,
+                      (unsigned long long)bs.unheld);
+        static const char *const kinds[TG_DOWN__COUNT] = {"rate", "tokens", "concurrency", "money"};
+        static const char *const pols[3] = {"closed", "open", "local"};
+        tg_buf_appends(&b, "# HELP tollgate_limiter_down_limits_total Limits decided without Redis, by limit and policy.\n"
+                           "# TYPE tollgate_limiter_down_limits_total counter\n");
+        for (int k = 0; k < TG_DOWN__COUNT; k++)
+            for (int pol = 0; pol < 3; pol++)
+                tg_buf_printf(&b, "tollgate_limiter_down_limits_total{limit=\"%s\",policy=\"%s\"} %llu\n", kinds[k],
+                              pols[pol], (unsigned long long)ls.down[k][pol]);
+        tg_buf_printf(&b,
+                      "# HELP tollgate_redis_total The workers' Redis clients: commands, failures, connections.\n"
+                      "# TYPE tollgate_redis_total counter\n"
+                      "tollgate_redis_total{event=\"command\"} %llu\n"
+                      "tollgate_redis_total{event=\"failed_fast\"} %llu\n"
+                      "tollgate_redis_total{event=\"timeout\"} %llu\n"
+                      "tollgate_redis_total{event=\"disconnect\"} %llu\n"
+                      "tollgate_redis_total{event=\"connect\"} %llu\n"
+                      "tollgate_redis_total{event=\"script_load\"} %llu\n",
+                      (unsigned long long)rs.commands, (unsigned long long)rs.failed_fast,
+                      (unsigned long long)rs.timeouts, (unsigned long long)rs.disconnects,
+                      (unsigned long long)rs.connects, (unsigned long long)rs.script_loads);
         tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
         tg_buf_free(&b);
         return TG_DONE;
@@ -927,16 +967,41 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     fail_ex(p, 429, "rate_limit_error", code, msg, extra);
 }
 
-/* Redis is down: the on_limiter_down hook decides when a plugin implements it. */
-static int limiter_down(void *ud, int bits) {
+/* Redis is down: the on_limiter_down hook decides, per limit, when a plugin implements
+ * it; what it leaves undecided keeps the configured policy in `pol`. `bits` are
+ * 1 << TG_DOWN_* = TG_LIMIT_*. */
+_Static_assert(TG_LIMIT_RATE == 1 << TG_DOWN_RATE && TG_LIMIT_TOKENS == 1 << TG_DOWN_TOKENS &&
+                   TG_LIMIT_CONCURRENCY == 1 << TG_DOWN_CONCURRENCY && TG_LIMIT_MONEY == 1 << TG_DOWN_MONEY,
+               "limit bits");
+_Static_assert((int)TG_LIMITER_CLOSED == (int)TG_FAIL_CLOSED && (int)TG_LIMITER_OPEN == (int)TG_FAIL_OPEN &&
+                   (int)TG_LIMITER_LOCAL == (int)TG_FAIL_LOCAL,
+               "decisions");
+static void limiter_down(void *ud, int bits, tg_fail_policy_t pol[TG_DOWN__COUNT]) {
     proxy_req_t *p = ud;
     tg_plugins_t *pl = p->pw->plugins;
     if (!p->ctx_on || !tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_LIMITER_DOWN))
-        return -1;
+        return;
     p->ctx.limits = bits;
-    p->ctx.limiter_decision = TG_LIMITER_CLOSED;
     tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &p->ctx);
-    return p->ctx.limiter_decision == TG_LIMITER_OPEN ? TG_FAIL_OPEN : TG_FAIL_CLOSED;
+    for (int k = 0; k < TG_DOWN__COUNT; k++) {
+        int d = p->ctx.limiter_decision[k];
+        if (!(bits & (1 << k)) || d == TG_LIMITER_DEFAULT)
+            continue;
+        /* Money has no local bucket (tg_ffi_limiter refuses it; a failed plugin cannot set it). */
+        pol[k] = k == TG_DOWN_MONEY && d == TG_LIMITER_LOCAL ? TG_FAIL_CLOSED : (tg_fail_policy_t)d;
+    }
+}
+
+/* Billing could not reach Redis: money is closed unless the on_limiter_down hook opens
+ * it (money has no local policy). Counted with the other limits. */
+static int money_open(void *ud) {
+    proxy_req_t *p = ud;
+    tg_fail_policy_t pol[TG_DOWN__COUNT] = {TG_FAIL_CLOSED, TG_FAIL_CLOSED, TG_FAIL_CLOSED, TG_FAIL_CLOSED};
+    limiter_down(p, TG_LIMIT_MONEY, pol);
+    tg_fail_policy_t m = pol[TG_DOWN_MONEY] == TG_FAIL_OPEN ? TG_FAIL_OPEN : TG_FAIL_CLOSED;
+    if (p->pw->limits)
+        tg_limits_count_down(p->pw->limits, TG_DOWN_MONEY, m);
+    return m == TG_FAIL_OPEN;
 }
 
 static int phase_admit(proxy_req_t *p) {
@@ -1366,6 +1431,7 @@ static int phase_reserve(proxy_req_t *p) {
         .model = p->model,
         .amount = amount,
         .key_budget = pr->budget[0] != '\0',
+        .money_open = money_open,
     };
     p->reserve = tg_billing_reserve(pw->billing, &r, reserve_done, p);
     return TG_AGAIN;

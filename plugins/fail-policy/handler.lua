@@ -1,11 +1,20 @@
--- fail-policy: decides on_limiter_down, when the shared limiter cannot be asked.
+-- fail-policy: decides on_limiter_down, per limit, when the shared limiter (Redis) cannot
+-- be asked.
 --
--- Money limits fail closed by default: a budget that cannot be checked is not spent.
--- Rate, token and concurrency limits may fail open, closed, or through a small local
--- token bucket (the default) that admits a trickle per tenant while Redis is away.
--- The bucket lives in this worker's Lua state; the configured rate is for the whole
--- instance and split evenly over the workers. A request that checks several limits is
--- admitted only if every one of them admits it.
+-- Each limit the request has gets its own answer (README "Limits" gives the bound each
+-- allows):
+--   money        closed (default: a budget that cannot be checked is not spent) | open
+--   rate, tokens, concurrency:
+--     closed       refuse (503 limiter_unavailable)
+--     open         not checked
+--     local_limit  the core's bucket / counter of the key's and tenant's own limit, kept
+--                  by this instance for all its workers
+--     local        (default) this plugin's trickle bucket: local_bucket.rate_per_s with
+--                  local_bucket.burst, per tenant (or key, or one for all), for the whole
+--                  instance and split evenly over its workers; when it has a token the
+--                  limits set to local are open, else closed.
+-- A limit closed anywhere refuses the request; no bucket token is spent for a request
+-- refused anyway.
 local M = { name = "fail-policy", priority = 500, version = "1.0.0" }
 
 local min = math.min
@@ -35,7 +44,7 @@ end
 
 function M._reset() buckets, nbuckets = {}, 0 end
 
-local LOCAL_LIMITS = { "rate", "tokens", "concurrency" }
+local LIMITS = { "rate", "tokens", "concurrency" }
 -- Bucket ids by tenant or key: built once per name, not per request (bounded).
 local ids, nids = { t = {}, k = {} }, 0
 
@@ -50,41 +59,60 @@ local function bucket_id(kind, name)
     return id
 end
 
--- Returns "open" or "closed" and the reason.
+-- Returns the decisions (limit -> "closed" | "open" | "local"), the request's overall
+-- outcome ("closed", "open" or "local") and the reason.
 function M._decide(ctx, conf)
     local limits = ctx:limits()
-    if limits.money and conf.money == "closed" then return "closed", "money" end
-    local need_local = false
+    local d, closed_by, need_bucket, any_local = {}, nil, false, false
+    if limits.money then
+        d.money = conf.money
+        if conf.money == "closed" then closed_by = "money" end
+    end
     for i = 1, 3 do
-        local name = LOCAL_LIMITS[i]
+        local name = LIMITS[i]
         if limits[name] then
             local m = conf[name]
-            if m == "closed" then return "closed", name end
-            if m == "local" then need_local = true end
+            if m == "local" then
+                need_bucket = true
+            elseif m == "local_limit" then
+                d[name] = "local"
+                any_local = true
+            else
+                d[name] = m
+                if m == "closed" and not closed_by then closed_by = name end
+            end
         end
     end
-    if need_local then
-        local by, id = conf.local_bucket.by, "*"
-        if by == "tenant" then id = bucket_id("t", ctx:tenant_id())
-        elseif by == "key" then id = bucket_id("k", ctx:key_id()) end
-        if not M._take(conf, id, ctx:now_ms(), ctx:nworkers()) then return "closed", "local_bucket" end
-        return "open", "local_bucket"
+    if need_bucket then
+        local v = "closed"
+        if not closed_by then
+            local by, id = conf.local_bucket.by, "*"
+            if by == "tenant" then id = bucket_id("t", ctx:tenant_id())
+            elseif by == "key" then id = bucket_id("k", ctx:key_id()) end
+            if M._take(conf, id, ctx:now_ms(), ctx:nworkers()) then v = "open" else closed_by = "local_bucket" end
+        end
+        for i = 1, 3 do
+            local name = LIMITS[i]
+            if limits[name] and conf[name] == "local" then d[name] = v end
+        end
     end
-    return "open", "configured"
+    if closed_by then return d, "closed", closed_by end
+    if any_local then return d, "local", "limit" end
+    return d, "open", need_bucket and "local_bucket" or "configured"
 end
 
--- The log value "decision:reason", made once per pair.
-local LOG = { open = {}, closed = {} }
+-- The log value "outcome:reason", made once per pair.
+local LOG = { open = {}, closed = {}, ["local"] = {} }
 
 function M.on_limiter_down(ctx, conf)
-    local decision, reason = M._decide(ctx, conf)
-    local log = LOG[decision][reason]
+    local d, outcome, reason = M._decide(ctx, conf)
+    local log = LOG[outcome][reason]
     if not log then
-        log = decision .. ":" .. reason
-        LOG[decision][reason] = log
+        log = outcome .. ":" .. reason
+        LOG[outcome][reason] = log
     end
     ctx:log_field("limiter_down", log)
-    ctx:limiter(decision)
+    ctx:limiter(d)
 end
 
 return M

@@ -4,10 +4,13 @@ local mode = function(default, modes)
 end
 return {
     fields = {
+        -- money: no local bucket (each instance would spend the whole balance).
         money = mode("closed", { "closed", "open" }),
-        rate = mode("local", { "closed", "open", "local" }),
-        tokens = mode("local", { "closed", "open", "local" }),
-        concurrency = mode("local", { "closed", "open", "local" }),
+        -- local: this plugin's trickle bucket (local_bucket); local_limit: the core's
+        -- per-instance bucket of the key's and tenant's own limit.
+        rate = mode("local", { "closed", "open", "local", "local_limit" }),
+        tokens = mode("local", { "closed", "open", "local", "local_limit" }),
+        concurrency = mode("local", { "closed", "open", "local", "local_limit" }),
         local_bucket = {
             type = "record", default = {},
             fields = {

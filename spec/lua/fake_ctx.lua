@@ -127,7 +127,30 @@ function Ctx:retry(action, delay)
     return true
 end
 function Ctx:give_up() return self:retry("give_up", 0) end
-function Ctx:limiter(d) check(self, "limiter"); self.out.limiter = d; self.out.decided = true; return true end
+-- out.limiter: limit name -> decision, as the runtime's limiter(decision [, limit]) or
+-- limiter({ limit = decision, ... }) would set it (money is never "local").
+local DECISIONS = { closed = true, open = true, ["local"] = true }
+function Ctx:limiter(d, limit)
+    check(self, "limiter")
+    local out = self.out.limiter or {}
+    local function set(name, v)
+        if not DECISIONS[v] then error("limiter: decision must be 'closed', 'open' or 'local'", 3) end
+        if name == "money" and v == "local" then error("limiter: money is 'closed' or 'open'", 3) end
+        out[name] = v
+    end
+    if type(d) == "table" then
+        for name, v in pairs(d) do set(name, v) end
+    elseif limit then
+        set(limit, d)
+    else
+        for name in pairs(self._f.limits or {}) do
+            if not (name == "money" and d == "local") then set(name, d) end
+        end
+    end
+    self.out.limiter = out
+    self.out.decided = true
+    return true
+end
 function Ctx:set_cost(c)
     check(self, "set_cost")
     self.out.cost = math.floor(c + 0.5)

@@ -170,7 +170,8 @@ TG_TEST(plugin, hooks_change_the_context) {
     ASSERT_EQ_INT(ctx.cost_nanousd, 1234);
     /* No plugin implements these: the defaults. */
     ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &ctx), TG_OK);
-    ASSERT_EQ_INT(ctx.limiter_decision, TG_LIMITER_CLOSED);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ_INT(ctx.limiter_decision[i], TG_LIMITER_DEFAULT); /* the configured policies */
     ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, &ctx), TG_OK);
     ASSERT_EQ_INT(ctx.retry_action, TG_RETRY_GIVE_UP);
     ASSERT_EQ_INT(ctx.plugin_errors, 0);

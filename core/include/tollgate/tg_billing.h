@@ -61,7 +61,8 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
 void tg_billing_destroy(tg_billing_t *b);
 
 /** The outcome of a reservation: 0 reserved; 402 the balance or budget cannot cover it;
- *  503 it could not be checked (Redis or Postgres down: money fails closed). */
+ *  503 it could not be checked (Redis or Postgres down: money fails closed unless
+ *  money_open says otherwise when Redis is the one down). */
 typedef void (*tg_reserve_cb)(void *ud, int status, const char *code, const char *msg);
 
 typedef struct {
@@ -71,6 +72,10 @@ typedef struct {
     const char *model;
     int64_t amount; /* nano-USD */
     int key_budget; /* the key has a budget (else only the tenant's balance is checked) */
+    /** Optional: asked (with `ud`) when Redis did not answer; nonzero = the money limit
+     *  fails open for this request (the on_limiter_down hook): it goes ahead without a
+     *  hold, its reservation row still goes to Postgres and it settles as usual. */
+    int (*money_open)(void *ud);
 } tg_reserve_req_t;
 
 /** Reserves; the callback runs exactly once, never synchronously. */
@@ -112,6 +117,7 @@ void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano);
 
 typedef struct {
     uint64_t reserved, refused, settled, duplicates, conflicts, batches, spooled, replayed, reconciled;
+    uint64_t unheld; /* admitted without a hold: Redis down and money open */
 } tg_billing_stats_t;
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b);
 

@@ -59,6 +59,7 @@ typedef struct {
         int queue_max;          /* requests waiting for a slot, per worker */
         int queue_timeout_ms;   /* longest wait for a slot before 429 */
         int fail_rate;          /* when Redis is down: 0 closed, 1 open, 2 local */
+        int fail_tokens;        /* default: fail_rate */
         int fail_concurrency;
     } limiter;
     tg_plugins_config_t plugins; /* the `plugins` section (tg_plugin.h) */

@@ -14,10 +14,12 @@
  * leases. Release is one script too. All keys of one script share the hash tag
  * {t:<tenant id>}, so the scripts run unchanged on Redis Cluster.
  *
- * When Redis does not answer (timeout, disconnected), the on_limiter_down policy decides
- * per limit: closed (refuse, 503), open (admit), or local (a per-worker bucket of the
- * same limit, so an instance with W workers admits up to W times the limit). See README
- * "Limits" for what each choice can over-admit.
+ * When Redis does not answer (timeout, disconnected, or no usable client), the decision
+ * is made per limit (rate, tokens, concurrency; money is billing's): closed (refuse,
+ * 503), open (not checked), or local (a bucket / counter of the same limit kept by this
+ * instance, shared by its workers). The on_limiter_down hook may choose per limit; what
+ * it leaves undecided takes the configured policy. See README "Limits" for what each
+ * choice can over-admit.
  */
 #ifndef TOLLGATE_TG_LIMITS_H
 #define TOLLGATE_TG_LIMITS_H
@@ -28,6 +30,13 @@
 typedef struct tg_limits_s tg_limits_t;
 typedef struct tg_admit_s tg_admit_t;
 
+/** The failure policy for one limit kind when Redis is down. */
+typedef enum { TG_FAIL_CLOSED = 0, TG_FAIL_OPEN = 1, TG_FAIL_LOCAL = 2 } tg_fail_policy_t;
+
+/** The limit kinds a Redis-down decision is made for (bit 1 << kind = TG_LIMIT_* of
+ *  tg_ffi.h). */
+enum { TG_DOWN_RATE = 0, TG_DOWN_TOKENS, TG_DOWN_CONCURRENCY, TG_DOWN_MONEY, TG_DOWN__COUNT };
+
 /** Limits of one request, -1 = none. */
 typedef struct {
     int64_t tenant_id, key_id;
@@ -35,10 +44,11 @@ typedef struct {
     int64_t key_tpm, tenant_tpm;
     int64_t key_conc, tenant_conc;
     int64_t est_tokens;
-    /** Optional: asked when Redis is down, with TG_LIMIT_* style bits (1 rate, 2 tokens,
-     *  4 concurrency) of the limits that could not be checked; returns a tg_fail_policy_t
-     *  for all of them, or -1 for the configured policies (the on_limiter_down hook). */
-    int (*on_down)(void *ud, int limit_bits);
+    /** Optional: asked when Redis is down with the bits (1 << TG_DOWN_*) of the limits
+     *  that could not be checked, and `policy` filled with the configured policies; may
+     *  change any of them (the on_limiter_down hook). Called from the loop, never from
+     *  inside tg_limits_admit. */
+    void (*on_down)(void *ud, int limit_bits, tg_fail_policy_t policy[TG_DOWN__COUNT]);
 } tg_limit_req_t;
 
 typedef enum {
@@ -60,14 +70,11 @@ typedef struct {
 
 typedef void (*tg_admit_cb)(void *ud, const tg_admit_outcome_t *out);
 
-/** The failure policy for one limit kind when Redis is down. */
-typedef enum { TG_FAIL_CLOSED = 0, TG_FAIL_OPEN = 1, TG_FAIL_LOCAL = 2 } tg_fail_policy_t;
-
 typedef struct {
     int lease_ttl_ms;        /* concurrency lease lifetime; renewed at a third of it */
     int queue_max;           /* requests that may wait for a slot per worker (default 16) */
     int queue_timeout_ms;    /* how long one may wait (default 8000) */
-    tg_fail_policy_t fail_rate, fail_concurrency;
+    tg_fail_policy_t fail_rate, fail_tokens, fail_concurrency; /* when Redis is down */
 } tg_admission_config_t;
 
 tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admission_config_t *cfg);
@@ -91,9 +98,14 @@ void tg_admit_release(tg_admit_t *a, int64_t actual_tokens);
 /** Counters for /metrics. */
 typedef struct {
     uint64_t admitted, refused_rate, refused_tokens, refused_concurrency, queue_full, waited;
+    /* Admissions decided without Redis, per request: closed when any limit was closed,
+     * else local when any was local, else open. */
     uint64_t redis_down_open, redis_down_local, redis_down_closed;
+    uint64_t down[TG_DOWN__COUNT][3]; /* per limit kind and tg_fail_policy_t */
     uint64_t round_trips;
 } tg_limits_stats_t;
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l);
+/** Counts a Redis-down decision made elsewhere (billing's money limit). */
+void tg_limits_count_down(tg_limits_t *l, int kind, tg_fail_policy_t policy);
 
 #endif
