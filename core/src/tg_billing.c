@@ -68,12 +68,20 @@ static const char RESERVE_LUA[] =
     "return {1, 'ok'}\n";
 
 /* KEYS 1 money, 2 res, 3 kmoney, 4 holds. ARGV 1 actual cost of this attempt, 2 the
- * hold's field. Returns the amount credited back, or nil when already settled (exactly
- * once). */
+ * hold's field, 3 '1' when the attempt went ahead without a hold (money open while Redis
+ * was down): its cost then comes off the live balances that exist. Returns the amount
+ * credited back, or nil when already settled (exactly once). */
 static const char SETTLE_LUA[] =
     "redis.call('HDEL', KEYS[4], ARGV[2])\n"
     "local amt = redis.call('GET', KEYS[2])\n"
-    "if not amt then return false end\n"
+    "if not amt then\n"
+    "  if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[1], 'avail') == 1 then\n"
+    "    local neg = string.format('%d', -tonumber(ARGV[1]))\n"
+    "    redis.call('HINCRBY', KEYS[1], 'avail', neg)\n"
+    "    if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'avail', neg) end\n"
+    "  end\n"
+    "  return false\n"
+    "end\n"
     "redis.call('DEL', KEYS[2])\n"
     "amt = tonumber(amt)\n"
     "local back = string.format('%d', amt - tonumber(ARGV[1]))\n"
@@ -246,7 +254,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
              * as usual; the settlement finds no hold to give back. */
             b->stats.unheld++;
             reserved_row(b, x);
-            reserve_finish(x, 0, NULL, NULL);
+            reserve_finish(x, 0, "unheld", NULL);
             return;
         }
         reserve_finish(x, 503, "billing_unavailable",
@@ -341,15 +349,16 @@ static void fmt_keys(char keys[4][128], char field[96], int64_t tenant, int64_t 
 }
 
 /* Returns an attempt's hold (the part above `actual` goes back), exactly once. */
-static void settle_hold(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual) {
+static void settle_hold(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual,
+                        int unheld) {
     tg_redis_t *redis = tg_state_redis(b->st);
     if (!redis)
         return;
     char keys[4][128], field[96], a[24];
     fmt_keys(keys, field, tenant, key, id, attempt);
     snprintf(a, sizeof(a), "%lld", (long long)actual);
-    const char *argv[6] = {keys[0], keys[1], keys[2], keys[3], a, field};
-    tg_redis_eval(redis, b->settle_script, 4, 6, argv, NULL, NULL, NULL);
+    const char *argv[7] = {keys[0], keys[1], keys[2], keys[3], a, field, unheld ? "1" : "0"};
+    tg_redis_eval(redis, b->settle_script, 4, 7, argv, NULL, NULL, NULL);
 }
 
 static void fail_async_cb(uv_timer_t *t) {
@@ -564,7 +573,8 @@ static void flush_cb(uv_timer_t *t) { flush(t->data); }
 static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
     /* Failed earlier attempts produced nothing billable; the last one carries the cost. */
     for (int a = 1; a <= TG_MAX(s->attempts, 1); a++)
-        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == TG_MAX(s->attempts, 1) ? cost_last : 0);
+        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == TG_MAX(s->attempts, 1) ? cost_last : 0,
+                    a <= 32 && (s->unheld & (1u << (a - 1))));
 }
 
 static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
@@ -632,7 +642,7 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
 
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
                                 int attempt) {
-    settle_hold(b, tenant_id, key_id, request_id, attempt, 0);
+    settle_hold(b, tenant_id, key_id, request_id, attempt, 0, 0);
 }
 
 static const char UNLOCK_LUA[] =
@@ -915,7 +925,7 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
             continue; /* its row is there: reconciled as a row */
         if (!strcmp(PQgetvalue(res, i, 8), "t")) {
             /* Settled, but its hold was never given back (Redis missed the release). */
-            settle_hold(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)));
+            settle_hold(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)), 0);
             continue;
         }
         char amount[32];

@@ -114,6 +114,7 @@ struct proxy_req_s {
     char key_id_s[24], tenant_id_s[24];
     tg_reserve_t *reserve;        /* in flight */
     int reserved;                 /* attempts that reserved */
+    unsigned unheld;              /* bit a-1: attempt a reserved without a Redis hold */
     int64_t reserved_amount;      /* nano-USD, all attempts */
     int64_t est_input;
     int64_t stream_chunks;        /* content events streamed to the client */
@@ -475,6 +476,7 @@ static void on_finish(tg_request_t *req, int aborted) {
                 .cost = cost,
                 .estimated = estimated,
                 .attempts = p->reserved,
+                .unheld = p->unheld,
                 .status = aborted && req->status < 400 ? 499 : req->status,
                 .ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
                 .total_ms = (double)(now - req->start_ns) / 1e6,
@@ -1385,6 +1387,8 @@ static void reserve_done(void *ud, int status, const char *code, const char *msg
     p->reserve = NULL;
     if (status == 0) {
         p->reserved = p->attempt;
+        if (code && p->attempt >= 1 && p->attempt <= 32) /* "unheld": money open, Redis down */
+            p->unheld |= 1u << (p->attempt - 1);
         proxy_run(p);
         return;
     }

@@ -22,7 +22,8 @@ import { MODEL, startMock, stopAll } from './lib/harness.mjs';
 import { applyState, chat, chatReq, createDb, keepAliveAgent, metrics, plainKey, request, startStateGateway, tally } from './lib/db.mjs';
 
 const CRED = 'sk-limits-no-redis';
-const K = { rate: plainKey('rate'), tpm: plainKey('tpm'), conc: plainKey('conc'), closed: plainKey('closed') };
+const K = { rate: plainKey('rate'), tpm: plainKey('tpm'), conc: plainKey('conc'), closed: plainKey('closed'),
+  holder: plainKey('holder'), both: plainKey('both') };
 const BURST = 3;
 let db;
 let mock;
@@ -33,7 +34,8 @@ before(async () => {
   mock = await startMock();
   db = await createDb();
   await applyState(db, {
-    tenants: [{ name: 'acme' }],
+    // tiny: one request at a time for the whole tenant.
+    tenants: [{ name: 'acme' }, { name: 'tiny', concurrency: 1 }],
     groups: [{ name: 'main' }],
     accounts: [{ name: 'acct', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 1000,
       groups: ['main'], models: [MODEL] }],
@@ -43,6 +45,8 @@ before(async () => {
       { name: 'tpm', tenant: 'acme', group: 'main', key: K.tpm, tpm: 2000 },
       { name: 'conc', tenant: 'acme', group: 'main', key: K.conc, concurrency: 1 },
       { name: 'closed', tenant: 'acme', group: 'main', key: K.closed, rpm: 1000 },
+      { name: 'holder', tenant: 'tiny', group: 'main', key: K.holder },
+      { name: 'both', tenant: 'tiny', group: 'main', key: K.both, rpm: 6 },
     ],
   });
   await db.exec(`UPDATE api_keys SET rpm_burst = ${BURST} WHERE rpm = 6`);
@@ -115,6 +119,25 @@ test('no Redis, local: a concurrency count that requests failing right after adm
   agent.destroy();
 });
 
+test('no Redis, local: a request the tenant refuses takes nothing from its key (both or neither)', async () => {
+  // The holder key takes the tenant's only slot with a slow stream; meanwhile the
+  // "both" key (rpm 6, burst 3) is refused by the tenant 5 times. Its own bucket must
+  // still be full afterwards: exactly the burst passes, one at a time.
+  const hold = chat(none, K.holder, chatReq(MODEL, 'hold [mock chunks=10 interval_ms=100]', { stream: true }), { timeout: 10000 });
+  await new Promise((r) => setTimeout(r, 300));
+  for (let i = 0; i < 5; i++) {
+    const r = await chat(none, K.both, req(`refused ${i}`));
+    assert.equal(r.status, 429, r.text);
+    assert.equal(r.json?.error?.code, 'concurrency_limit_exceeded');
+    assert.match(r.json?.error?.message, /tenant concurrency/);
+  }
+  assert.equal((await hold).status, 200);
+  const rs = [];
+  for (let i = 0; i < BURST + 1; i++) rs.push(await chat(none, K.both, req(`both ${i}`)));
+  assert.deepEqual(rs.map((r) => r.status), [...Array(BURST).fill(200), 429], rs.map((r) => r.text).join('\n'));
+  assert.match(rs[BURST].json?.error?.message, /key rpm/);
+});
+
 test('bad Redis URL, closed: every request is refused with 503 limiter_unavailable, and the worker lives on', async () => {
   const before = (await mock.stats()).total;
   const rs = await Promise.all(Array.from({ length: 20 }, (_, i) => chat(bad, K.closed, req(`closed ${i}`))));
@@ -135,15 +158,17 @@ test('bad Redis URL, closed: every request is refused with 503 limiter_unavailab
 
 test('every decision without Redis is counted, and both gateways are still up', async () => {
   const m = await metrics(none);
-  // rate: 6 requests; tpm: 3; conc: 6 failing + the stream + its refused probes + 4.
-  assert.equal(m['tollgate_limiter_down_limits_total{limit="rate",policy="local"}'], BURST + 3);
+  // rate: 6 requests + the "both" key's 5 + 4; tpm: 3; conc: 6 failing + the stream + its
+  // refused probes + 4, and the tenant's.
+  assert.equal(m['tollgate_limiter_down_limits_total{limit="rate",policy="local"}'], BURST + 3 + 5 + BURST + 1);
   assert.equal(m['tollgate_limiter_down_limits_total{limit="tokens",policy="local"}'], 3);
   assert.ok(m['tollgate_limiter_down_limits_total{limit="concurrency",policy="local"}'] >= 6 + 1 + 1 + 4);
   assert.equal(m['tollgate_limiter_down_total{policy="closed"}'], 0);
-  assert.equal(m['tollgate_limiter_down_total{policy="local"}'],
+  // One limit kind per request, except the "both" key's 9 (rate and tenant concurrency).
+  assert.equal(m['tollgate_limiter_down_total{policy="local"}'] + 5 + BURST + 1,
     m['tollgate_limiter_down_limits_total{limit="rate",policy="local"}'] +
     m['tollgate_limiter_down_limits_total{limit="tokens",policy="local"}'] +
-    m['tollgate_limiter_down_limits_total{limit="concurrency",policy="local"}'], 'one limit per key here');
+    m['tollgate_limiter_down_limits_total{limit="concurrency",policy="local"}']);
   for (const gw of [none, bad]) {
     assert.ok(gw.proc.running);
     assert.equal((await request(`${gw.url}/healthz`)).status, 200);

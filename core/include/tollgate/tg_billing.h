@@ -60,7 +60,8 @@ typedef struct {
 tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billing_config_t *cfg);
 void tg_billing_destroy(tg_billing_t *b);
 
-/** The outcome of a reservation: 0 reserved; 402 the balance or budget cannot cover it;
+/** The outcome of a reservation: 0 reserved (code "unheld": without a hold, money open
+ *  while Redis was down; NULL otherwise); 402 the balance or budget cannot cover it;
  *  503 it could not be checked (Redis or Postgres down: money fails closed unless
  *  money_open says otherwise when Redis is the one down). */
 typedef void (*tg_reserve_cb)(void *ud, int status, const char *code, const char *msg);
@@ -91,6 +92,8 @@ typedef struct {
     int64_t cost;        /* nano-USD */
     int estimated;       /* usage (partly) estimated: client gone, no usage from upstream */
     int attempts;
+    unsigned unheld;     /* bit a-1: attempt a went ahead without a Redis hold (money open
+                            while Redis was down): its cost comes off the live balance */
     int status;
     double ttft_ms, total_ms;
 } tg_settlement_t;
