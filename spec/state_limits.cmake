@@ -46,3 +46,11 @@ foreach(file ${TG_STATE_LIMITS_IT})
       RESOURCE_LOCK redis)
   endif()
 endforeach()
+
+# The limiter's unit tests (spec/unit/test_limits.c) again from the sanitizer build.
+if(NOT TG_SANITIZE AND TG_ASAN_BUILD)
+  add_test(NAME unit-asan.limits
+    COMMAND sh -c "[ -x \"$0/tg_unit\" ] || { echo \"skipped: no asan build\"; exit 77; }; exec \"$0/tg_unit\" limits"
+            ${TG_ASAN_BUILD})
+  set_tests_properties(unit-asan.limits PROPERTIES LABELS "limits;unit;asan" SKIP_RETURN_CODE 77 TIMEOUT 120)
+endif()
