@@ -11,3 +11,8 @@ set_tests_properties(unit.pg PROPERTIES LABELS "state;unit" TIMEOUT 120 SKIP_RET
 # Redis is the substrate of the limits issue (leases, buckets, budgets).
 add_test(NAME unit.redis COMMAND tg_unit redis)
 set_tests_properties(unit.redis PROPERTIES LABELS "limits;unit" TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# The admission lifecycle (tg_limits.c) against the same Redis: the same request id is
+# charged once, renewal re-acquires lost leases and keeps the request's marker.
+add_test(NAME unit.limits_redis COMMAND tg_unit limits_redis)
+set_tests_properties(unit.limits_redis PROPERTIES LABELS "limits;unit" TIMEOUT 120 SKIP_RETURN_CODE 77)

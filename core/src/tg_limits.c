@@ -114,7 +114,11 @@ static const char ADMIT_LUA[] =
 /* Release. KEYS as for admission. ARGV: 1 id, then per scope (key at 2, tenant at 5 when
  * the tenant has a limit): +0 '1' to give back the lease, +1 the TPM correction in
  * milli-tokens (charged minus used; '' for none), +2 that bucket's capacity in
- * milli-tokens. The correction is made once: the marker turns from '1' into '2'. */
+ * milli-tokens. The correction is made once: the marker turns from '1' into '2'. So the
+ * script is idempotent, and the gateway sends it again when it failed or timed out (see
+ * release_done), and sends it after an admission that timed out and so may have run
+ * (see admit_reply): ZREM of an absent member and a marker that is absent or '2' change
+ * nothing. */
 static const char RELEASE_LUA[] =
     "local tenant = KEYS[4] ~= nil\n"
     "if ARGV[2] == '1' then redis.call('ZREM', KEYS[3], ARGV[1]) end\n"
@@ -135,16 +139,50 @@ static const char RELEASE_LUA[] =
     "if tfix then fix(KEYS[4], ARGV[6] + 0, ARGV[7] + 0) end\n"
     "return 1\n";
 
-/* Renewal. KEYS: the request's lease sets (the key's, the tenant's: those with a limit).
- * ARGV: 1 id, 2 lease ttl ms, 3 lease set ttl ms. Only a lease the request still holds
- * is extended (ZADD XX). */
+/* Renewal, every third of the lease TTL while a request with a concurrency limit runs
+ * (every third of MARKER_TTL_MS when it has only a TPM limit). KEYS: 1 the request's
+ * marker, then its lease sets (the key's, the tenant's: those with a limit). ARGV: 1 id,
+ * 2 lease ttl ms, 3 lease set ttl ms, 4 marker ttl ms.
+ *
+ *   - The lease is re-acquired, not just extended (plain ZADD, idempotent): after a Redis
+ *     restart or failover that lost it, or when it expired while Redis was unreachable,
+ *     the running stream is counted again from its next renewal (a third of the TTL
+ *     after Redis answers). It is not refused: the request already runs, so a set may
+ *     hold more members than the limit for a while; new admissions wait (slot() counts
+ *     every member) until enough requests end.
+ *   - The marker's TTL is pushed out again, so a stream longer than the marker's first
+ *     TTL keeps its one TPM correction and its idempotency. A lost marker is not made
+ *     again: the charge it stands for was lost with it, so no correction is owed.
+ *
+ * Returns the number of leases that had to be added back. */
 static const char RENEW_LUA[] =
     "local t = redis.call('TIME')\n"
     "local exp = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2])\n"
-    "for i = 1, #KEYS do\n"
-    "  if redis.call('ZADD', KEYS[i], 'XX', 'CH', exp, ARGV[1]) == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[3]) end\n"
+    "redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
+    "local added = 0\n"
+    "for i = 2, #KEYS do\n"
+    "  added = added + redis.call('ZADD', KEYS[i], exp, ARGV[1])\n"
+    "  redis.call('PEXPIRE', KEYS[i], ARGV[3])\n"
     "end\n"
-    "return 1\n";
+    "return added\n";
+
+/* The marker's TTL: ADMIT_LUA sets it (SET NX PX 600000), renewal keeps it. */
+#define MARKER_TTL_MS 600000
+
+/* A release that failed (timeout, disconnected) is sent again this many times, 0.5 s,
+ * 1 s, 2 s, 4 s, 8 s apart; at most RELEASE_PENDING_MAX releases per worker are kept for
+ * that (beyond, a release is sent once and the lease left to its TTL). */
+#define RELEASE_RETRIES 5
+#define RELEASE_PENDING_MAX 4096
+
+/* How long requests of a scope held their concurrency slot, for Retry-After (see
+ * conc_retry_ms): a small direct-mapped table per worker; a collision just replaces. */
+#define HOLD_SLOTS 256
+
+typedef struct {
+    int64_t scope;   /* key id · 2, or tenant id · 2 + 1 */
+    uint32_t ewma_ms;
+} hold_t;
 
 struct tg_limits_s {
     uv_loop_t *loop;
@@ -153,10 +191,13 @@ struct tg_limits_s {
     int admit_script, release_script, renew_script;
     tg_admit_t *queue_head, *queue_tail;
     int queued;
+    tg_admit_t *releasing; /* releases waiting for their reply or for a retry */
+    int nreleasing;
+    hold_t hold[HOLD_SLOTS];
     tg_limits_stats_t stats;
 };
 
-enum { A_ADMITTING, A_WAITING, A_ADMITTED, A_DONE };
+enum { A_ADMITTING, A_WAITING, A_ADMITTED, A_DONE, A_RELEASING };
 
 struct tg_admit_s {
     tg_limits_t *l;
@@ -174,7 +215,13 @@ struct tg_admit_s {
     int timer_open;
     uint64_t started_ms, deadline_ms;
     int attempts;
+    int sent_up;        /* the last admission went out on a live connection */
+    int refused_by;     /* 5 key, 6 tenant concurrency (see ADMIT_LUA) */
+    uint64_t admitted_ms;
+    int64_t actual;     /* A_RELEASING: the usage the release corrects to */
+    int tries;          /* A_RELEASING: sends so far */
     tg_admit_t *qnext, *qprev;
+    tg_admit_t *rnext, *rprev; /* in l->releasing */
     /* marker, key buckets, key leases, tenant buckets, tenant leases (see ADMIT_LUA) */
     char keys[5][112]; /* the longest: 25 bytes of tag + "a:" + a 71-byte id */
     size_t keylen[5];
@@ -575,6 +622,46 @@ static void down_later(tg_admit_t *a) {
 
 /* ---- waiting for a slot -------------------------------------------------------------- */
 
+static hold_t *hold_slot(tg_limits_t *l, int64_t scope) {
+    return &l->hold[((uint64_t)scope * 0x9E3779B97F4A7C15ull) >> 56 & (HOLD_SLOTS - 1)];
+}
+
+/* A request with a concurrency limit ended: how long it held its slot(s), as an
+ * exponentially weighted average (weight 1/4) per scope. */
+static void hold_note(tg_limits_t *l, const tg_admit_t *a) {
+    uint64_t ms = tg_now_ms() - a->admitted_ms;
+    uint32_t v = (uint32_t)TG_MIN(TG_MAX(ms, 1u), 3600000u);
+    int64_t scopes[2] = {a->lim.key_conc >= 0 ? a->lim.key_id * 2 : -1,
+                         a->lim.tenant_conc >= 0 ? a->lim.tenant_id * 2 + 1 : -1};
+    for (int i = 0; i < 2; i++) {
+        if (scopes[i] < 0)
+            continue;
+        hold_t *h = hold_slot(l, scopes[i]);
+        if (h->scope != scopes[i] || !h->ewma_ms)
+            *h = (hold_t){scopes[i], v};
+        else
+            h->ewma_ms = (3 * h->ewma_ms + v) / 4;
+    }
+}
+
+/*
+ * Retry-After of a concurrency refusal (the wait queue timed out or is full): with n slots
+ * held by requests that each hold one for D on average, one frees every D / n on average,
+ * so that is the answer, D being how long this worker's recent requests of the refusing
+ * scope held theirs. Without such a request yet, the queue timeout: at least that long no
+ * slot came free for a waiter. Always between 1 s and 60 s.
+ */
+static int64_t conc_retry_ms(tg_limits_t *l, const tg_admit_t *a) {
+    int tenant = a->refused_by == 6;
+    int64_t scope = tenant ? a->lim.tenant_id * 2 + 1 : a->lim.key_id * 2;
+    int64_t limit = tenant ? a->lim.tenant_conc : a->lim.key_conc;
+    const hold_t *h = hold_slot(l, scope);
+    int64_t ms = h->scope == scope && h->ewma_ms ? (int64_t)h->ewma_ms / TG_MAX(limit, 1) : l->cfg.queue_timeout_ms;
+    if (limit == 0)
+        ms = 60000; /* no slot ever frees */
+    return TG_MIN(TG_MAX(ms, 1000), 60000);
+}
+
 static void retry_cb(uv_timer_t *t) {
     tg_admit_t *a = t->data;
     if (a->state == A_WAITING)
@@ -586,7 +673,7 @@ static void wait_for_slot(tg_admit_t *a, const char *which) {
     uint64_t now = tg_now_ms();
     if (a->state != A_WAITING) {
         if (l->queued >= l->cfg.queue_max) {
-            deliver(a, TG_ADMIT_QUEUE_FULL, which, 1000, 0);
+            deliver(a, TG_ADMIT_QUEUE_FULL, which, conc_retry_ms(l, a), 0);
             return;
         }
         a->state = A_WAITING;
@@ -602,7 +689,7 @@ static void wait_for_slot(tg_admit_t *a, const char *which) {
     }
     if (now >= a->deadline_ms) {
         queue_remove(l, a);
-        deliver(a, TG_ADMIT_CONCURRENCY, which, 1000, 0);
+        deliver(a, TG_ADMIT_CONCURRENCY, which, conc_retry_ms(l, a), 0);
         return;
     }
     /* Poll with backoff and jitter (slots may free on any instance); a slot freed on
@@ -628,10 +715,13 @@ static void wake_waiter(tg_limits_t *l) {
 /* ---- renewal ------------------------------------------------------------------------- */
 
 static void renew_done(void *ud, redisReply *r, const char *err) {
-    TG_UNUSED(ud);
-    TG_UNUSED(r);
-    if (err)
+    tg_limits_t *l = ud;
+    if (err) {
         tg_log_debug("limits: lease renewal failed: %s", err);
+        return;
+    }
+    if (r && r->type == REDIS_REPLY_INTEGER && r->integer > 0)
+        l->stats.leases_reacquired += (uint64_t)r->integer;
 }
 
 static void renew_cb(uv_timer_t *t) {
@@ -642,6 +732,7 @@ static void renew_cb(uv_timer_t *t) {
     args_t g;
     g.n = 0;
     g.p = g.buf;
+    arg_s(&g, a->keys[K_MARKER], a->keylen[K_MARKER]);
     if (a->lim.key_conc >= 0)
         arg_s(&g, a->keys[K_KEY_LEASES], a->keylen[K_KEY_LEASES]);
     if (a->lim.tenant_conc >= 0)
@@ -650,26 +741,38 @@ static void renew_cb(uv_timer_t *t) {
     arg_s(&g, a->id, a->idlen);
     arg_i(&g, a->l->cfg.lease_ttl_ms);
     arg_i(&g, 2 * (int64_t)a->l->cfg.lease_ttl_ms);
-    tg_redis_eval(redis, a->l->renew_script, nkeys, g.n, g.v, g.len, renew_done, NULL);
+    arg_i(&g, MARKER_TTL_MS);
+    tg_redis_eval(redis, a->l->renew_script, nkeys, g.n, g.v, g.len, renew_done, a->l);
 }
 
+static int has_tpm(const tg_limit_req_t *l) { return l->key_tpm >= 0 || l->tenant_tpm >= 0; }
+
+/* Leases are renewed at a third of their TTL; a request with only a TPM limit renews
+ * its marker (which its correction needs) at a third of the marker's TTL. */
 static void start_renewal(tg_admit_t *a) {
-    if (!has_conc(&a->lim) || a->local)
+    if ((!has_conc(&a->lim) && !has_tpm(&a->lim)) || a->local)
         return;
     if (!a->timer_open) {
         uv_timer_init(a->l->loop, &a->timer);
         a->timer.data = a;
         a->timer_open = 1;
     }
-    uint64_t every = (uint64_t)TG_MAX(a->l->cfg.lease_ttl_ms / 3, 100);
+    uint64_t every = (uint64_t)TG_MAX((has_conc(&a->lim) ? a->l->cfg.lease_ttl_ms : MARKER_TTL_MS) / 3, 100);
     uv_timer_start(&a->timer, renew_cb, every, every);
 }
 
 /* ---- the admission round trip -------------------------------------------------------- */
 
-static void release_send(tg_limits_t *l, tg_admit_t *a, int64_t actual);
+static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual);
 
-/* The admission script's reply: 0 or 1 (admitted), or {which, retry_after_ms}. */
+/* The command went out and no answer came: it may have run in Redis. */
+static int maybe_ran(const tg_admit_t *a, const char *err) {
+    return a->sent_up && (err == tg_redis_err_timeout || err == tg_redis_err_disconnected);
+}
+
+/* The admission script's reply: 0 or 1 (admitted), or {which, retry_after_ms}; for a
+ * concurrency refusal (5, 6) the request waits, and if it is refused in the end the wait
+ * it is told comes from conc_retry_ms, not from the script. */
 static void admit_reply(void *ud, redisReply *r, const char *err) {
     tg_admit_t *a = ud;
     tg_limits_t *l = a->l;
@@ -679,22 +782,38 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
                   r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER &&
                   r->element[0]->integer >= 1 && r->element[0]->integer <= 6;
     if (a->cancelled) {
-        /* The client left while we asked: give back whatever was taken. */
-        if (admitted)
-            release_send(l, a, -1);
-        admit_free(a);
+        /* The client left while we asked: give back whatever was taken (its lease, and its
+         * TPM estimate: nothing was used), also when the answer did not come in time. */
+        if (admitted || maybe_ran(a, err))
+            release_begin(l, a, 0);
+        else
+            admit_free(a);
         return;
     }
     if (!admitted && !refused) {
         if (a->state == A_WAITING)
             queue_remove(l, a);
         tg_log_warn("limits: admission for %s without Redis (%s)", a->id, err ? err : "bad reply");
+        if (maybe_ran(a, err)) {
+            /* The script may still run (a Redis that stalls runs it when it wakes): undo
+             * it with a release of a copy, sent now behind the admission on the same
+             * connection (and retried), so its lease and TPM charge do not stay for the
+             * lease TTL while the request goes on under the fallback policy. */
+            tg_admit_t *c = malloc(sizeof(*c));
+            memcpy(c, a, sizeof(*c));
+            c->timer_open = 0;
+            c->local = 0;
+            c->cb = NULL;
+            c->ud = NULL;
+            release_begin(l, c, 0);
+        }
         local_admit(a);
         return;
     }
     if (admitted) {
         if (a->state == A_WAITING)
             queue_remove(l, a);
+        a->admitted_ms = tg_now_ms();
         start_renewal(a);
         deliver(a, TG_ADMIT_OK, NULL, 0, 0);
         return;
@@ -705,6 +824,7 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     const char *name = names[which - 1];
     if (which >= 5) {
         a->attempts++;
+        a->refused_by = (int)which;
         wait_for_slot(a, name);
         return;
     }
@@ -749,6 +869,7 @@ static void admit_send(tg_admit_t *a) {
     scope_args(&g, m->key_rpm, m->key_burst, m->key_tpm, m->key_conc, est);
     if (has_tenant(m))
         scope_args(&g, m->tenant_rpm, m->tenant_burst, m->tenant_tpm, m->tenant_conc, est);
+    a->sent_up = tg_redis_connected(redis);
     a->rq = tg_redis_eval(redis, l->admit_script, nkeys, g.n, g.v, g.len, admit_reply, a);
     if (a->rq)
         l->stats.round_trips++;
@@ -775,13 +896,6 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
     return a;
 }
 
-static void release_done(void *ud, redisReply *r, const char *err) {
-    TG_UNUSED(ud);
-    TG_UNUSED(r);
-    if (err)
-        tg_log_warn("limits: release failed (%s); the leases expire by their TTL", err);
-}
-
 /* One scope's release arguments (see RELEASE_LUA): give back its lease, and its TPM
  * correction (charged minus used, in milli-tokens) with the bucket's capacity, unless it
  * has no TPM limit or the usage is unknown. */
@@ -796,22 +910,85 @@ static void release_args(args_t *g, int64_t conc, int64_t tpm, int64_t est, int6
     arg_i(g, tpm * 1000);
 }
 
-static void release_send(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
+static void release_send(tg_admit_t *a);
+
+static void release_end(tg_admit_t *a) {
+    tg_limits_t *l = a->l;
+    if (a->rprev)
+        a->rprev->rnext = a->rnext;
+    else
+        l->releasing = a->rnext;
+    if (a->rnext)
+        a->rnext->rprev = a->rprev;
+    l->nreleasing--;
+    admit_free(a);
+}
+
+static void release_retry_cb(uv_timer_t *t) { release_send(t->data); }
+
+/* A release that got no answer (timeout, disconnected) may or may not have run; it is
+ * idempotent, so it is sent again, a bounded number of times. */
+static void release_done(void *ud, redisReply *r, const char *err) {
+    tg_admit_t *a = ud;
+    tg_limits_t *l = a->l;
+    if ((err == tg_redis_err_timeout || err == tg_redis_err_disconnected) && a->tries <= RELEASE_RETRIES) {
+        if (!a->timer_open) {
+            uv_timer_init(l->loop, &a->timer);
+            a->timer.data = a;
+            a->timer_open = 1;
+        }
+        l->stats.release_retries++;
+        uv_timer_start(&a->timer, release_retry_cb, 500u << (a->tries - 1), 0);
+        return;
+    }
+    TG_UNUSED(r);
+    if (err)
+        tg_log_warn("limits: release of %s failed (%s); its leases expire by their TTL", a->id, err);
+    release_end(a);
+}
+
+static void release_send(tg_admit_t *a) {
+    tg_limits_t *l = a->l;
     tg_redis_t *redis = tg_state_redis(l->st);
     const tg_limit_req_t *m = &a->lim;
-    int fix = actual >= 0 && (m->key_tpm >= 0 || m->tenant_tpm >= 0);
-    if (!redis || (!has_conc(m) && !fix))
-        return; /* no lease to give back and nothing to correct: no round trip */
     int64_t est = TG_MAX(m->est_tokens, 0);
     args_t g;
     args_init(&g, a);
     int nkeys = g.n;
     arg_s(&g, a->id, a->idlen);
-    release_args(&g, m->key_conc, m->key_tpm, est, actual);
+    release_args(&g, m->key_conc, m->key_tpm, est, a->actual);
     if (has_tenant(m))
-        release_args(&g, m->tenant_conc, m->tenant_tpm, est, actual);
+        release_args(&g, m->tenant_conc, m->tenant_tpm, est, a->actual);
     l->stats.round_trips++;
-    tg_redis_eval(redis, l->release_script, nkeys, g.n, g.v, g.len, release_done, NULL);
+    a->tries++;
+    if (!tg_redis_eval(redis, l->release_script, nkeys, g.n, g.v, g.len, release_done, a))
+        release_end(a);
+}
+
+/* Gives back a's leases and corrects its TPM charge to `actual` (< 0: unknown, no
+ * correction); a belongs to the release from here on and is freed when it is done. */
+static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
+    tg_redis_t *redis = tg_state_redis(l->st);
+    const tg_limit_req_t *m = &a->lim;
+    int fix = actual >= 0 && has_tpm(m);
+    if (!redis || (!has_conc(m) && !fix)) {
+        admit_free(a); /* no lease to give back and nothing to correct: no round trip */
+        return;
+    }
+    if (a->timer_open)
+        uv_timer_stop(&a->timer); /* no more renewals */
+    a->state = A_RELEASING;
+    a->actual = actual;
+    a->rq = NULL;
+    a->qnext = a->qprev = NULL;
+    a->tries = l->nreleasing >= RELEASE_PENDING_MAX ? RELEASE_RETRIES + 1 : 0;
+    a->rprev = NULL;
+    a->rnext = l->releasing;
+    if (l->releasing)
+        l->releasing->rprev = a;
+    l->releasing = a;
+    l->nreleasing++;
+    release_send(a);
 }
 
 void tg_admit_cancel(tg_admit_t *a) {
@@ -843,13 +1020,15 @@ void tg_admit_release(tg_admit_t *a, int64_t actual_tokens) {
         return;
     }
     tg_limits_t *l = a->l;
+    int conc = has_conc(&a->lim);
     if (a->local) {
         local_release(a, actual_tokens);
-    } else if (a->state == A_ADMITTED) {
-        release_send(l, a, actual_tokens);
+        admit_free(a);
+    } else {
+        if (conc)
+            hold_note(l, a);
+        release_begin(l, a, actual_tokens);
     }
-    int conc = has_conc(&a->lim);
-    admit_free(a);
     if (conc)
         wake_waiter(l);
 }
@@ -874,6 +1053,10 @@ tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admissio
 void tg_limits_destroy(tg_limits_t *l) {
     if (!l)
         return;
+    /* Called after the state's Redis client is gone, so every release has had its
+     * callback; those left wait for a retry: dropped (their leases expire by TTL). */
+    while (l->releasing)
+        release_end(l->releasing);
     pthread_mutex_lock(&local_tab.mu);
     if (--local_users == 0) {
         /* The last worker is gone: the instance's local table goes with it. */

@@ -592,6 +592,8 @@ static int phase_route(proxy_req_t *p) {
                 for (int k = 0; k < TG_DOWN__COUNT; k++)
                     for (int pol = 0; pol < 3; pol++)
                         ls.down[k][pol] += x->down[k][pol];
+                ls.leases_reacquired += x->leases_reacquired;
+                ls.release_retries += x->release_retries;
             }
             tg_redis_t *rc = gw->workers[i]->state ? tg_state_redis(gw->workers[i]->state) : NULL;
             if (rc) {
@@ -674,6 +676,13 @@ static int phase_route(proxy_req_t *p) {
                       (unsigned long long)rs.commands, (unsigned long long)rs.failed_fast,
                       (unsigned long long)rs.timeouts, (unsigned long long)rs.disconnects,
                       (unsigned long long)rs.connects, (unsigned long long)rs.script_loads);
+        tg_buf_printf(&b,
+                      "# HELP tollgate_limiter_lease_total Lease events: added back by a renewal (Redis lost "
+                      "them), releases sent again after no answer.\n"
+                      "# TYPE tollgate_limiter_lease_total counter\n"
+                      "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n"
+                      "tollgate_limiter_lease_total{event=\"release_retried\"} %llu\n",
+                      (unsigned long long)ls.leases_reacquired, (unsigned long long)ls.release_retries);
         tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
         tg_buf_free(&b);
         return TG_DONE;
@@ -1013,12 +1022,16 @@ static int phase_admit(proxy_req_t *p) {
     if (pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
         pr->tenant_concurrency < 0)
         return TG_OK;
-    /* The token estimate: prompt bytes / 4 plus the output bound. */
+    /* The token estimate: prompt bytes / 4 plus the output bound, read from the fields
+     * billing reads (max_completion_tokens, then max_output_tokens for the Responses API,
+     * max_tokens otherwise). A client's bound is any integer: the sum saturates instead
+     * of wrapping, so a huge max_tokens charges the whole TPM bucket, never nothing. */
     json_t *mt = json_object_get(p->json, "max_completion_tokens");
     if (!json_is_integer(mt))
-        mt = json_object_get(p->json, "max_tokens");
+        mt = json_object_get(p->json, p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens");
     int64_t out_bound = json_is_integer(mt) ? json_integer_value(mt) : 1024;
-    p->est_tokens = (int64_t)(p->req->body.len / 4) + TG_MAX(out_bound, 0);
+    int64_t in_bound = (int64_t)TG_MIN(p->req->body.len / 4, (size_t)INT64_MAX);
+    p->est_tokens = in_bound + TG_MIN(TG_MAX(out_bound, 0), INT64_MAX - in_bound);
     tg_limit_req_t lim = {
         .tenant_id = pr->tenant_id,
         .key_id = pr->key_id,

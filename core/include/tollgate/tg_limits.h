@@ -7,12 +7,15 @@
  *     with Δ from Redis's own clock (TIME), never negative, never above B;
  *   - the TPM bucket, charged with the request's estimate and corrected once afterwards;
  *   - the concurrency lease: a sorted set per key and per tenant (member = request id,
- *     score = lease expiry), expired members removed first, renewed for long streams;
+ *     score = lease expiry), expired members removed first, renewed for long streams
+ *     (a renewal re-acquires a lease that Redis lost, without refusing the stream);
  *
- * and remembers the request id (marker key with TTL), so the same request is never
- * charged twice: a retried admission of an already admitted id just refreshes its
- * leases. Release is one script too. All keys of one script share the hash tag
- * {t:<tenant id>}, so the scripts run unchanged on Redis Cluster.
+ * and remembers the request id (marker key with TTL, extended while the request runs),
+ * so the same request is never charged twice: a retried admission of an already
+ * admitted id just refreshes its leases. Release is one idempotent script too, sent again
+ * when it gets no answer, and sent after an admission that timed out (it may have run).
+ * All keys of one script share the hash tag {t:<tenant id>}, so the scripts run
+ * unchanged on Redis Cluster.
  *
  * When Redis does not answer (timeout, disconnected, or no usable client), the decision
  * is made per limit (rate, tokens, concurrency; money is billing's): closed (refuse,
@@ -63,7 +66,8 @@ typedef enum {
 typedef struct {
     tg_admit_result_t result;
     const char *which;     /* "key rpm", "tenant concurrency", ... */
-    int64_t retry_after_ms;
+    int64_t retry_after_ms; /* rate, tokens: when the bucket holds enough again;
+                               concurrency: how often a slot frees (see README "Limits") */
     int degraded;          /* decided without Redis (open or local policy) */
     int waited_ms;         /* time spent in the wait queue */
 } tg_admit_outcome_t;
@@ -78,6 +82,8 @@ typedef struct {
 } tg_admission_config_t;
 
 tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admission_config_t *cfg);
+/** Call after tg_state_destroy (the Redis client calls back every pending release with an
+ *  error first), then run the loop once more to close the handles. */
 void tg_limits_destroy(tg_limits_t *l);
 
 /**
@@ -103,6 +109,8 @@ typedef struct {
     uint64_t redis_down_open, redis_down_local, redis_down_closed;
     uint64_t down[TG_DOWN__COUNT][3]; /* per limit kind and tg_fail_policy_t */
     uint64_t round_trips;
+    uint64_t leases_reacquired; /* leases a renewal had to add back (Redis lost them) */
+    uint64_t release_retries;   /* releases sent again after no answer */
 } tg_limits_stats_t;
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l);
 /** Counts a Redis-down decision made elsewhere (billing's money limit). */
