@@ -16,3 +16,9 @@ set_tests_properties(unit.redis PROPERTIES LABELS "limits;unit" TIMEOUT 120 SKIP
 # charged once, renewal re-acquires lost leases and keeps the request's marker.
 add_test(NAME unit.limits_redis COMMAND tg_unit limits_redis)
 set_tests_properties(unit.limits_redis PROPERTIES LABELS "limits;unit" TIMEOUT 120 SKIP_RETURN_CODE 77)
+if(NOT TG_SANITIZE AND TG_ASAN_BUILD)
+  add_test(NAME unit-asan.limits_redis
+    COMMAND sh -c "[ -x \"$0/tg_unit\" ] || { echo \"skipped: no asan build\"; exit 77; }; exec \"$0/tg_unit\" limits_redis"
+            ${TG_ASAN_BUILD})
+  set_tests_properties(unit-asan.limits_redis PROPERTIES LABELS "limits;unit;asan" SKIP_RETURN_CODE 77 TIMEOUT 120)
+endif()
