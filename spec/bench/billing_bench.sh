@@ -16,23 +16,12 @@
 # its driver) and stopped by PID on exit. Postgres runs as spec/run.sh runs it (fsync
 # off) and, for the "durable" columns, with fsync and synchronous_commit switched on.
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+# As in core_bench.sh: in a session of our own whose autogroup gets nice -19, so that
+# other work on the machine takes as little of its CPU as possible.
+bench_session "$@"
 
-# As in core_bench.sh: the kernel groups CPU time by session (autogroup), so run in a
-# session of our own and give it nice -19 as a whole (CAP_SYS_NICE; it ends with the
-# benchmark), so that other work on the machine takes as little of its CPU as possible.
-if [ -z "${TG_BENCH_IN_SESSION:-}" ] && command -v setsid >/dev/null; then
-    TG_BENCH_IN_SESSION=1 setsid "$0" "$@" &
-    child=$!
-    trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
-    rc=0
-    wait "$child" || rc=$?
-    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
-    exit $rc
-fi
-(echo -19 >/proc/self/autogroup) 2>/dev/null || true
-
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BENCH=$ROOT/spec/bench
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 QUICK=()
 for a in "$@"; do
@@ -42,33 +31,13 @@ for a in "$@"; do
     esac
 done
 
-for tool in wrk pgbench psql node cc; do
-    command -v $tool >/dev/null || { echo "billing_bench: $tool is not installed (spec/install-deps.sh)" >&2; exit 2; }
-done
-[ -x "$BIN" ] || { echo "billing_bench: no binary at $BIN (build first, or set TG_BENCH_BIN)" >&2; exit 2; }
+need wrk pgbench psql node cc
+need_bin
 
-# shellcheck source=spec/lib/services.sh
-. "$ROOT/spec/lib/services.sh"
+bench_workdir billing-bench
+snapshot_bin tollgate # a rebuild of build/ during the run cannot change what is measured
+build_loadgen
+bench_services # private Postgres and Redis in $T: TOLLGATE_PG, TOLLGATE_REDIS
 
-T=$(mktemp -d /tmp/billing-bench.XXXXXX)
-chmod 755 "$T"
-cleanup() {
-    set +e
-    tg_redis_stop "$T/redis"
-    tg_pg_stop "$T/pg"
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# A snapshot of the binary: a rebuild of build/ during the run cannot change what is measured.
-cp "$BIN" "$T/tollgate"
-
-cc -O2 -w -std=gnu11 -I/usr/share/include/llhttp "$BENCH/tg_loadgen.c" /usr/share/llhttp/{llhttp,api,http}.c -luv \
-    -o "$T/tg_loadgen"
-
-tg_pg_start "$T/pg" >/dev/null
-tg_redis_start "$T/redis" >/dev/null
-
-TG_BIN="$T/tollgate" TOLLGATE_PG="$TOLLGATE_PG" TOLLGATE_REDIS="$TOLLGATE_REDIS" \
-    NODE_PATH="$ROOT/spec/node_modules" node "$BENCH/billing_bench.mjs" --loadgen "$T/tg_loadgen" "${QUICK[@]}"
+TG_BIN="$BIN" TOLLGATE_PG="$TOLLGATE_PG" TOLLGATE_REDIS="$TOLLGATE_REDIS" \
+    NODE_PATH="$ROOT/spec/node_modules" node "$BENCH/billing_bench.mjs" --loadgen "$LOADGEN" "${QUICK[@]}"

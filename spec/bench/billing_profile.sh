@@ -7,24 +7,15 @@
 # statement per call is printed (Markdown), with the plan of one call (auto_explain).
 #
 # Usage: spec/bench/billing_profile.sh [N] [SECONDS]     (defaults 200, 6)
-# Everything listens on a unix socket only and is stopped by PID on exit.
+# Everything listens on a unix socket only and is stopped by PID on exit (spec/bench/lib.sh).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 N=${1:-200}
 SECS=${2:-6}
-# shellcheck source=spec/lib/services.sh
-. "$ROOT/spec/lib/services.sh"
 
-T=$(mktemp -d /tmp/billing-profile.XXXXXX)
-chmod 755 "$T"
-cleanup() {
-    set +e
-    tg_pg_stop "$T/pg"
-    rm -rf "$T"
-}
-trap cleanup EXIT
-
-tg_pg_start "$T/pg" >/dev/null
+bench_workdir billing-profile
+bench_services pg
 PG=$TOLLGATE_PG
 q() { psql -X -q -v ON_ERROR_STOP=1 "$PG" "$@"; }
 for s in "shared_preload_libraries = 'pg_stat_statements'" "fsync = on" "synchronous_commit = on"; do
@@ -76,7 +67,7 @@ EOF
 q -c 'SELECT pg_stat_statements_reset()' >/dev/null
 echo "### tg_settle_batch profile: N = $N requests per call ($((2 * N)) elements), 1 connection, ${SECS} s, durable"
 echo
-echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "Load average before: $(load_now)"
 pgbench -n -f "$T/settle.sql" -c 1 -j 1 -T "$SECS" "$PG" 2>&1 | grep -E '^(tps|latency average)' | sed 's/^/    /'
 echo
 echo '| statement (inside tg_settle_batch) | calls | ms per call | µs per request |'
@@ -87,7 +78,7 @@ psql -X -qAt -F '|' "$PG" -c "
   FROM pg_stat_statements WHERE calls > 0 AND query !~* '^(select nextval|select pg_stat)'
   ORDER BY total_exec_time DESC LIMIT 14" | sed 's/|/ | /g; s/^/| /; s/$/ |/'
 echo
-echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "Load average after: $(load_now)"
 echo
 echo '<details><summary>plan of one call (auto_explain, nested statements)</summary>'
 echo

@@ -17,17 +17,16 @@
 #   worker before the driver waits; below the queue's spill point of 20,000 elements),
 #   TG_BENCH_TENANTS (4).
 # Everything started here is stopped by PID (or by spec/lib/services.sh's stop functions)
-# on exit; each run is bounded by `timeout`.
+# on exit; each run is bounded by `timeout`. Shared helpers: spec/bench/lib.sh.
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BENCH=$ROOT/spec/bench
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 N=${TG_BENCH_N:-100000}
 WINDOW=${TG_BENCH_WINDOW:-256}
 BACKLOG=${TG_BENCH_BACKLOG:-8000}
 TENANTS=${TG_BENCH_TENANTS:-4}
-KEEP=0
 for a in "$@"; do
     case $a in
     --quick) N=6000 ;;
@@ -35,39 +34,16 @@ for a in "$@"; do
     *) echo "usage: $0 [--quick] [--keep]" >&2; exit 2 ;;
     esac
 done
-for tool in cc psql redis-server redis-cli pkg-config timeout; do
-    command -v $tool >/dev/null || { echo "billing_settle_bench: $tool is not installed" >&2; exit 2; }
-done
-[ -x "$BIN" ] || { echo "billing_settle_bench: $BIN is missing (build first)" >&2; exit 2; }
+need cc psql redis-server redis-cli pkg-config timeout
+need_bin
 BUILD=$(cd "$(dirname "$BIN")" && pwd)
+need_core_libs
 
-T=$(mktemp -d /tmp/tg-settle-bench.XXXXXX)
-chmod 755 "$T"
-SERVICES=0
-log() { echo "billing_settle_bench: $*" >&2; }
-cleanup() {
-    set +e
-    if [ $SERVICES = 1 ]; then
-        tg_redis_stop "$T/redis"
-        tg_pg_stop "$T/pg"
-    fi
-    if [ $KEEP = 1 ]; then log "raw outputs kept in $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_workdir tg-settle-bench
+snapshot_bin tollgate # a rebuild during the run cannot change what is measured
+build_core_bench billing_settle_bench -I"$(pg_config --includedir)"
 
-cp "$BIN" "$T/tollgate" # a rebuild during the run cannot change what is measured
-cc -O2 -g -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$ROOT/core/include" -I"$(pg_config --includedir)" \
-    "$BENCH/billing_settle_bench.c" "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a" \
-    $(pkg-config --libs luajit libuv hiredis libpq openssl jansson) -lm -lpthread -o "$T/billing_settle_bench"
-
-# shellcheck source=spec/lib/services.sh
-. "$ROOT/spec/lib/services.sh"
-SERVICES=1
-tg_pg_start "$T/pg" >/dev/null
-tg_redis_start "$T/redis" >/dev/null
-PID_REDIS=$(cat "$T/redis/redis.pid")
+bench_services # private Postgres and Redis in $T: TOLLGATE_PG, PID_REDIS
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$TOLLGATE_PG" "$@"; }
 # Durable: every commit waits for its WAL flush (services.sh starts Postgres for tests,
 # with both off).
@@ -82,14 +58,11 @@ for i in $(seq "$TENANTS"); do
             SELECT id, 'k$i', sha256(convert_to('tg-settle-bench-$i', 'UTF8')), 'tg-settl' FROM tenants WHERE name = 'bench-$i'"
 done
 DURABLE=$(sql -c "SELECT current_setting('fsync') || '/' || current_setting('synchronous_commit')")
-load_now() { cut -d' ' -f1-3 /proc/loadavg; }
-kv() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
 busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
-HZ=$(getconf CLK_TCK)
 
 echo "### In-process settlement path (billing_settle_bench.c): tg_billing against Postgres + Redis, no HTTP"
 echo ""
-echo "Commit $(git -C "$ROOT" rev-parse --short HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'); Postgres fsync/synchronous_commit = $DURABLE;"
+echo "Commit $(git_head), $(date -u '+%Y-%m-%d %H:%M UTC'); Postgres fsync/synchronous_commit = $DURABLE;"
 echo "$TENANTS tenants (one key each, no budget), requests round robin over them; $N requests per run; window $WINDOW"
 echo "reservations in flight per worker; backlog cap $BACKLOG settled-but-uncommitted requests per worker (0 = none)."
 echo ""
@@ -99,12 +72,12 @@ run() { # NAME WORKERS BACKLOG
     local name=$1 workers=$2 cap=$3 since out rc l0 l1 r0 r1 b0 b1 rows dist verify
     since=$(sql -c "SELECT now()")
     l0=$(load_now)
-    r0=$(awk '{print $14 + $15}' "/proc/$PID_REDIS/stat")
+    r0=$(cpu_ticks "$PID_REDIS")
     read -r b0 t0 <<<"$(busy)"
     rc=0
     out=$(timeout 300 "$T/billing_settle_bench" "$N" "$workers" "$WINDOW" "$cap" "$T/spool-$name" 2>"$T/$name.err") || rc=$?
     read -r b1 t1 <<<"$(busy)"
-    r1=$(awk '{print $14 + $15}' "/proc/$PID_REDIS/stat")
+    r1=$(cpu_ticks "$PID_REDIS")
     l1=$(load_now)
     [ -n "$out" ] || { log "run $name failed (rc $rc):"; tail -5 "$T/$name.err" >&2; exit 1; }
     echo "$out" >>"$T/results.txt"
@@ -113,7 +86,7 @@ run() { # NAME WORKERS BACKLOG
     dist=$(sql -c "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY c) || ' / ' || percentile_disc(0.9) WITHIN GROUP (ORDER BY c) || ' / ' || max(c)
                    FROM (SELECT count(*) AS c FROM usage WHERE created_at >= '$since' GROUP BY created_at) x")
     verify=$("$T/tollgate" ledger verify -c "$T/tool.lua" >"$T/verify-$name.txt" 2>&1 && echo "exit 0" || echo "exit $? (see below)")
-    echo "| $name | $workers | $(kv committed "$out") ($rows usage rows) | $(kv wall_s "$out") | **$(kv committed_per_s "$out")** | $(kv accepted_per_s "$out") | $(kv batches "$out") | $(kv elements_per_batch "$out") | $dist | $(kv spooled "$out") | $(kv failed "$out") | $(kv loop_max_stall_ms "$out") / $(kv loop_stalls_over_10ms "$out") | $(kv loop_max_busy_ms "$out") / $(kv loop_busy_over_10ms "$out") | $(kv cpu_us_per_req "$out") | $(awk -v d=$((r1 - r0)) -v hz="$HZ" -v n="$(kv committed "$out")" 'BEGIN { printf "%.1f", d / hz * 1e6 / n }') | $(awk -v a="$b0" -v b="$b1" -v hz="$HZ" -v n="$(kv committed "$out")" -v own="$(kv cpu_us_per_req "$out")" -v r=$((r1 - r0)) \
+    echo "| $name | $workers | $(kv committed "$out") ($rows usage rows) | $(kv wall_s "$out") | **$(kv committed_per_s "$out")** | $(kv accepted_per_s "$out") | $(kv batches "$out") | $(kv elements_per_batch "$out") | $dist | $(kv spooled "$out") | $(kv failed "$out") | $(kv loop_max_stall_ms "$out") / $(kv loop_stalls_over_10ms "$out") | $(kv loop_max_busy_ms "$out") / $(kv loop_busy_over_10ms "$out") | $(kv cpu_us_per_req "$out") | $(per_req $((r1 - r0)) "$(kv committed "$out")") | $(awk -v a="$b0" -v b="$b1" -v hz="$HZ" -v n="$(kv committed "$out")" -v own="$(kv cpu_us_per_req "$out")" -v r=$((r1 - r0)) \
         'BEGIN { printf "%.1f", (b - a - r) / hz * 1e6 / n - own }') | $(awk -v a="$b0" -v b="$b1" -v c="$t0" -v d="$t1" 'BEGIN { printf "%.0f%%", (b - a) / (d - c) * 100 }') | $l0 → $l1 | $verify |"
     [ "$verify" = "exit 0" ] || sed 's/^/    /' "$T/verify-$name.txt" >>"$T/verify-problems.txt"
     [ $rc = 0 ] || log "run $name: the bench exited $rc (conflicts, failures or a mismatch): see $T/$name.err"

@@ -25,25 +25,13 @@
 # exit. Pinning (2-core box): the mock upstream and the load generator share
 # TG_BENCH_LOAD_CPU; the proxy under test (nginx or tollgate, same worker count) gets
 # TG_BENCH_PROXY_CPU alone. All benchmark processes run at nice -19 so that other work
-# on the machine (builds, tests) takes as little of their CPU as possible.
+# on the machine (builds, tests) takes as little of their CPU as possible, in a session
+# of its own whose autogroup gets nice -19 (spec/bench/lib.sh, bench_session).
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_session "$@"
 
-# The kernel groups CPU time by session (autogroup), so nice alone does not beat a
-# build running in another session. Run in a session of our own and give that session
-# nice -19 as a whole (CAP_SYS_NICE; it ends with the benchmark).
-if [ -z "${TG_BENCH_IN_SESSION:-}" ] && command -v setsid >/dev/null; then
-    TG_BENCH_IN_SESSION=1 setsid "$0" "$@" &
-    child=$!
-    trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
-    rc=0
-    wait "$child" || rc=$?
-    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
-    exit $rc
-fi
-AUTOGROUP=$( (echo -19 >/proc/self/autogroup && cat /proc/self/autogroup) 2>/dev/null || echo "autogroup nice unchanged")
-
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BENCH=$ROOT/spec/bench
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 ROUNDS=${TG_BENCH_ROUNDS:-3}
 WRK_SLICE=${TG_BENCH_WRK_SECONDS:-4}
@@ -52,11 +40,10 @@ RATE_SLICE=3
 STREAMS_WANTED=${TG_BENCH_STREAMS:-10000}
 LOAD_CPU=${TG_BENCH_LOAD_CPU:-0}
 PROXY_CPU=${TG_BENCH_PROXY_CPU:-1}
-NICE=(nice -n -19)
 WRK_CONNS=64
 RATE=2000
 KEY=tg-bench-key-0001
-PERF=0 KEEP=0 NGINX_STREAMS=1
+PERF=0 NGINX_STREAMS=1
 for a in "$@"; do
     case $a in
     --quick) ROUNDS=1 WRK_SLICE=3 WARM=1 RATE_SLICE=2 ;;
@@ -67,29 +54,13 @@ for a in "$@"; do
     esac
 done
 
-for tool in wrk nginx cc curl taskset; do
-    command -v $tool >/dev/null || { echo "core_bench: $tool is not installed (spec/install-deps.sh)" >&2; exit 2; }
-done
+need wrk nginx cc curl taskset
 if [ ! -x "$BIN" ]; then
-    echo "core_bench: $BIN missing, building" >&2
+    log "$BIN missing, building"
     cmake -S "$ROOT" -B "$ROOT/build" >/dev/null && cmake --build "$ROOT/build" -j >/dev/null
 fi
 
-T=$(mktemp -d /tmp/core-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true
-    done
-    if [ $KEEP = 1 ]; then echo "core_bench: raw outputs kept in $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { echo "core_bench: $*" >&2; }
+bench_workdir core-bench
 
 # The fd limit: 10,000 proxied streams need 20,000+ descriptors in the proxy.
 HARD_NOFILE=$(ulimit -Hn)
@@ -103,46 +74,11 @@ STREAMS=$(( (NOFILE - 100) / 2 ))
 NG_STREAMS=$(( ((NOFILE - 16) * 15 / 16 - 100) / 2 ))
 [ "$NG_STREAMS" -gt "$STREAMS" ] && NG_STREAMS=$STREAMS
 
-# Run a snapshot of the binary: a rebuild of build/ during the run cannot change what
-# is measured, and a colleague's `pkill -f tollgate` on a shared box (seen here) does not
-# match the processes under test.
-BIN_SRC=$BIN
-cp "$BIN" "$T/gw"
-BIN=$T/gw
-
-# ---- the load client --------------------------------------------------------------------
-cc -O2 -Wall -Wextra -Werror -std=gnu11 -I/usr/share/include/llhttp -c "$BENCH/tg_loadgen.c" -o "$T/tg_loadgen.o"
-cc -O2 -w -I/usr/share/include/llhttp "$T/tg_loadgen.o" /usr/share/llhttp/{llhttp,api,http}.c -luv -o "$T/tg_loadgen"
-LOADGEN=$T/tg_loadgen
+snapshot_bin gw # a snapshot of the binary (lib.sh)
+build_loadgen
 
 # ---- ports and processes ----------------------------------------------------------------
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-BASE=$((20000 + RANDOM % 20000))
-next_port() { # VAR: the next free port from BASE on
-    while ! port_free $BASE; do BASE=$((BASE + 1)); done
-    printf -v "$1" %d $BASE
-    BASE=$((BASE + 1))
-}
-next_port P_MOCK; next_port P_NGINX; next_port P_TG; next_port P_TGLOG; next_port P_TGS
-
-wait_port() {
-    for _ in $(seq 100); do port_free "$1" || return 0; sleep 0.05; done
-    log "nothing listens on port $1"; return 1
-}
-
-# start NAME CPU CMD...: runs CMD pinned and niced, output in $T/NAME.{out,err}; sets LAST_PID.
-start() {
-    local name=$1 cpu=$2; shift 2
-    "${NICE[@]}" taskset -c "$cpu" "$@" >"$T/$name.out" 2>"$T/$name.err" &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-
-stop_pid() {
-    kill "$1" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
-    kill -9 "$1" 2>/dev/null || true
-}
+next_port P_NGINX; next_port P_TG; next_port P_TGLOG; next_port P_TGS
 
 tg_config() { # PORT ACCESS_LOG
     cat >"$T/gw-$1.lua" <<EOF
@@ -158,8 +94,7 @@ EOF
     echo "$T/gw-$1.lua"
 }
 
-start mock "$LOAD_CPU" "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1
-PID_MOCK=$LAST_PID
+start_mock "$LOAD_CPU"
 
 mkdir -p "$T/nginx/logs" "$T/nginx/tmp"
 cat >"$T/nginx/nginx.conf" <<EOF
@@ -203,7 +138,7 @@ PID_TG=$LAST_PID
 start tollgate-log "$PROXY_CPU" "$BIN" serve -c "$(tg_config $P_TGLOG true)"
 PID_TGLOG=$LAST_PID
 
-wait_port $P_MOCK; wait_port $P_NGINX; wait_port $P_TG; wait_port $P_TGLOG
+wait_port $P_NGINX; wait_port $P_TG; wait_port $P_TGLOG
 for _ in $(seq 50); do PID_NGINX_W=$(pgrep -P "$PID_NGINX" | head -1 || true); [ -n "$PID_NGINX_W" ] && break; sleep 0.1; done
 
 BODY='{"model":"mock-gpt","messages":[{"role":"user","content":"hello"}]}'
@@ -213,30 +148,18 @@ for p in $P_MOCK $P_NGINX $P_TG $P_TGLOG; do
     case $out in *'"completion_tokens":8'*) ;; *) log "port $p answered: $out"; exit 1 ;; esac
 done
 
-# ---- helpers ----------------------------------------------------------------------------
-CLK_TCK=$(getconf CLK_TCK)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-kv() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
-to_us() { # wrk duration (us/ms/s) to microseconds
-    awk -v v="$1" 'BEGIN { n = v + 0; u = v; sub(/^[0-9.]+/, "", u);
-        if (u == "ms") n *= 1000; else if (u == "s") n *= 1000000; printf "%.0f", n }'
-}
+# ---- helpers (and those of lib.sh) -------------------------------------------------------
 # Formatting; a missing value (a run that failed) prints "-".
-ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }'; }
 diff_ms() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "") print "-"; else printf "%+.3f", (a - b) / 1000 }'; }
 ms() { awk -v a="${1:-}" 'BEGIN { if (a == "") print "-"; else printf "%.3f", a / 1000 }'; }
 mb() { awk -v a="${1:-}" -v b="${2:-0}" 'BEGIN { if (a == "") print "-"; else printf "%.1f", (a + b) / 1024 }'; }
 per_stream_kb() { awk -v a="${1:-}" -v b="${2:-}" -v n="$3" 'BEGIN { if (a == "" || b == "") print "-"; else printf "%.1f", (a - b) / n }'; }
 sum() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "") print ""; else print a + b }'; }
-load_now() { cut -d' ' -f1-3 /proc/loadavg; }
 
 declare -A URL=([direct]=http://127.0.0.1:$P_MOCK [nginx]=http://127.0.0.1:$P_NGINX
     [tollgate]=http://127.0.0.1:$P_TG [tollgate_log]=http://127.0.0.1:$P_TGLOG)
 declare -A HOSTPORT=([direct]=127.0.0.1:$P_MOCK [nginx]=127.0.0.1:$P_NGINX [tollgate]=127.0.0.1:$P_TG)
 declare -A PROXYPID=([direct]="" [nginx]=$PID_NGINX_W [tollgate]=$PID_TG [tollgate_log]=$PID_TGLOG)
-
-SUMMARY=$T/summary.md
-say() { echo "$*" | tee -a "$SUMMARY"; }
 
 # check_alive WHICH PHASE: true if the proxies named (tollgate | nginx | all) still run.
 # Something outside the benchmark can end them (another job's stale pid file on a
@@ -257,8 +180,8 @@ check_alive() {
 
 say "## Run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say ""
-say "- load average before: $(load_now); nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-say "- nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), tollgate: tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$( [ -z "$(git -C "$ROOT" status --porcelain -- core CMakeLists.txt 2>/dev/null)" ] || echo ' with uncommitted core changes'), binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12)"
+say "- $(bench_machine)"
+say "- nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), tollgate: tree at $(git_head)$( [ -z "$(git -C "$ROOT" status --porcelain -- core CMakeLists.txt 2>/dev/null)" ] || echo ' with uncommitted core changes'), $(bin_desc)"
 say "- pinning: mock + load generator on CPU $LOAD_CPU, proxy on CPU $PROXY_CPU; nice -19 ($AUTOGROUP); fd limit $NOFILE"
 say ""
 
@@ -266,12 +189,7 @@ say ""
 # target in turn, results pooled per target. A burst of load from elsewhere on the box
 # then hits all targets alike instead of whichever happened to run at that moment.
 
-# pct FILE COLUMN PERCENT: nearest-rank percentile of a column of pooled samples.
-pct() {
-    [ -s "$1" ] || { echo ""; return; }
-    sort -g -k"$2,$2" "$1" | awk -v c="$2" -v p="$3" '{ v[NR] = $c }
-        END { r = int(p / 100 * NR + 0.999999); if (r < 1) r = 1; if (r > NR) r = NR; print v[r] }'
-}
+# pct FILE COLUMN PERCENT (lib.sh): nearest-rank percentile of a column of pooled samples.
 
 # ---- 1. throughput with wrk -------------------------------------------------------------
 declare -A REQS SECS P50SUM P99SUM PT MT WT ERRS
@@ -281,15 +199,16 @@ run_wrk() { # TARGET ROUND
     m0=$(cpu_ticks $PID_MOCK); [ -n "$pp" ] && p0=$(cpu_ticks "$pp"); t0=$(date +%s.%N)
     "${NICE[@]}" taskset -c "$LOAD_CPU" wrk -t1 -c$WRK_CONNS -d${WRK_SLICE}s --latency -s "$BENCH/wrk_chat.lua" "$url" >"$f"
     m1=$(cpu_ticks $PID_MOCK); [ -n "$pp" ] && p1=$(cpu_ticks "$pp"); t1=$(date +%s.%N)
-    REQS[$t]=$(( ${REQS[$t]:-0} + $(awk '/requests in/ {print $1}' "$f") ))
-    SECS[$t]=$(awk -v a="${SECS[$t]:-0}" -v b="$(awk '/requests in/ {sub(/s,$/, "", $4); print $4}' "$f")" 'BEGIN {print a + b}')
-    P50SUM[$t]=$(( ${P50SUM[$t]:-0} + $(to_us "$(awk '$1 == "50%" {print $2}' "$f")") ))
-    P99SUM[$t]=$(( ${P99SUM[$t]:-0} + $(to_us "$(awk '$1 == "99%" {print $2}' "$f")") ))
-    ERRS[$t]=$(( ${ERRS[$t]:-0} + $(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(/,/, ""); n += $4 + $6 + $8 + $10} END {print n + 0}' "$f") ))
+    wrk_result "$f"
+    REQS[$t]=$(( ${REQS[$t]:-0} + $WRK_REQS ))
+    SECS[$t]=$(awk -v a="${SECS[$t]:-0}" -v b="$WRK_SECS" 'BEGIN {print a + b}')
+    P50SUM[$t]=$(( ${P50SUM[$t]:-0} + $WRK_P50 ))
+    P99SUM[$t]=$(( ${P99SUM[$t]:-0} + $WRK_P99 ))
+    ERRS[$t]=$(( ${ERRS[$t]:-0} + $WRK_ERRS ))
     MT[$t]=$(( ${MT[$t]:-0} + m1 - m0 ))
     PT[$t]=$(( ${PT[$t]:-0} + p1 - p0 ))
     WT[$t]=$(awk -v a="${WT[$t]:-0}" -v b=$t0 -v c=$t1 'BEGIN {print a + c - b}')
-    log "wrk $t round $2: $(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$f") req/s (load $(load_now))"
+    log "wrk $t round $2: $WRK_RPS req/s (load $(load_now))"
 }
 WRK_TARGETS="direct nginx tollgate tollgate_log"
 for t in $WRK_TARGETS; do # warm-up: connections, pools, caches
@@ -299,7 +218,7 @@ for round in $(seq $ROUNDS); do for t in $WRK_TARGETS; do run_wrk $t $round; don
 check_alive all "after the wrk runs" || true
 declare -A RPS
 for t in $WRK_TARGETS; do RPS[$t]=$(awk -v n=${REQS[$t]} -v s=${SECS[$t]} 'BEGIN {printf "%.0f", n / s}'); done
-cpu_pct() { awk -v t="$1" -v w="$2" -v hz=$CLK_TCK 'BEGIN {printf "%.0f", t / hz / w * 100}'; }
+cpu_pct() { awk -v t="$1" -v w="$2" -v hz="$HZ" 'BEGIN {printf "%.0f", t / hz / w * 100}'; }
 say "### 1. Non-stream throughput (wrk -t1 -c$WRK_CONNS, $ROUNDS × ${WRK_SLICE} s per target, interleaved; 1 proxy worker)"
 say ""
 say "| target | req/s | p50 ms | p99 ms | vs direct | vs nginx | proxy CPU % | mock CPU % | errors |"
@@ -307,11 +226,11 @@ say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for t in $WRK_TARGETS; do
     name=$t; [ $t = tollgate_log ] && name="tollgate, access_log = true"
     pc=-; [ $t != direct ] && pc=$(cpu_pct ${PT[$t]} ${WT[$t]})
-    say "| $name | ${RPS[$t]} | $(ms $((P50SUM[$t] / ROUNDS))) | $(ms $((P99SUM[$t] / ROUNDS))) | $(ratio ${RPS[$t]} ${RPS[direct]}) | $(ratio ${RPS[$t]} ${RPS[nginx]}) | $pc | $(cpu_pct ${MT[$t]} ${WT[$t]}) | ${ERRS[$t]} |"
+    say "| $name | ${RPS[$t]} | $(ms $((P50SUM[$t] / ROUNDS))) | $(ms $((P99SUM[$t] / ROUNDS))) | $(ratio "${RPS[$t]}" "${RPS[direct]}" 2) | $(ratio "${RPS[$t]}" "${RPS[nginx]}" 2) | $pc | $(cpu_pct ${MT[$t]} ${WT[$t]}) | ${ERRS[$t]} |"
 done
 say ""
 say "req/s = all requests / all seconds; p50 and p99 = mean of the rounds' wrk percentiles; CPU % of one core."
-say "tollgate / nginx req/s: **$(ratio ${RPS[tollgate]} ${RPS[nginx]})** (goal ≥ 1.20); with access log: $(ratio ${RPS[tollgate_log]} ${RPS[nginx]})"
+say "tollgate / nginx req/s: **$(ratio "${RPS[tollgate]}" "${RPS[nginx]}" 2)** (goal ≥ 1.20); with access log: $(ratio "${RPS[tollgate_log]}" "${RPS[nginx]}" 2)"
 say ""
 
 # ---- 2. added latency at a fixed rate ---------------------------------------------------

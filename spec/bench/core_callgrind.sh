@@ -8,22 +8,17 @@
 # (one worker, config-file key, access log off, as in core_bench.sh), warmed with 1 s of
 # wrk -c8, counters zeroed, 4 s of wrk -c8 with the same request as core_bench.sh, then
 # dumped. Prints instructions per request for the gateway's worker thread total and the
-# top inclusive functions. Everything started is stopped by PID; 127.0.0.1 only.
+# top inclusive functions. Everything started is stopped by PID; 127.0.0.1 only
+# (spec/bench/lib.sh).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
-BENCH=$ROOT/spec/bench
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ $# -gt 0 ] || set -- "$ROOT/build/tollgate"
-for tool in valgrind callgrind_annotate callgrind_control wrk; do
-    command -v $tool >/dev/null || { echo "core_callgrind: needs $tool" >&2; exit 2; }
-done
-T=$(mktemp -d "${TMPDIR:-/tmp}/tg-cg.XXXXXX")
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$T"; }
-trap cleanup EXIT
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-P=$((30000 + RANDOM % 20000)); while ! port_free $P || ! port_free $((P + 1)); do P=$((P + 2)); done
-P_MOCK=$P; P_GW=$((P + 1))
-"$1" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1 >"$T/mock.log" 2>&1 & PIDS+=($!)
+need valgrind callgrind_annotate callgrind_control wrk
+bench_workdir tg-cg
+next_port P_MOCK; next_port P_GW
+start mock "" "$1" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1
+wait_port $P_MOCK
 cat >"$T/gw.lua" <<EOC
 return {
   listen = "127.0.0.1:$P_GW", workers = 1, keys = { "tg-bench-key-0001" }, access_log = false,
@@ -34,16 +29,16 @@ echo "| binary | requests | instructions / request |"
 echo "|---|---:|---:|"
 for bin in "$@"; do
     cp "$bin" "$T/gw"
-    valgrind --tool=callgrind --callgrind-out-file="$T/cg.out" "$T/gw" serve -c "$T/gw.lua" >"$T/gw.log" 2>&1 &
-    G=$!; PIDS+=($G)
-    for _ in $(seq 150); do grep -q "listening on" "$T/gw.log" && break; sleep 0.2; done
+    start gw "" valgrind --tool=callgrind --callgrind-out-file="$T/cg.out" "$T/gw" serve -c "$T/gw.lua"
+    G=$LAST_PID
+    wait_port $P_GW 30 # under valgrind
     URL=http://127.0.0.1:$P_GW/v1/chat/completions
     wrk -t1 -c8 -d1s -s "$BENCH/wrk_chat.lua" "$URL" >/dev/null
     callgrind_control -z $G >/dev/null
     wrk -t1 -c8 -d4s -s "$BENCH/wrk_chat.lua" "$URL" >"$T/wrk.out"
     callgrind_control -d $G >/dev/null
     sleep 1
-    kill $G; wait $G 2>/dev/null || true
+    stop_pid $G
     n=$(awk '/requests in/ {print $1}' "$T/wrk.out")
     ir=$(grep -h '^summary:' "$T"/cg.out.1 | awk '{print $2}')
     echo "| $(basename "$bin") ($(sha256sum "$bin" | cut -c1-12)) | $n | $((ir / n)) |"

@@ -54,25 +54,15 @@
 # Pinning (2-core box), as in core_bench.sh: the mock upstream, the load generator,
 # Redis and Postgres on TG_BENCH_LOAD_CPU; the gateway (1 worker) alone on
 # TG_BENCH_PROXY_CPU (1b moves Redis next to the gateway).
-# Everything runs at nice -19 in a session of its own whose autogroup gets nice -19.
-# Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
+# Everything runs at nice -19 in a session of its own whose autogroup gets nice -19
+# (spec/bench/lib.sh holds that preamble and the helpers). Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
 # directory), the gateway and the mock listen on 127.0.0.1; everything started here is
 # stopped by PID on exit. Billing is off: the measurement is admission, nothing else.
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_session "$@"
 
-if [ -z "${TG_BENCH_IN_SESSION:-}" ] && command -v setsid >/dev/null; then
-    TG_BENCH_IN_SESSION=1 setsid "$0" "$@" &
-    child=$!
-    trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
-    rc=0
-    wait "$child" || rc=$?
-    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
-    exit $rc
-fi
-AUTOGROUP=$( (echo -19 >/proc/self/autogroup && cat /proc/self/autogroup) 2>/dev/null || echo "autogroup nice unchanged")
-
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BENCH=$ROOT/spec/bench
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 ROUNDS=${TG_BENCH_ROUNDS:-5}
 SLICE=${TG_BENCH_SECONDS:-4}
@@ -83,13 +73,12 @@ ADMIT_N=5000
 CG_N=1000
 LOAD_CPU=${TG_BENCH_LOAD_CPU:-0}
 PROXY_CPU=${TG_BENCH_PROXY_CPU:-1}
-NICE=(nice -n -19)
 CONNS=64
 RATE_SLICE=3
 WARM=2
 MONITOR_N=200
 SAMPLE_S=3
-KEEP=0 PERF=0 CALLGRIND=0 LATENCY=0 IDLE_POLL=0
+PERF=0 CALLGRIND=0 LATENCY=0 IDLE_POLL=0
 for a in "$@"; do
     case $a in
     --quick) ROUNDS=1 SLICE=2 RATE_SLICE=1 WARM=1 SAMPLE_S=1 SINGLE=300 ADMIT_N=500 ;;
@@ -101,40 +90,15 @@ for a in "$@"; do
     *) echo "usage: $0 [--quick] [--latency] [--idle-poll] [--keep] [--perf] [--callgrind]" >&2; exit 2 ;;
     esac
 done
-for tool in cc curl taskset psql redis-server redis-cli jq; do
-    command -v $tool >/dev/null || { echo "limits_bench: $tool is not installed" >&2; exit 2; }
-done
-[ -x "$BIN" ] || { echo "limits_bench: $BIN is missing (build first, or set TG_BENCH_BIN)" >&2; exit 2; }
+need cc curl taskset psql redis-server redis-cli jq
+need_bin
 BUILD=$(cd "$(dirname "$BIN")" && pwd)
-for f in "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a"; do
-    [ -f "$f" ] || { echo "limits_bench: $f is missing (section 5 links against it)" >&2; exit 2; }
-done
-[ $CALLGRIND = 0 ] || command -v valgrind >/dev/null || { echo "limits_bench: valgrind is not installed" >&2; exit 2; }
+need_core_libs # section 5 links against them
+[ $CALLGRIND = 0 ] || need valgrind
 
-T=$(mktemp -d /tmp/tg-limits-bench.XXXXXX)
-chmod 755 "$T"
-PIDS=()
-SERVICES=0
+bench_workdir tg-limits-bench
 MON=""
-log() { echo "limits_bench: $*" >&2; }
-cleanup() {
-    set +e
-    local p
-    [ -n "$MON" ] && kill "$MON" 2>/dev/null
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null
-    done
-    if [ $SERVICES = 1 ]; then
-        tg_redis_stop "$T/redis"
-        tg_pg_stop "$T/pg"
-    fi
-    if [ $KEEP = 1 ]; then log "raw outputs kept in $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_on_exit() { [ -z "$MON" ] || kill "$MON" 2>/dev/null; } # the MONITOR client of section 3
 
 IDLE_DRV=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
 IDLE_MODE="cpuidle driver $IDLE_DRV, governor $(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null || echo none)"
@@ -149,81 +113,28 @@ else
     IDLE_MODE="$IDLE_MODE; default idle (a halted vCPU is woken by an interrupt)"
 fi
 
-cp "$BIN" "$T/gw" # a rebuild during the run cannot change what is measured
-BIN_SRC=$BIN
-BIN=$T/gw
-
-# ---- the load client (as core_bench.sh builds it) ------------------------------------------
-cc -O2 -Wall -Wextra -Werror -std=gnu11 -I/usr/share/include/llhttp -c "$BENCH/tg_loadgen.c" -o "$T/tg_loadgen.o"
-cc -O2 -w -I/usr/share/include/llhttp "$T/tg_loadgen.o" /usr/share/llhttp/{llhttp,api,http}.c -luv -o "$T/tg_loadgen"
-LOADGEN=$T/tg_loadgen
+snapshot_bin gw # a rebuild during the run cannot change what is measured
+build_loadgen
 # ---- the in-process admission benchmark (section 5), against the binary's own library ------
-cc -O2 -g -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$ROOT/core/include" "$BENCH/limits_admit_bench.c" \
-    "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a" \
-    $(pkg-config --libs luajit libuv hiredis libpq openssl jansson) -lm -lpthread -o "$T/limits_admit_bench"
+build_core_bench limits_admit_bench
 
-# ---- helpers ----------------------------------------------------------------------------
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-BASE=$((20000 + RANDOM % 12000))
-next_port() { while ! port_free $BASE; do BASE=$((BASE + 1)); done; printf -v "$1" %d $BASE; BASE=$((BASE + 1)); }
-wait_port() { for _ in $(seq 200); do port_free "$1" || return 0; sleep 0.05; done; log "nothing listens on port $1"; return 1; }
-start() { # NAME CPU CMD...: pinned, niced, output in $T/NAME.{out,err}; sets LAST_PID
-    local name=$1 cpu=$2; shift 2
-    "${NICE[@]}" taskset -c "$cpu" "$@" >"$T/$name.out" 2>"$T/$name.err" &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-load_now() { cut -d' ' -f1-3 /proc/loadavg; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
-per_req() { awk -v c="$1" -v hz="$HZ" -v n="$2" 'BEGIN { printf "%.1f", c / hz * 1e6 / n }'; }
-kv() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
-to_us() { awk -v v="$1" 'BEGIN { n = v + 0; u = v; sub(/^[0-9.]+/, "", u);
-    if (u == "ms") n *= 1000; else if (u == "s") n *= 1000000; printf "%.0f", n }'; }
-ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.3f", a / b }'; }
-ms() { awk -v a="${1:-}" 'BEGIN { if (a == "") print "-"; else printf "%.3f", a / 1000 }'; }
+# ---- helpers (and those of lib.sh) --------------------------------------------------------
 added_us() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "") print "-"; else printf "%+.0f", a - b }'; }
-pct() { # FILE COLUMN PERCENT: nearest-rank percentile of a column of pooled samples
-    [ -s "$1" ] || { echo ""; return; }
-    sort -g -k"$2,$2" "$1" | awk -v c="$2" -v p="$3" '{ v[NR] = $c }
-        END { r = int(p / 100 * NR + 0.999999); if (r < 1) r = 1; if (r > NR) r = NR; print v[r] }'
-}
-metric() { # NAME: a counter from the gateway's /metrics (the first line that starts with NAME)
-    curl -s -m 5 "http://127.0.0.1:$P_GW/metrics" | awk -v n="$1" 'index($0, n) == 1 { print $NF; exit }'
-}
 gw_alive() { kill -0 "$PID_GW" 2>/dev/null || { log "the gateway (pid $PID_GW) is gone $1; its log ends:"; tail -5 "$T/gateway.err" >&2; exit 1; }; }
-admitted() { metric 'tollgate_admission_total{result="admitted"}'; }
+admitted() { metric "$P_GW" 'tollgate_admission_total{result="admitted"}'; }
 redis() { redis-cli -s "$REDIS_SOCK" "$@"; }
 cmdstat() { # NAME: calls of one command since the last CONFIG RESETSTAT
     redis INFO commandstats | tr -d '\r' | sed -n "s/^cmdstat_$1:calls=\([0-9]*\),.*/\1/p" | grep . || echo 0
 }
 
-SUMMARY=$T/summary.md
-say() { echo "$*" | tee -a "$SUMMARY"; }
-
 # ---- services, database, keys ---------------------------------------------------------------
-# shellcheck source=spec/lib/services.sh
-. "$ROOT/spec/lib/services.sh"
-SERVICES=1
-tg_pg_start "$T/pg" >/dev/null
-tg_redis_start "$T/redis" >/dev/null
-REDIS_SOCK=$T/redis/redis.sock
-PID_REDIS=$(cat "$T/redis/redis.pid")
-taskset -p -c "$LOAD_CPU" "$PID_REDIS" >/dev/null
-PG_PM=$(head -1 "$T/pg/pgdata/postmaster.pid")
-for p in "$PG_PM" $(pgrep -P "$PG_PM" || true); do # new backends inherit the postmaster's
-    taskset -p -c "$LOAD_CPU" "$p" >/dev/null 2>&1 || true
-done
-# Redis and Postgres run in sessions of their own (setsid, pg_ctl), hence autogroups of
-# their own: without nice -19 on those groups too, our -19 group (mock, load generator)
-# would leave them ~1.4% of the shared core and every command would wait behind it.
-for p in "$PID_REDIS" "$PG_PM"; do echo -19 >"/proc/$p/autogroup" 2>/dev/null || log "cannot renice the autogroup of pid $p"; done
+bench_services # private Postgres and Redis in $T: TOLLGATE_PG, REDIS_SOCK, PID_REDIS
+# On the load side's core; their autogroups (sessions of their own) at nice -19 too, or
+# our -19 group would leave them ~1.4% of the shared core.
+pin_services "$LOAD_CPU"
 
-next_port P_MOCK
+start_mock "$LOAD_CPU"
 next_port P_GW
-start mock "$LOAD_CPU" "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1
-PID_MOCK=$LAST_PID
-wait_port $P_MOCK
 
 echo "return { upstream = { url = \"http://127.0.0.1:$P_MOCK/v1\" } }" >"$T/tool.lua"
 "$BIN" migrate -c "$T/tool.lua" >/dev/null
@@ -270,8 +181,8 @@ a1=$(admitted)
 
 say "## Run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say ""
-say "- load average before: $(load_now); nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-say "- tollgate: ${TG_BENCH_COMMIT:-tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12)"
+say "- $(bench_machine)"
+say "- tollgate: ${TG_BENCH_COMMIT:-tree at $(git_head)}, $(bin_desc)"
 say "- $(redis-server --version | awk '{print $1, $2, $3}'), $(psql --version | head -1)"
 say "- pinning: mock, load generator, Redis, Postgres on CPU $LOAD_CPU; gateway (workers = 1) on CPU $PROXY_CPU; nice -19 ($AUTOGROUP)"
 say "- idle: $IDLE_MODE"

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # The cost of the plugin hooks per request, measured in-process: builds
 # tg_plugins_bench, runs every hook once per simulated request with the shipped
 # plugins (and again with the example policies added), also under callgrind; then
@@ -8,7 +8,9 @@
 #
 #   spec/bench/plugins_bench.sh [BUILD_DIR] [REQUESTS]
 set -eu
-repo=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+repo=$ROOT
 build=${1:-$repo/build}
 n=${2:-50000}
 cmake --build "$build" --target tg_plugins_bench >/dev/null
@@ -45,8 +47,8 @@ fi
   echo "# Plugin hook cost"
   echo
   echo "Measured by \`flock /tmp/tg-bench.lock spec/bench/plugins_bench.sh\` on $(date -u +%Y-%m-%d) at commit"
-  echo "$(git -C "$repo" rev-parse --short HEAD), $(nproc) cores"
-  echo "($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')), load average $(cut -d' ' -f1 /proc/loadavg)."
+  echo "$(git_head), $(nproc) cores"
+  echo "($(cpu_model)), load average $(cut -d' ' -f1 /proc/loadavg)."
   echo "One simulated request = tg_plugins_begin, the 7 hooks once each (on_request,"
   echo "map_model, select_account over 8 candidate accounts, on_upstream_error,"
   echo "on_limiter_down, price, on_log), tg_plugins_end; thread CPU time, best of 5 runs."

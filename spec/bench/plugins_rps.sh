@@ -13,32 +13,19 @@
 # On this path (static upstream, no upstream error, limiter reachable) the hooks that
 # run per request are on_request, map_model, price and on_log; select_account runs
 # when accounts come from the state store. Everything listens on 127.0.0.1 and is
-# stopped by PID on exit.
+# stopped by PID on exit (spec/bench/lib.sh). No nice, no session of its own.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 DUR=${1:-5}
 ROUNDS=${2:-3}
 KEY=tg-bench-key-0001
-T=$(mktemp -d /tmp/tg-plugins-rps.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$T"
-}
-trap cleanup EXIT
-command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 2; }
+bench_workdir tg-plugins-rps
+need wrk
 
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-BASE=$((20000 + RANDOM % 20000))
-next_port() { while ! port_free $BASE; do BASE=$((BASE + 1)); done; printf -v "$1" %d $BASE; BASE=$((BASE + 1)); }
-wait_port() { for _ in $(seq 100); do port_free "$1" || return 0; sleep 0.05; done; echo "nothing on port $1" >&2; return 1; }
-next_port P_MOCK; next_port P_OFF; next_port P_ON
-
-taskset -c 0 "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1 >"$T/mock.out" 2>"$T/mock.err" &
-PIDS+=($!)
-wait_port $P_MOCK
+start_mock 0
+next_port P_OFF; next_port P_ON
 
 write_config() { # FILE PORT PLUGINS_LUA
     {
@@ -55,17 +42,14 @@ write_config "$T/on.lua" $P_ON "plugins = { dirs = { '$ROOT/plugins', '$ROOT/pol
     { name = 'router' }, { name = 'retry-budget' }, { name = 'fail-policy' },
     { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
   } },"
-taskset -c 1 "$BIN" serve -c "$T/off.lua" >"$T/off.out" 2>"$T/off.err" &
-PID_OFF=$!
-PIDS+=($PID_OFF)
-taskset -c 1 "$BIN" serve -c "$T/on.lua" >"$T/on.out" 2>"$T/on.err" &
-PID_ON=$!
-PIDS+=($PID_ON)
+start off 1 "$BIN" serve -c "$T/off.lua"
+PID_OFF=$LAST_PID
+start on 1 "$BIN" serve -c "$T/on.lua"
+PID_ON=$LAST_PID
 wait_port $P_OFF
 wait_port $P_ON
 
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; } # utime + stime, clock ticks
-TICK_US=$((1000000 / $(getconf CLK_TCK)))
+TICK_US=$((1000000 / HZ))
 rps() { # PORT PID NAME: prints req/s; adds the process's CPU ticks and requests to T/NAME.cpu
     local t0 t1
     t0=$(cpu_ticks "$2")

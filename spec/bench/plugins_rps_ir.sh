@@ -11,31 +11,19 @@
 # instruction than the rest. Prints one Markdown table.
 #
 #   spec/bench/plugins_rps_ir.sh [SHORT LONG]      (seconds, defaults 4 and 12)
+#
+# Everything listens on 127.0.0.1 and is stopped by PID on exit (spec/bench/lib.sh).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 SHORT=${1:-4}
 LONG=${2:-12}
 KEY=tg-bench-key-0001
-T=$(mktemp -d /tmp/tg-plugins-ir.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$T"
-}
-trap cleanup EXIT
-command -v wrk >/dev/null || { echo "wrk is not installed" >&2; exit 2; }
-command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
+bench_workdir tg-plugins-ir
+need wrk valgrind
 
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-BASE=$((20000 + RANDOM % 20000))
-next_port() { while ! port_free $BASE; do BASE=$((BASE + 1)); done; printf -v "$1" %d $BASE; BASE=$((BASE + 1)); }
-wait_port() { for _ in $(seq 600); do port_free "$1" || return 0; sleep 0.05; done; echo "nothing on port $1" >&2; return 1; }
-next_port P_MOCK
-"$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1 >"$T/mock.out" 2>"$T/mock.err" &
-PIDS+=($!)
-wait_port $P_MOCK
+start_mock "" # not pinned
 
 PLUGINS="plugins = { dirs = { '$ROOT/plugins', '$ROOT/policies' }, watch = false, enabled = {
     { name = 'model-map', config = { aliases = { ['gpt-4'] = 'gpt-4o', ['openai/*'] = '*', ['claude-*'] = 'claude-3-5-sonnet' } } },
@@ -57,7 +45,7 @@ return {
 EOC
     valgrind --tool=callgrind --callgrind-out-file="$T/cg.out" "$BIN" serve -c "$T/c.lua" >"$T/srv.out" 2>&1 &
     local pid=$!
-    wait_port $port
+    wait_port $port 30 # under valgrind
     wrk -t1 -c4 -d"$2s" -s "$ROOT/spec/bench/wrk_chat.lua" "http://127.0.0.1:$port/v1/chat/completions" >"$T/wrk.out"
     if grep -q "Non-2xx" "$T/wrk.out"; then echo "non-2xx answers:" >&2; cat "$T/wrk.out" >&2; exit 1; fi
     kill -TERM $pid

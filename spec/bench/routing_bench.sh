@@ -23,14 +23,16 @@
 # Usage: spec/bench/routing_bench.sh [--quick] [--no-perf]
 # Environment: TG_BENCH_BIN (default build/tollgate), TG_BENCH_DURATION (wrk seconds per
 #   run, 5), TG_BENCH_ROUNDS (3), TG_BENCH_CONNS (16), TOLLGATE_PG / TOLLGATE_REDIS (use
-#   these servers; otherwise private ones are started in the work directory).
+#   these servers; otherwise private ones are started in the work directory),
+#   TG_BENCH_KEEP (non-empty: keep the work directory).
 # Pinning (2-core box): the gateway (1 worker) on core 1; the mock and wrk on core 0.
 # Everything listens on 127.0.0.1 or a unix socket and is stopped by PID on exit; the
-# uprobes are added under the group `tgrb` and removed on exit.
+# uprobes are added under the group `tgrb` and removed on exit. Shared helpers:
+# spec/bench/lib.sh.
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BENCH=$ROOT/spec/bench
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 DUR=${TG_BENCH_DURATION:-5}
 ROUNDS=${TG_BENCH_ROUNDS:-3}
@@ -45,39 +47,20 @@ for a in "$@"; do
 done
 SIZES=(1 10 100 10000)
 SECRET=$(printf 'ab%.0s' $(seq 32))
-[ -x "$BIN" ] || { echo "no tollgate binary at $BIN (build it or set TG_BENCH_BIN)" >&2; exit 2; }
-command -v wrk >/dev/null || { echo "wrk is not installed" >&2; exit 2; }
+need_bin
+need wrk
 
-T=$(mktemp -d /tmp/tg-routing-bench.XXXXXX)
-chmod 755 "$T"
-PIDS=()
-OWN_SERVICES=0
+bench_workdir tg-routing-bench
+[ -z "${TG_BENCH_KEEP:-}" ] || KEEP=1
 PROBES=0
-log() { echo "routing_bench: $*" >&2; }
-cleanup() {
-    set +e
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+bench_on_exit() { # after the gateways have stopped, before the private servers do
     [ $PROBES = 1 ] && perf probe -q -d 'tgrb:*' >/dev/null 2>&1
     if [ -n "${DB:-}" ]; then psql -X -q -d "$ADMIN_PG" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1; fi
-    if [ $OWN_SERVICES = 1 ]; then
-        tg_redis_stop "$T/redis"
-        tg_pg_stop "$T/pg"
-    fi
-    [ -n "${TG_BENCH_KEEP:-}" ] && { log "kept $T"; return; }
-    rm -rf "$T"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # ---- services and database ------------------------------------------------------------
 if [ -z "${TOLLGATE_PG:-}" ] || [ -z "${TOLLGATE_REDIS:-}" ]; then
-    # shellcheck source=spec/lib/services.sh
-    . "$ROOT/spec/lib/services.sh"
-    OWN_SERVICES=1
-    tg_pg_start "$T/pg" >/dev/null
-    tg_redis_start "$T/redis" >/dev/null
+    bench_services # private Postgres and Redis in $T
 fi
 with_db() { # CONNINFO DBNAME -> the conninfo with dbname replaced
     if [[ $1 == *dbname=* ]]; then sed -E "s/dbname=[^ ]*/dbname=$2/" <<<"$1"; else echo "$1 dbname=$2"; fi
@@ -89,17 +72,9 @@ PG=$(with_db "$TOLLGATE_PG" "$DB")
 export TOLLGATE_PG=$PG TOLLGATE_SECRET_KEY=$SECRET
 sql() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$PG" -c "$1"; }
 
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-BASE=$((20000 + RANDOM % 20000))
-next_port() { while ! port_free $BASE; do BASE=$((BASE + 1)); done; printf -v "$1" %d $BASE; BASE=$((BASE + 1)); }
-wait_port() { for _ in $(seq 200); do port_free "$1" || return 0; sleep 0.05; done; log "nothing on port $1"; return 1; }
-next_port P_MOCK
+start_mock 0
 next_port P_GW
 next_port P_GW2
-
-taskset -c 0 "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1 >"$T/mock.out" 2>"$T/mock.err" &
-PIDS+=($!)
-wait_port $P_MOCK
 
 cat >"$T/tool.lua" <<EOF
 return { upstream = { url = "http://127.0.0.1:$P_MOCK/v1" } }
@@ -153,9 +128,8 @@ return {
 EOF
 }
 gateway_config "$T/gw.lua" $P_GW false
-taskset -c 1 "$BIN" serve -c "$T/gw.lua" >"$T/gw.out" 2>"$T/gw.err" &
-GW=$!
-PIDS+=("$GW")
+start gw 1 "$BIN" serve -c "$T/gw.lua"
+GW=$LAST_PID
 wait_port $P_GW
 URL=http://127.0.0.1:$P_GW
 ready() { # SIZE: the group answers 200
@@ -172,12 +146,10 @@ run_wrk() { # SIZE SECONDS OUT
     TG_RB_KEY=$(key_of "$1") taskset -c 0 wrk -t1 -c"$CONNS" -d"$2"s --latency -s "$BENCH/routing_bench.lua" "$URL/v1/chat/completions" >"$3" 2>&1
 }
 rps_of() { awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$1"; }
-to_us() { # wrk latency like 812.00us / 1.20ms / 2.00s -> µs
-    awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1e6; else print n }'
+pct_of() { # FILE PERCENT: wrk's latency percentile (812.00us / 1.20ms / 2.00s) in µs, unrounded
+    awk -v p="$2" '$1 == p { v = $2 } END { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000;
+        else if (v ~ /s$/) print n * 1e6; else print n }' "$1"
 }
-pct_of() { to_us "$(awk -v p="$2" '$1 == p {print $2}' "$1")"; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
 
 # ---- 1. end to end --------------------------------------------------------------------
 declare -A BEST_RPS P50 P99 CPU_US
@@ -193,7 +165,7 @@ for r in $(seq "$ROUNDS"); do
         non2xx=$(awk '/Non-2xx/ {print $NF}' "$T/wrk-$n-$r.txt")
         [ -z "$non2xx" ] || log "g$n round $r: $non2xx non-2xx responses ($(grep '^statuses:' "$T/wrk-$n-$r.txt"))"
         reqs=$(awk '/requests in/ {print $1}' "$T/wrk-$n-$r.txt")
-        cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" -v q="$reqs" 'BEGIN { printf "%.1f", (b - a) / hz * 1e6 / q }')
+        cpu=$(per_req $((c1 - c0)) "$reqs")
         log "round $r g$n: $rps req/s, p50 $(pct_of "$T/wrk-$n-$r.txt" 50%) µs, gateway CPU $cpu µs/request"
         if [ "$rps" -gt "${BEST_RPS[$n]}" ]; then
             BEST_RPS[$n]=$rps
@@ -285,8 +257,7 @@ fi
 
 # ---- 4. which of the 10,000 accounts get traffic -----------------------------------------
 gateway_config "$T/gw2.lua" $P_GW2 true
-taskset -c 1 "$BIN" serve -c "$T/gw2.lua" >"$T/gw2.out" 2>"$T/gw2.err" &
-PIDS+=($!)
+start gw2 1 "$BIN" serve -c "$T/gw2.lua"
 wait_port $P_GW2
 URL=http://127.0.0.1:$P_GW2
 for _ in $(seq 100); do [ "$(ready 10000)" = 200 ] && break; sleep 0.1; done
@@ -301,4 +272,4 @@ echo
 echo "$total requests through a fresh gateway (access log on): $distinct distinct accounts used,"
 echo "ids $ids (the group's accounts have ids $first..$((first + 9999)))."
 echo
-echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+echo "Machine: $(nproc) cores, $(cpu_model), load average $(load_now) at the end."

@@ -10,8 +10,9 @@
 # Run it under the shared lock: flock /tmp/tg-bench.lock spec/bench/select_bench.sh
 # Environment: TG_BENCH_BIN_DIR (default build/), TG_BENCH_CPU (the core to pin to, 1).
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${TG_BENCH_BIN_DIR:-$ROOT/build}/tg_select_bench
 CALLS=${1:-1000000}
 REPEATS=${2:-5}
@@ -20,16 +21,15 @@ CPU=${TG_BENCH_CPU:-1}
 
 echo "## Selection alone, in process: $(basename "$BIN") $CALLS $REPEATS, pinned to core $CPU"
 echo
-echo "Load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "Load average before: $(load_now)"
 echo
 taskset -c "$CPU" "$BIN" "$CALLS" "$REPEATS" 2>/dev/null
 echo
-echo "Load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "Load average after: $(load_now)"
 echo
 
 command -v valgrind >/dev/null || { echo "(valgrind not installed: no instruction counts)"; exit 0; }
-T=$(mktemp -d /tmp/tg-select-bench.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+bench_workdir tg-select-bench
 LABELS=("1" "10" "100" "10000" "10000 (100 usable, the rest cooling)")
 echo "## Instructions per selection (callgrind, 10,000 selections per case after a warm-up)"
 echo

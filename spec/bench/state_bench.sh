@@ -29,26 +29,16 @@
 #
 # Pinning (2-core box), as in core_bench.sh: the mock upstream, wrk, Redis and Postgres
 # on TG_BENCH_LOAD_CPU; the gateway under test (1 worker) alone on TG_BENCH_PROXY_CPU.
-# Everything runs at nice -19 in a session of its own whose autogroup gets nice -19.
-# Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
+# Everything runs at nice -19 in a session of its own whose autogroup gets nice -19
+# (spec/bench/lib.sh holds that preamble and the helpers). Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
 # directory), the gateways and the mock listen on 127.0.0.1; everything started here is
 # stopped by PID on exit. Billing is off and the keys have no limits and no group (the
 # static upstream serves them): the measurement is authentication, nothing else.
 set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_session "$@"
 
-if [ -z "${TG_BENCH_IN_SESSION:-}" ] && command -v setsid >/dev/null; then
-    TG_BENCH_IN_SESSION=1 setsid "$0" "$@" &
-    child=$!
-    trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
-    rc=0
-    wait "$child" || rc=$?
-    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
-    exit $rc
-fi
-AUTOGROUP=$( (echo -19 >/proc/self/autogroup && cat /proc/self/autogroup) 2>/dev/null || echo "autogroup nice unchanged")
-
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BENCH=$ROOT/spec/bench
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 BUILD=${TG_BENCH_BUILD:-$(dirname "$BIN")}
 ROUNDS=${TG_BENCH_ROUNDS:-5}
@@ -57,12 +47,11 @@ read -r -a SIZES <<<"${TG_BENCH_SIZES:-10 1000 100000 1000000}"
 NKEYS=${TG_BENCH_KEYS:-300}
 LOAD_CPU=${TG_BENCH_LOAD_CPU:-0}
 PROXY_CPU=${TG_BENCH_PROXY_CPU:-1}
-NICE=(nice -n -19)
 CONNS=64
 WARM=3
 MICRO_ITERS=1000000
 MICRO_SETS="1 300 50000"
-KEEP=0 PERF=0
+PERF=0
 for a in "$@"; do
     case $a in
     --quick) ROUNDS=1 SLICE=2 WARM=1 MICRO_ITERS=200000 MICRO_SETS="1 300"; [ -n "${TG_BENCH_SIZES:-}" ] || SIZES=(10 1000) ;;
@@ -71,93 +60,23 @@ for a in "$@"; do
     *) echo "usage: $0 [--quick] [--keep] [--perf]" >&2; exit 2 ;;
     esac
 done
-for tool in wrk cc curl taskset psql pkg-config redis-server; do
-    command -v $tool >/dev/null || { echo "state_bench: $tool is not installed" >&2; exit 2; }
-done
-for f in "$BIN" "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a"; do
-    [ -e "$f" ] || { echo "state_bench: $f is missing (build first, or set TG_BENCH_BIN / TG_BENCH_BUILD)" >&2; exit 2; }
-done
+need wrk cc curl taskset psql pkg-config redis-server
+[ -e "$BIN" ] || { log "$BIN is missing (build first, or set TG_BENCH_BIN / TG_BENCH_BUILD)"; exit 2; }
+need_core_libs
 
-T=$(mktemp -d /tmp/tg-state-bench.XXXXXX)
-chmod 755 "$T"
-PIDS=()
-SERVICES=0
-log() { echo "state_bench: $*" >&2; }
-cleanup() {
-    set +e
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null
-    done
-    if [ $SERVICES = 1 ]; then
-        tg_redis_stop "$T/redis"
-        tg_pg_stop "$T/pg"
-    fi
-    if [ $KEEP = 1 ]; then log "raw outputs kept in $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# A snapshot of the binary: a rebuild during the run cannot change what is measured.
-cp "$BIN" "$T/gw"
-BIN_SRC=$BIN
-BIN=$T/gw
-
-# ---- helpers ----------------------------------------------------------------------------
-port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
-BASE=$((20000 + RANDOM % 12000))
-next_port() { while ! port_free $BASE; do BASE=$((BASE + 1)); done; printf -v "$1" %d $BASE; BASE=$((BASE + 1)); }
-wait_port() { for _ in $(seq 200); do port_free "$1" || return 0; sleep 0.05; done; log "nothing listens on port $1"; return 1; }
-start() { # NAME CPU CMD...: pinned, niced, output in $T/NAME.{out,err}; sets LAST_PID
-    local name=$1 cpu=$2; shift 2
-    "${NICE[@]}" taskset -c "$cpu" "$@" >"$T/$name.out" 2>"$T/$name.err" &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-load_now() { cut -d' ' -f1-3 /proc/loadavg; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
-to_us() { awk -v v="$1" 'BEGIN { n = v + 0; u = v; sub(/^[0-9.]+/, "", u);
-    if (u == "ms") n *= 1000; else if (u == "s") n *= 1000000; printf "%.0f", n }'; }
-ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.3f", a / b }'; }
-ms() { awk -v a="${1:-}" 'BEGIN { if (a == "") print "-"; else printf "%.3f", a / 1000 }'; }
-metric() { # PORT NAME: a counter from the gateway's /metrics (the first line that starts with NAME)
-    curl -s -m 5 "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 { print $NF; exit }'
-}
-pct() { # FILE PERCENT: nearest-rank percentile of a column of numbers
-    sort -g "$1" | awk -v p="$2" '{ v[NR] = $1 } END { r = int(p / 100 * NR + 0.999999); if (r < 1) r = 1; print v[r] }'
-}
-
-SUMMARY=$T/summary.md
-say() { echo "$*" | tee -a "$SUMMARY"; }
+bench_workdir tg-state-bench
+snapshot_bin gw # a rebuild during the run cannot change what is measured
 
 # ---- services ---------------------------------------------------------------------------
-# shellcheck source=spec/lib/services.sh
-. "$ROOT/spec/lib/services.sh"
-SERVICES=1
-tg_pg_start "$T/pg" >/dev/null
-tg_redis_start "$T/redis" >/dev/null
+bench_services # private Postgres and Redis in $T (REDIS_SOCK)
 PG_ADMIN="host=$T/pg dbname=postgres user=postgres"
-REDIS_SOCK=$T/redis/redis.sock
-# Postgres and Redis share the load side's core: the gateway's core stays its own.
-taskset -p -c "$LOAD_CPU" "$(cat "$T/redis/redis.pid")" >/dev/null
-PG_PM=$(head -1 "$T/pg/pgdata/postmaster.pid")
-for p in "$PG_PM" $(pgrep -P "$PG_PM" || true); do # new backends inherit the postmaster's
-    taskset -p -c "$LOAD_CPU" "$p" >/dev/null 2>&1 || true
-done
-# Redis and Postgres run in sessions of their own (setsid, pg_ctl), hence autogroups of
-# their own: without nice -19 on those groups too, our -19 group (mock, load generator)
-# would leave them ~1.4% of the shared core and every command would wait behind it.
-for p in "$(cat "$T/redis/redis.pid")" "$PG_PM"; do echo -19 >"/proc/$p/autogroup" 2>/dev/null || log "cannot renice the autogroup of pid $p"; done
+# Postgres and Redis share the load side's core: the gateway's core stays its own. Their
+# autogroups (sessions of their own) get nice -19 too, or our -19 group would leave them
+# ~1.4% of the shared core.
+pin_services "$LOAD_CPU"
 unset TOLLGATE_PG
 
-next_port P_MOCK
-start mock "$LOAD_CPU" "$BIN" mock-upstream --listen 127.0.0.1:$P_MOCK --threads 1
-PID_MOCK=$LAST_PID
-wait_port $P_MOCK
+start_mock "$LOAD_CPU"
 
 # One database per N, each filled the same way: tenant `bench`, N keys
 # 'tg-bench-' || lpad(i, 34, '0'), hashed in SQL (sha256() is core Postgres since 11).
@@ -183,16 +102,14 @@ done
 
 say "## Run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say ""
-say "- load average before: $(load_now); nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-say "- tollgate: ${TG_BENCH_COMMIT:-tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12); core library $BUILD/libtollgate_core.a"
+say "- $(bench_machine)"
+say "- tollgate: ${TG_BENCH_COMMIT:-tree at $(git_head)}, $(bin_desc); core library $BUILD/libtollgate_core.a"
 say "- $(psql --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}'), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(cc --version | head -1)"
 say "- pinning: mock, wrk, Postgres, Redis on CPU $LOAD_CPU; gateway (workers = 1) on CPU $PROXY_CPU; nice -19 ($AUTOGROUP)"
 say ""
 
 # ---- 1. in-process warm lookup ----------------------------------------------------------
-cc -O2 -g -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -I"$ROOT/core/include" "$BENCH/state_auth_bench.c" \
-    "$BUILD/libtollgate_core.a" "$BUILD/libllhttp.a" \
-    $(pkg-config --libs luajit libuv hiredis libpq openssl jansson) -lm -lpthread -o "$T/state_auth_bench"
+build_core_bench state_auth_bench
 BIG=${SIZES[${#SIZES[@]} - 1]}
 MSETS=""
 for w in $MICRO_SETS; do [ "$w" -le "$BIG" ] && MSETS+=" $w"; done
@@ -281,13 +198,14 @@ for r in $(seq "$ROUNDS"); do
         run_wrk "$t" "$SLICE" "$f"
         c1=$(cpu_ticks "${GWPID[$t]}") l1=$(db_lookups "$t")
         [ "$t" = static ] || LK[$t]=$(( ${LK[$t]:-0} + l1 - l0 ))
-        REQS[$t]=$(( ${REQS[$t]:-0} + $(awk '/requests in/ {print $1}' "$f") ))
-        SECS[$t]=$(awk -v a="${SECS[$t]:-0}" -v b="$(awk '/requests in/ {sub(/s,$/, "", $4); print $4}' "$f")" 'BEGIN {print a + b}')
-        P50S[$t]=$(( ${P50S[$t]:-0} + $(to_us "$(awk '$1 == "50%" {print $2}' "$f")") ))
-        P99S[$t]=$(( ${P99S[$t]:-0} + $(to_us "$(awk '$1 == "99%" {print $2}' "$f")") ))
-        ERRS[$t]=$(( ${ERRS[$t]:-0} + $(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(/,/, ""); n += $4 + $6 + $8 + $10} END {print n + 0}' "$f") ))
+        wrk_result "$f"
+        REQS[$t]=$(( ${REQS[$t]:-0} + $WRK_REQS ))
+        SECS[$t]=$(awk -v a="${SECS[$t]:-0}" -v b="$WRK_SECS" 'BEGIN {print a + b}')
+        P50S[$t]=$(( ${P50S[$t]:-0} + $WRK_P50 ))
+        P99S[$t]=$(( ${P99S[$t]:-0} + $WRK_P99 ))
+        ERRS[$t]=$(( ${ERRS[$t]:-0} + $WRK_ERRS ))
         CPUT[$t]=$(( ${CPUT[$t]:-0} + c1 - c0 ))
-        rps=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$f")
+        rps=$WRK_RPS
         ROUND_RPS[$t]="${ROUND_RPS[$t]:-}${ROUND_RPS[$t]:+ / }$rps"
         log "round $r N=$t: $rps req/s (load $(load_now))"
     done
@@ -308,7 +226,7 @@ for t in "${TARGETS[@]}"; do
     name=$t lk=${LK[$t]:--}
     [ "$t" = "$BIGK" ] && name="$BIG (10 keys sent, as for N = 10)"
     [ "$t" = static ] && name="static key (config file, no database)"
-    say "| $name | ${KEYS_OF[$t]} | ${RPS[$t]} | ${ROUND_RPS[$t]} | $(ratio "${RPS[$t]}" "${RPS[$REF]}") | $(ms $((P50S[$t] / ROUNDS))) | $(ms $((P99S[$t] / ROUNDS))) | $(awk -v c="${CPUT[$t]}" -v hz="$HZ" -v n="${REQS[$t]}" 'BEGIN { printf "%.1f", c / hz * 1e6 / n }') | $lk | ${ERRS[$t]} |"
+    say "| $name | ${KEYS_OF[$t]} | ${RPS[$t]} | ${ROUND_RPS[$t]} | $(ratio "${RPS[$t]}" "${RPS[$REF]}") | $(ms $((P50S[$t] / ROUNDS))) | $(ms $((P99S[$t] / ROUNDS))) | $(per_req "${CPUT[$t]}" "${REQS[$t]}") | $lk | ${ERRS[$t]} |"
 done
 say ""
 say "req/s = all requests / all measured seconds; p50 and p99 = mean of the rounds' wrk percentiles."
@@ -336,7 +254,7 @@ for n in "${SIZES[@]}"; do
             done
         done
     done
-    c50=$(pct "$T/cold-$n.txt" 50) cmax=$(pct "$T/cold-$n.txt" 100) w50=$(pct "$T/hot-$n.txt" 50)
+    c50=$(pct "$T/cold-$n.txt" 1 50) cmax=$(pct "$T/cold-$n.txt" 1 100) w50=$(pct "$T/hot-$n.txt" 1 50)
     say "| $(printf "%'d" "$n") | $(awk -v v="$c50" 'BEGIN {printf "%.3f", v * 1000}') | $(awk -v v="$cmax" 'BEGIN {printf "%.3f", v * 1000}') | $(awk -v v="$w50" 'BEGIN {printf "%.3f", v * 1000}') | $(awk -v a="$c50" -v b="$w50" 'BEGIN {printf "%+.3f", (a - b) * 1000}') |"
 done
 say ""

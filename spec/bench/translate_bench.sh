@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # The cost of protocol translation, measured in-process: builds tg_translate_bench,
 # runs it (requests, non-stream responses and streamed chunks of every protocol pair,
 # each against passthrough of the same bytes) and writes the table to
@@ -6,7 +6,9 @@
 #
 #   spec/bench/translate_bench.sh [BUILD_DIR] [ITERATIONS]
 set -eu
-repo=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+repo=$ROOT
 build=${1:-$repo/build}
 n=${2:-2000}
 [ -f "$build/CMakeCache.txt" ] || cmake -S "$repo" -B "$build" >/dev/null
@@ -18,7 +20,7 @@ echo "$table"
   echo "# Protocol translation cost"
   echo
   echo "Measured by \`spec/bench/translate_bench.sh\` on $(date -u +%Y-%m-%d), $(nproc) cores"
-  echo "($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')), load average $(cut -d' ' -f1 /proc/loadavg),"
+  echo "($(cpu_model)), load average $(cut -d' ' -f1 /proc/loadavg),"
   echo "build type $(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$build/CMakeCache.txt"). Thread CPU ns per operation, best of 9 runs,"
   echo "in-process (no sockets). See the top of \`spec/bench/translate_bench.c\` for the inputs."
   echo
