@@ -55,9 +55,10 @@
 # Redis and Postgres on TG_BENCH_LOAD_CPU; the gateway (1 worker) alone on
 # TG_BENCH_PROXY_CPU (1b moves Redis next to the gateway).
 # Everything runs at nice -19 in a session of its own whose autogroup gets nice -19
-# (spec/bench/lib.sh holds that preamble and the helpers). Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
-# directory), the gateway and the mock listen on 127.0.0.1; everything started here is
-# stopped by PID on exit. Billing is off: the measurement is admission, nothing else.
+# (spec/bench/lib.sh holds that preamble and the helpers). Postgres and Redis are
+# private (spec/lib/services.sh, unix sockets in the work directory), the gateway and
+# the mock listen on 127.0.0.1; everything started here is stopped by PID on exit.
+# Billing is off: the measurement is admission, nothing else.
 set -euo pipefail
 # shellcheck source=spec/bench/lib.sh
 . "$(dirname "$0")/lib.sh"

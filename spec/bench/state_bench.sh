@@ -30,10 +30,11 @@
 # Pinning (2-core box), as in core_bench.sh: the mock upstream, wrk, Redis and Postgres
 # on TG_BENCH_LOAD_CPU; the gateway under test (1 worker) alone on TG_BENCH_PROXY_CPU.
 # Everything runs at nice -19 in a session of its own whose autogroup gets nice -19
-# (spec/bench/lib.sh holds that preamble and the helpers). Postgres and Redis are private (spec/lib/services.sh, unix sockets in the work
-# directory), the gateways and the mock listen on 127.0.0.1; everything started here is
-# stopped by PID on exit. Billing is off and the keys have no limits and no group (the
-# static upstream serves them): the measurement is authentication, nothing else.
+# (spec/bench/lib.sh holds that preamble and the helpers). Postgres and Redis are
+# private (spec/lib/services.sh, unix sockets in the work directory), the gateways and
+# the mock listen on 127.0.0.1; everything started here is stopped by PID on exit.
+# Billing is off and the keys have no limits and no group (the static upstream serves
+# them): the measurement is authentication, nothing else.
 set -euo pipefail
 # shellcheck source=spec/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
