@@ -19,7 +19,7 @@
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_redis.h"
 
-#define RES_TTL_S "604800" /* a Redis reservation outlives any reconciliation delay */
+#define RES_TTL_S "604800" /* a Redis reservation outlives any reconciliation delay (and ADMIT_LUA's) */
 /* Elements per transaction (a request gives two: its reservation and its settlement).
  * tg_settle_batch is set-based, so a bigger batch costs less per element; 400 keeps one
  * transaction around 30 ms on this class of machine. */
@@ -29,7 +29,11 @@
 #define LIVE_INFLIGHT 2
 #define QUEUE_MAX_DEFAULT 20000
 
-/* KEYS 1 {t:T}:money, 2 {t:T}:res:<id>:<attempt>, 3 {t:T}:kmoney:<key>, 4 {t:T}:holds
+/* The separate reservation: retries (attempt > 1), and a first attempt whose admission
+ * did not reserve (Redis did not answer it). A first attempt is normally reserved by the
+ * admission script itself (ADMIT_LUA in tg_limits.c, from tg_billing_admission_money),
+ * which makes the same writes in the same round trip as the limits.
+ * KEYS 1 {t:T}:money, 2 {t:T}:res:<id>:<attempt>, 3 {t:T}:kmoney:<key>, 4 {t:T}:holds
  * ARGV 1 amount, 2 tenant avail to initialise with ('' unknown), 3 key avail ('-1' no
  * budget, '' unknown), 4 ttl, 5 the hold's field in {t:T}:holds (<id>:<attempt>), 6 what
  * the reconciler needs to write its row if the gateway dies before Postgres has it
@@ -144,6 +148,7 @@ struct tg_reserve_s {
     tg_reserve_cb cb;
     void *ud;
     int detached;
+    tg_balance_cb load_cb; /* tg_billing_load: only the live balance is wanted */
     int inits;
     char tenant_init[32], key_init[32];
     char keys[4][128];
@@ -218,7 +223,7 @@ int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multipl
 
 static void reserve_send(tg_reserve_t *x);
 static void enqueue(tg_billing_t *b, json_t *item);
-static void reserved_row(tg_billing_t *b, tg_reserve_t *x);
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r);
 
 static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
     if (!x->detached)
@@ -229,12 +234,50 @@ static void reserve_finish(tg_reserve_t *x, int status, const char *code, const 
 static void init_loaded(void *ud, const PGresult *res, const char *err) {
     tg_reserve_t *x = ud;
     if (err || PQntuples(res) != 1) {
+        if (x->load_cb) {
+            if (!x->detached)
+                x->load_cb(x->ud, 503, "billing_unavailable", "the balance could not be loaded; try again", NULL, NULL);
+            free(x);
+            return;
+        }
         reserve_finish(x, 503, "billing_unavailable", "the balance could not be loaded; try again");
         return;
     }
     snprintf(x->tenant_init, sizeof(x->tenant_init), "%s", PQgetvalue(res, 0, 0));
     snprintf(x->key_init, sizeof(x->key_init), "%s", PQgetvalue(res, 0, 1));
+    if (x->load_cb) {
+        if (!x->detached)
+            x->load_cb(x->ud, 0, NULL, NULL, x->tenant_init, x->key_init);
+        free(x);
+        return;
+    }
     reserve_send(x);
+}
+
+/* The live balance's load, for a reservation or for an admission that asked for it. */
+static void load_balance(tg_reserve_t *x) {
+    char t[24], k[24];
+    snprintf(t, sizeof(t), "%lld", (long long)x->r.tenant_id);
+    snprintf(k, sizeof(k), "%lld", (long long)x->r.key_id);
+    const char *params[2] = {t, k};
+    tg_pg_query(tg_state_pg(x->b->st), INIT_SQL, 2, params, init_loaded, x);
+}
+
+/* The reservation's durable Postgres row goes with the next settlement batch, in order,
+ * or to the local spool when Postgres is unreachable: no request waits on Postgres. */
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r) {
+    char amount[32];
+    tg_money_format(r->amount, amount);
+    json_t *o = json_object();
+    json_object_set_new(o, "op", json_string("reserve"));
+    json_object_set_new(o, "request_id", json_string(r->request_id));
+    json_object_set_new(o, "attempt", json_integer(r->attempt));
+    json_object_set_new(o, "tenant_id", json_integer(r->tenant_id));
+    json_object_set_new(o, "api_key_id", json_integer(r->key_id));
+    json_object_set_new(o, "amount", json_string(amount));
+    json_object_set_new(o, "model", json_string(r->model ? r->model : ""));
+    json_object_set_new(o, "instance", json_string(instance_id));
+    enqueue(b, o);
 }
 
 static void redis_reserved(void *ud, redisReply *r, const char *err) {
@@ -253,7 +296,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
              * usual (a fresh Redis loads the balance minus it) and the request settles
              * as usual; the settlement finds no hold to give back. */
             b->stats.unheld++;
-            reserved_row(b, x);
+            reserved_row(b, &x->r);
             reserve_finish(x, 0, "unheld", NULL);
             return;
         }
@@ -268,19 +311,13 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
             reserve_finish(x, 503, "billing_unavailable", "the balance could not be initialised");
             return;
         }
-        char t[24], k[24];
-        snprintf(t, sizeof(t), "%lld", (long long)x->r.tenant_id);
-        snprintf(k, sizeof(k), "%lld", (long long)x->r.key_id);
-        const char *params[2] = {t, k};
-        tg_pg_query(tg_state_pg(b->st), INIT_SQL, 2, params, init_loaded, x);
+        load_balance(x);
         return;
     }
     if (ok == 0) {
-        b->stats.refused++;
-        if (!strcmp(what, "key budget"))
-            reserve_finish(x, 402, "budget_exceeded", "this API key's budget cannot cover the request's maximum cost");
-        else
-            reserve_finish(x, 402, "insufficient_balance", "the balance cannot cover the request's maximum cost");
+        const char *code, *msg;
+        tg_billing_refused(b, !strcmp(what, "key budget"), &code, &msg);
+        reserve_finish(x, 402, code, msg);
         return;
     }
     if (x->detached) {
@@ -291,28 +328,10 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
         reserve_finish(x, 0, NULL, NULL);
         return;
     }
-    /* The hold is in Redis (atomic, before the upstream call); its Postgres row goes
-     * with the next settlement batch, in order, or to the local spool when Postgres is
-     * unreachable: no request waits on Postgres. */
-    reserved_row(b, x);
+    /* The hold is in Redis (atomic, before the upstream call). */
+    reserved_row(b, &x->r);
     b->stats.reserved++;
     reserve_finish(x, 0, NULL, NULL);
-}
-
-/* The reservation's Postgres row, queued with the settlements. */
-static void reserved_row(tg_billing_t *b, tg_reserve_t *x) {
-    char amount[32];
-    tg_money_format(x->r.amount, amount);
-    json_t *o = json_object();
-    json_object_set_new(o, "op", json_string("reserve"));
-    json_object_set_new(o, "request_id", json_string(x->request_id));
-    json_object_set_new(o, "attempt", json_integer(x->r.attempt));
-    json_object_set_new(o, "tenant_id", json_integer(x->r.tenant_id));
-    json_object_set_new(o, "api_key_id", json_integer(x->r.key_id));
-    json_object_set_new(o, "amount", json_string(amount));
-    json_object_set_new(o, "model", json_string(x->model));
-    json_object_set_new(o, "instance", json_string(instance_id));
-    enqueue(b, o);
 }
 
 static void unsent_cb(uv_timer_t *t) {
@@ -364,6 +383,12 @@ static void settle_hold(tg_billing_t *b, int64_t tenant, int64_t key, const char
 static void fail_async_cb(uv_timer_t *t) {
     tg_reserve_t *x = t->data;
     uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    if (x->load_cb) {
+        if (!x->detached)
+            x->load_cb(x->ud, 503, "billing_unavailable", "billing needs Postgres and Redis", NULL, NULL);
+        free(x);
+        return;
+    }
     reserve_finish(x, 503, "billing_unavailable", "billing needs Postgres and Redis");
 }
 
@@ -397,6 +422,65 @@ tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_
 void tg_reserve_detach(tg_reserve_t *r) {
     if (r)
         r->detached = 1;
+}
+
+void tg_billing_refused(tg_billing_t *b, int key_budget, const char **code, const char **msg) {
+    b->stats.refused++;
+    if (key_budget) {
+        *code = "budget_exceeded";
+        *msg = "this API key's budget cannot cover the request's maximum cost";
+    } else {
+        *code = "insufficient_balance";
+        *msg = "the balance cannot cover the request's maximum cost";
+    }
+}
+
+static void admission_undo(void *ud, const char *request_id, int64_t tenant_id, int64_t key_id) {
+    tg_billing_release_attempt(ud, request_id, tenant_id, key_id, 1);
+}
+
+void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, const char *tenant_init,
+                                const char *key_init, tg_limit_money_t *m) {
+    char keys[4][128], field[96];
+    fmt_keys(keys, field, r->tenant_id, r->key_id, r->request_id, 1);
+    /* ADMIT_LUA's order: money, reservation, holds, then the key's budget if any. */
+    memcpy(m->keys[0], keys[0], sizeof(m->keys[0]));
+    memcpy(m->keys[1], keys[1], sizeof(m->keys[1]));
+    memcpy(m->keys[2], keys[3], sizeof(m->keys[2]));
+    memcpy(m->keys[3], keys[2], sizeof(m->keys[3]));
+    /* "-1" loaded: the key has no budget after all (tg_billing_reserve skips it too). */
+    m->nkeys = r->key_budget && !(key_init && !strcmp(key_init, "-1")) ? 4 : 3;
+    snprintf(m->amount, sizeof(m->amount), "%lld", (long long)r->amount);
+    snprintf(m->tenant_init, sizeof(m->tenant_init), "%s", tenant_init ? tenant_init : "");
+    snprintf(m->key_init, sizeof(m->key_init), "%s", key_init ? key_init : "");
+    snprintf(m->hold, sizeof(m->hold), "%lld|%s|%llu|%lld|%.120s", (long long)r->key_id, instance_id,
+             (unsigned long long)tg_wall_ms(), (long long)r->amount, r->model ? r->model : "");
+    m->undo = admission_undo;
+    m->undo_ud = b;
+}
+
+void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r) {
+    reserved_row(b, r);
+    b->stats.reserved++;
+}
+
+tg_reserve_t *tg_billing_load(tg_billing_t *b, const tg_reserve_req_t *r, tg_balance_cb cb, void *ud) {
+    tg_reserve_t *x = calloc(1, sizeof(*x));
+    x->b = b;
+    x->r = *r;
+    x->r.request_id = x->request_id;
+    x->r.model = x->model;
+    x->load_cb = cb;
+    x->ud = ud;
+    if (!tg_state_pg(b->st)) {
+        uv_timer_t *t = malloc(sizeof(*t));
+        uv_timer_init(b->loop, t);
+        t->data = x;
+        uv_timer_start(t, fail_async_cb, 0, 0);
+        return x;
+    }
+    load_balance(x);
+    return x;
 }
 
 void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {

@@ -34,7 +34,24 @@
  *       bucket ttl ms ('' when the scope has neither rpm nor tpm); -1 = no such limit.
  * Returns 0 (admitted), 1 (already admitted: leases refreshed, nothing charged) or
  * {which, retry_after_ms}, which = 1 key rpm, 2 tenant rpm, 3 key tpm, 4 tenant tpm,
- * 5 key concurrency, 6 tenant concurrency (checked in that order).
+ * 5 key concurrency, 6 tenant concurrency (checked in that order), then the money:
+ * 7 balance, 8 key budget, 9 init (the live balance is not in Redis and the gateway did
+ * not send it: it loads it from Postgres and admits again).
+ *
+ * The money (with billing: the first attempt's reservation, see tg_billing.h) follows
+ * the limits' keys and arguments, and the script tells the layouts apart by #ARGV (9 or
+ * 15 without money, +3 or +4 with it; 4 or 5 for money alone):
+ * KEYS +1 {t:T}:money, +2 {t:T}:res:<id>:1, +3 {t:T}:holds, +4 {t:T}:kmoney:<key> (only
+ * when the key has a budget). ARGV +1 amount (nano-USD), +2 the tenant's available
+ * balance to load ('' unknown), +3 the hold's value in {t:T}:holds (its field is
+ * <id>:1), +4 the key's available budget to load ('' unknown; only with a budget).
+ * Without limits (money alone: ARGV 1 id, then the money) there is no marker, no TIME,
+ * and the reservation key itself is the duplicate check (1: already reserved). With
+ * limits the marker's SET NX stands for it (request ids are random and never reused).
+ * The money is checked after every limit and written with them, so a refusal (limits or
+ * money) writes nothing but the loaded balance; 'init' writes nothing at all. These
+ * writes are RESERVE_LUA's (tg_billing.c), key for key, so settlement, the reconciler and
+ * `ledger verify` cannot tell which script reserved.
  *
  * A level is refilled by floor(Δms · per_min / 60) milli-tokens, so rounding loses under
  * one milli-token per admission; a level of -1 means "not tracked": the bucket starts
@@ -42,10 +59,46 @@
  */
 static const char ADMIT_LUA[] =
     "local id = ARGV[1]\n"
+    "local n = #ARGV\n"
+    "local mk, ma = 0, 1\n"
+    "if n >= 15 then mk, ma = 5, 15 elseif n >= 9 then mk, ma = 3, 9 end\n"
+    "local amt, kav\n"
+    "local function money()\n"
+    "  amt = ARGV[ma + 1]\n"
+    "  local kb = KEYS[mk + 4]\n"
+    "  local av = redis.call('HGET', KEYS[mk + 1], 'avail')\n"
+    "  if kb then kav = redis.call('HGET', kb, 'avail') end\n"
+    "  if (not av and ARGV[ma + 2] == '') or (kb and not kav and ARGV[ma + 4] == '') then return 9 end\n"
+    "  if not av then\n"
+    "    av = ARGV[ma + 2]\n"
+    "    redis.call('HSETNX', KEYS[mk + 1], 'avail', av)\n"
+    "    redis.call('HSETNX', KEYS[mk + 1], 'reserved', '0')\n"
+    "  end\n"
+    "  if kb and not kav then kav = ARGV[ma + 4]; redis.call('HSETNX', kb, 'avail', kav) end\n"
+    "  if kav and kav + 0 < amt + 0 then return 8 end\n"
+    "  if av + 0 < amt + 0 then return 7 end\n"
+    "end\n"
+    "local function reserve()\n"
+    "  if amt ~= '0' then\n"
+    "    local neg = string.format('%d', -amt)\n"
+    "    redis.call('HINCRBY', KEYS[mk + 1], 'avail', neg)\n"
+    "    redis.call('HINCRBY', KEYS[mk + 1], 'reserved', amt)\n"
+    "    if kav then redis.call('HINCRBY', KEYS[mk + 4], 'avail', neg) end\n"
+    "  end\n"
+    "  redis.call('SET', KEYS[mk + 2], amt, 'EX', '604800')\n"
+    "  redis.call('HSET', KEYS[mk + 3], id .. ':1', ARGV[ma + 3])\n"
+    "end\n"
+    "if n < 9 then\n"
+    "  if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end\n"
+    "  local m = money()\n"
+    "  if m then return {m, 0} end\n"
+    "  reserve()\n"
+    "  return 0\n"
+    "end\n"
     "local t = redis.call('TIME')\n"
     "local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
     "local trpm, ttpm, tconc, tttl = '-1', '-1', '-1', ''\n"
-    "if KEYS[4] then trpm, ttpm, tconc, tttl = ARGV[10], ARGV[12], ARGV[14], ARGV[15] end\n"
+    "if mk == 5 then trpm, ttpm, tconc, tttl = ARGV[10], ARGV[12], ARGV[14], ARGV[15] end\n"
     "if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', '600000') then\n"
     "  local exp = string.format('%d', now + ARGV[2])\n"
     "  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], 'XX', exp, id) end\n"
@@ -102,6 +155,10 @@ static const char ADMIT_LUA[] =
     "end\n"
     "if ARGV[8] ~= '-1' and not slot(KEYS[3], ARGV[8]) then return refuse(5, 1000) end\n"
     "if tconc ~= '-1' and not slot(KEYS[5], tconc) then return refuse(6, 1000) end\n"
+    "if n > ma then\n"
+    "  local m = money()\n"
+    "  if m then return refuse(m, 0) end\n"
+    "end\n"
     "if ARGV[9] ~= '' then redis.call('SET', KEYS[2], string.format('%d %d %d', kr, km, now), 'PX', ARGV[9]) end\n"
     "if tttl ~= '' then redis.call('SET', KEYS[4], string.format('%d %d %d', tr, tm, now), 'PX', tttl) end\n"
     "if ARGV[8] ~= '-1' or tconc ~= '-1' then\n"
@@ -109,6 +166,7 @@ static const char ADMIT_LUA[] =
     "  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], exp, id); redis.call('PEXPIRE', KEYS[3], ARGV[3]) end\n"
     "  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], exp, id); redis.call('PEXPIRE', KEYS[5], ARGV[3]) end\n"
     "end\n"
+    "if n > ma then reserve() end\n"
     "return 0\n";
 
 /* Release. KEYS as for admission. ARGV: 1 id, then per scope (key at 2, tenant at 5 when
@@ -210,6 +268,10 @@ struct tg_admit_s {
     int local;          /* admitted by the local fallback */
     int local_conc[2];  /* holds a local concurrency count: [0] the key's, [1] the tenant's */
     int64_t local_tpm[2]; /* tokens charged to the local TPM buckets (to correct on release) */
+    int limited;        /* some limit applies (else only the money is checked) */
+    int has_money;      /* `money` is sent with the admission */
+    int reserved;       /* the script took the reservation */
+    tg_limit_money_t money;
     tg_redis_req_t *rq;
     uv_timer_t timer;   /* retry while waiting; lease renewal while admitted */
     int timer_open;
@@ -279,8 +341,8 @@ static void fmt_keys(tg_admit_t *a) {
 
 /* An argument vector for tg_redis_eval: the keys, then strings built in buf. */
 typedef struct {
-    const char *v[24];
-    size_t len[24];
+    const char *v[32];
+    size_t len[32];
     int n;
     char buf[400];
     char *p;
@@ -290,11 +352,12 @@ static int has_tenant(const tg_limit_req_t *l) {
     return l->tenant_rpm >= 0 || l->tenant_tpm >= 0 || l->tenant_conc >= 0;
 }
 
-/* The keys of ADMIT_LUA and RELEASE_LUA: the tenant's only when it has a limit. */
+/* The keys of ADMIT_LUA and RELEASE_LUA: the tenant's only when it has a limit, none
+ * when no limit applies (an admission for the money alone). */
 static void args_init(args_t *g, const tg_admit_t *a) {
     g->n = 0;
     g->p = g->buf;
-    for (int i = 0; i < (has_tenant(&a->lim) ? 5 : 3); i++) {
+    for (int i = 0; a->limited && i < (has_tenant(&a->lim) ? 5 : 3); i++) {
         g->v[g->n] = a->keys[i];
         g->len[g->n++] = a->keylen[i];
     }
@@ -339,15 +402,18 @@ static void queue_remove(tg_limits_t *l, tg_admit_t *a) {
 }
 
 static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64_t retry_ms, int degraded) {
-    tg_admit_outcome_t out = {r, which, retry_ms, degraded, (int)(tg_now_ms() - a->started_ms)};
+    tg_admit_outcome_t out = {r, which, retry_ms, degraded, (int)(tg_now_ms() - a->started_ms), a->reserved};
     tg_limits_stats_t *s = &a->l->stats;
     switch (r) {
-    case TG_ADMIT_OK: s->admitted++; break;
+    case TG_ADMIT_OK: s->admitted += (uint64_t)a->limited; break;
     case TG_ADMIT_RATE: s->refused_rate++; break;
     case TG_ADMIT_TOKENS: s->refused_tokens++; break;
     case TG_ADMIT_CONCURRENCY: s->refused_concurrency++; break;
     case TG_ADMIT_QUEUE_FULL: s->queue_full++; break;
-    case TG_ADMIT_UNAVAILABLE: break;
+    case TG_ADMIT_UNAVAILABLE:
+    case TG_ADMIT_BALANCE:
+    case TG_ADMIT_BUDGET:
+    case TG_ADMIT_MONEY_INIT: break; /* the money's refusals are billing's to count */
     }
     a->state = r == TG_ADMIT_OK ? A_ADMITTED : A_DONE;
     a->cb(a->ud, &out);
@@ -601,6 +667,17 @@ static void local_admit(tg_admit_t *a) {
     deliver(a, TG_ADMIT_OK, NULL, 0, 1);
 }
 
+/* Redis did not answer (or there is none). The money, if it was asked, was not reserved
+ * (tg_admit_outcome_t.reserved 0): the caller's separate reservation follows, and fails
+ * closed. A request with no limit has nothing for the fallback to decide. */
+static void without_redis(tg_admit_t *a) {
+    if (!a->limited) {
+        deliver(a, TG_ADMIT_OK, NULL, 0, 1);
+        return;
+    }
+    local_admit(a);
+}
+
 /* Decides without Redis on the next loop turn: the callback never runs from inside
  * tg_limits_admit (the caller stores the handle after it returns), and a decision made
  * while the caller is still inside admit_send would reach freed memory. */
@@ -608,7 +685,7 @@ static void down_cb(uv_timer_t *t) {
     tg_admit_t *a = t->data;
     if (a->state == A_WAITING)
         queue_remove(a->l, a);
-    local_admit(a);
+    without_redis(a);
 }
 
 static void down_later(tg_admit_t *a) {
@@ -770,6 +847,14 @@ static int maybe_ran(const tg_admit_t *a, const char *err) {
     return a->sent_up && (err == tg_redis_err_timeout || err == tg_redis_err_disconnected);
 }
 
+/* Gives back the reservation the script took, or may have taken (its answer was lost:
+ * a timeout). Sent on the same connection as the script, so Redis runs it after. */
+static void money_undo(tg_admit_t *a) {
+    if (a->has_money && a->money.undo)
+        a->money.undo(a->money.undo_ud, a->id, a->lim.tenant_id, a->lim.key_id);
+    a->reserved = 0;
+}
+
 /* The admission script's reply: 0 or 1 (admitted), or {which, retry_after_ms}; for a
  * concurrency refusal (5, 6) the request waits, and if it is refused in the end the wait
  * it is told comes from conc_retry_ms, not from the script. */
@@ -780,10 +865,15 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     int admitted = !err && r && r->type == REDIS_REPLY_INTEGER && (r->integer == 0 || r->integer == 1);
     int refused = !err && r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
                   r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER &&
-                  r->element[0]->integer >= 1 && r->element[0]->integer <= 6;
+                  r->element[0]->integer >= 1 && r->element[0]->integer <= 9;
+    /* 1 (already admitted) took nothing: the caller reserves separately. */
+    a->reserved = admitted && a->has_money && r->integer == 0;
     if (a->cancelled) {
         /* The client left while we asked: give back whatever was taken (its lease, and its
-         * TPM estimate: nothing was used), also when the answer did not come in time. */
+         * TPM estimate: nothing was used, and its money), also when the answer did not
+         * come in time. */
+        if (a->reserved || maybe_ran(a, err))
+            money_undo(a);
         if (admitted || maybe_ran(a, err))
             release_begin(l, a, 0);
         else
@@ -807,7 +897,9 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
             c->ud = NULL;
             release_begin(l, c, 0);
         }
-        local_admit(a);
+        if (maybe_ran(a, err))
+            money_undo(a); /* its money too; the separate reservation follows */
+        without_redis(a);
         return;
     }
     if (admitted) {
@@ -818,10 +910,16 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
         deliver(a, TG_ADMIT_OK, NULL, 0, 0);
         return;
     }
-    static const char *const names[] = {"key rpm", "tenant rpm", "key tpm", "tenant tpm", "key concurrency",
-                                        "tenant concurrency"};
+    static const char *const names[] = {"key rpm",         "tenant rpm", "key tpm",    "tenant tpm",
+                                        "key concurrency", "tenant concurrency", "balance", "key budget", "init"};
     long long which = r->element[0]->integer;
     const char *name = names[which - 1];
+    if (which >= 7) {
+        if (a->state == A_WAITING)
+            queue_remove(l, a);
+        deliver(a, which == 7 ? TG_ADMIT_BALANCE : which == 8 ? TG_ADMIT_BUDGET : TG_ADMIT_MONEY_INIT, name, 0, 0);
+        return;
+    }
     if (which >= 5) {
         a->attempts++;
         a->refused_by = (int)which;
@@ -859,16 +957,28 @@ static void admit_send(tg_admit_t *a) {
         return;
     }
     const tg_limit_req_t *m = &a->lim;
+    const tg_limit_money_t *money = &a->money;
     int64_t est = TG_MAX(m->est_tokens, 0);
     args_t g;
     args_init(&g, a);
+    for (int i = 0; a->has_money && i < money->nkeys; i++)
+        arg_s(&g, money->keys[i], strlen(money->keys[i]));
     int nkeys = g.n;
     arg_s(&g, a->id, a->idlen);
-    arg_i(&g, l->cfg.lease_ttl_ms);
-    arg_i(&g, 2 * (int64_t)l->cfg.lease_ttl_ms);
-    scope_args(&g, m->key_rpm, m->key_burst, m->key_tpm, m->key_conc, est);
-    if (has_tenant(m))
-        scope_args(&g, m->tenant_rpm, m->tenant_burst, m->tenant_tpm, m->tenant_conc, est);
+    if (a->limited) {
+        arg_i(&g, l->cfg.lease_ttl_ms);
+        arg_i(&g, 2 * (int64_t)l->cfg.lease_ttl_ms);
+        scope_args(&g, m->key_rpm, m->key_burst, m->key_tpm, m->key_conc, est);
+        if (has_tenant(m))
+            scope_args(&g, m->tenant_rpm, m->tenant_burst, m->tenant_tpm, m->tenant_conc, est);
+    }
+    if (a->has_money) {
+        arg_s(&g, money->amount, strlen(money->amount));
+        arg_s(&g, money->tenant_init, strlen(money->tenant_init));
+        arg_s(&g, money->hold, strlen(money->hold));
+        if (money->nkeys == 4)
+            arg_s(&g, money->key_init, strlen(money->key_init));
+    }
     a->sent_up = tg_redis_connected(redis);
     a->rq = tg_redis_eval(redis, l->admit_script, nkeys, g.n, g.v, g.len, admit_reply, a);
     if (a->rq)
@@ -891,6 +1001,12 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
     a->cb = cb;
     a->ud = ud;
     a->started_ms = tg_now_ms();
+    a->limited = lim->key_rpm >= 0 || lim->key_tpm >= 0 || lim->key_conc >= 0 || has_tenant(lim);
+    if (lim->money) {
+        a->money = *lim->money;
+        a->has_money = 1;
+    }
+    a->lim.money = NULL;
     fmt_keys(a);
     admit_send(a);
     return a;

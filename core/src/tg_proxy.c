@@ -70,8 +70,9 @@ typedef struct proxy_req_s proxy_req_t;
 /* Which top-level members of the client's body a phase changed: only these are
  * rewritten in the bytes sent upstream (tg_json_set_members). */
 enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4 };
-/* The index of phase_select in phases[] below: where a retry resumes. */
-enum { PHASE_SELECT = 6 };
+/* Indexes in phases[] below: phase_admit (run again once a balance is loaded) and
+ * phase_select (where a retry resumes). */
+enum { PHASE_ADMIT = 4, PHASE_SELECT = 6 };
 typedef int (*phase_fn)(proxy_req_t *p);
 
 struct proxy_req_s {
@@ -112,10 +113,14 @@ struct proxy_req_s {
     int64_t est_tokens;
     int ctx_on;                   /* ctx holds a plugin generation */
     char key_id_s[24], tenant_id_s[24];
-    tg_reserve_t *reserve;        /* in flight */
+    tg_reserve_t *reserve;        /* in flight (a reservation, or a balance load) */
     int reserved;                 /* attempts that reserved */
     unsigned unheld;              /* bit a-1: attempt a reserved without a Redis hold */
     int64_t reserved_amount;      /* nano-USD, all attempts */
+    int bound_done;               /* reserved_amount and est_input are computed */
+    int money_held;               /* the admission reserved attempt 1; not yet recorded */
+    int balance_loads;            /* the admission asked for the live balance */
+    char tenant_init[32], key_init[32]; /* the loaded balances, for the admission's retry */
     int64_t est_input;
     int64_t stream_chunks;        /* content events streamed to the client */
     uint64_t first_token_ns;      /* the first content event of a stream */
@@ -298,6 +303,10 @@ static void preq_free(proxy_req_t *p) {
     tg_reserve_detach(p->reserve);
     if (p->admit)
         tg_admit_cancel(p->admit);
+    /* Admitted and reserved, but the upstream was never called (no account, the client
+     * left): the hold goes straight back and nothing is recorded. */
+    if (p->money_held && p->pw->billing)
+        tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id, 1);
     tg_principal_release(p->principal);
     if (p->ctx_on)
         tg_plugins_end(p->pw->plugins, &p->ctx);
@@ -950,15 +959,64 @@ static int phase_plugins(proxy_req_t *p) {
 
 /* ---- phase: admit ------------------------------------------------------------------- */
 
+static int phase_admit(proxy_req_t *p);
+
+static void balance_loaded(void *ud, int status, const char *code, const char *msg, const char *tenant,
+                           const char *key) {
+    proxy_req_t *p = ud;
+    p->reserve = NULL;
+    if (status) {
+        fail(p, status, "server_error", code, msg);
+        return;
+    }
+    snprintf(p->tenant_init, sizeof(p->tenant_init), "%s", tenant);
+    snprintf(p->key_init, sizeof(p->key_init), "%s", key);
+    p->phase = PHASE_ADMIT; /* the script wrote nothing (its marker is gone): admit again */
+    proxy_run(p);
+}
+
+static int money_open(void *ud);
+
+static tg_reserve_req_t reserve_req(const proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    return (tg_reserve_req_t){
+        .request_id = p->req->id,
+        .attempt = p->attempt,
+        .tenant_id = pr->tenant_id,
+        .key_id = pr->key_id,
+        .model = p->model,
+        .amount = p->reserved_amount,
+        .key_budget = pr->budget[0] != '\0',
+        .money_open = money_open,
+    };
+}
+
 static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     proxy_req_t *p = ud;
     if (out->result == TG_ADMIT_OK) {
+        p->money_held = out->reserved;
         proxy_run(p);
         return;
     }
     tg_admit_t *a = p->admit;
     p->admit = NULL;
     tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
+    if (out->result == TG_ADMIT_BALANCE || out->result == TG_ADMIT_BUDGET) {
+        const char *code, *msg;
+        tg_billing_refused(p->pw->billing, out->result == TG_ADMIT_BUDGET, &code, &msg);
+        fail(p, 402, "insufficient_quota", code, msg);
+        return;
+    }
+    if (out->result == TG_ADMIT_MONEY_INIT) {
+        /* As tg_billing_reserve: a few loads at most (another instance may race us). */
+        if (p->balance_loads++ > 2) {
+            fail(p, 503, "server_error", "billing_unavailable", "the balance could not be initialised");
+            return;
+        }
+        tg_reserve_req_t r = reserve_req(p);
+        p->reserve = tg_billing_load(p->pw->billing, &r, balance_loaded, p);
+        return;
+    }
     if (out->result == TG_ADMIT_UNAVAILABLE) {
         fail_ex(p, 503, "server_error", "limiter_unavailable",
                 "the rate limiter is unavailable and this limit fails closed; try again shortly", "Retry-After: 1\r\n");
@@ -1015,23 +1073,84 @@ static int money_open(void *ud) {
     return m == TG_FAIL_OPEN;
 }
 
+/* The reservation's bound, computed once per request (every attempt reserves the same):
+ * the priced estimate of the input plus the output limit. The reservation must be a real
+ * bound: a request without an output limit gets the configured cap, and the upstream is
+ * told so. */
+static void money_bound(proxy_req_t *p) {
+    if (p->bound_done)
+        return;
+    p->bound_done = 1;
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    const char *limit_field = p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens";
+    json_t *mt = json_object_get(p->json, "max_completion_tokens");
+    if (!json_is_integer(mt))
+        mt = json_object_get(p->json, limit_field);
+    int64_t max_out = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    if (p->proto == TG_PROTO_EMBEDDINGS) {
+        max_out = 0;
+    } else if (max_out <= 0) {
+        max_out = cfg->billing.default_max_tokens;
+        json_object_set_new(p->json, limit_field, json_integer(max_out));
+        p->json_dirty |= DIRTY_LIMIT;
+        p->limit_key = limit_field;
+    }
+    /* Input bound: JSON bytes / 3 (over-counts English text, which is ~4 bytes a token). */
+    p->est_input = (int64_t)(p->req->body.len / 3) + 1;
+    tg_price_t price;
+    int64_t amount = 0;
+    if (tg_snapshot_price(p->snap, p->model, &price)) {
+        tg_usage_t bound = {.input = p->est_input, .output = max_out, .known = TG_USAGE_INPUT | TG_USAGE_OUTPUT};
+        amount = tg_price_usage(&price, &bound, p->principal->rate_multiplier_micro);
+    } else {
+        tg_log_warn("request %s: model \"%s\" has no price: metered at 0 (add it under prices)", p->req->id, p->model);
+    }
+    p->reserved_amount = amount;
+}
+
+/* Whether the admission can take the first attempt's reservation too: billing applies,
+ * and the prices are known (a key with a group prices from the account snapshot, taken
+ * here instead of in phase_select; before the first snapshot has loaded, phase_reserve
+ * reserves after phase_select waited for it). */
+static int money_in_admission(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    proxy_worker_t *pw = p->pw;
+    if (!pw->billing || !pr->key_id || p->attempt != 1 || p->reserved || p->money_held)
+        return 0;
+    if (pr->group_id && pw->accounts && !p->snap && !(p->snap = tg_accounts_snapshot(pw->accounts)))
+        return 0;
+    return 1;
+}
+
 static int phase_admit(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     if (!pr || !p->pw->limits || !is_model_route(p->req->route) || p->admit)
         return TG_OK;
-    if (pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
-        pr->tenant_concurrency < 0)
-        return TG_OK;
+    int limited = !(pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
+                    pr->tenant_concurrency < 0);
+    int money = money_in_admission(p);
+    if (!limited && !money)
+        return TG_OK; /* no Redis call */
     /* The token estimate: prompt bytes / 4 plus the output bound, read from the fields
      * billing reads (max_completion_tokens, then max_output_tokens for the Responses API,
      * max_tokens otherwise). A client's bound is any integer: the sum saturates instead
-     * of wrapping, so a huge max_tokens charges the whole TPM bucket, never nothing. */
-    json_t *mt = json_object_get(p->json, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(p->json, p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens");
-    int64_t out_bound = json_is_integer(mt) ? json_integer_value(mt) : 1024;
-    int64_t in_bound = (int64_t)TG_MIN(p->req->body.len / 4, (size_t)INT64_MAX);
-    p->est_tokens = in_bound + TG_MIN(TG_MAX(out_bound, 0), INT64_MAX - in_bound);
+     * of wrapping, so a huge max_tokens charges the whole TPM bucket, never nothing. The
+     * client's bound, before billing's default is put in: kept when admitting again
+     * after a balance load. */
+    if (!p->balance_loads) {
+        json_t *mt = json_object_get(p->json, "max_completion_tokens");
+        if (!json_is_integer(mt))
+            mt = json_object_get(p->json, p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens");
+        int64_t out_bound = json_is_integer(mt) ? json_integer_value(mt) : 1024;
+        int64_t in_bound = (int64_t)TG_MIN(p->req->body.len / 4, (size_t)INT64_MAX);
+        p->est_tokens = in_bound + TG_MIN(TG_MAX(out_bound, 0), INT64_MAX - in_bound);
+    }
+    tg_limit_money_t m;
+    if (money) {
+        money_bound(p);
+        tg_reserve_req_t r = reserve_req(p);
+        tg_billing_admission_money(p->pw->billing, &r, p->tenant_init, p->key_init, &m);
+    }
     tg_limit_req_t lim = {
         .tenant_id = pr->tenant_id,
         .key_id = pr->key_id,
@@ -1045,6 +1164,7 @@ static int phase_admit(proxy_req_t *p) {
         .tenant_conc = pr->tenant_concurrency,
         .est_tokens = p->est_tokens,
         .on_down = limiter_down,
+        .money = money ? &m : NULL,
     };
     p->admit = tg_limits_admit(p->pw->limits, p->req->id, &lim, admit_done, p);
     return TG_AGAIN;
@@ -1413,43 +1533,16 @@ static int phase_reserve(proxy_req_t *p) {
     proxy_worker_t *pw = p->pw;
     if (!pw->billing || !pr || !pr->key_id || !is_model_route(p->req->route))
         return TG_OK;
-    const tg_config_t *cfg = p->req->worker->gw->cfg;
-    /* The reservation must be a real bound: a request without an output limit gets the
-     * configured cap, and the upstream is told so. */
-    const char *limit_field = p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens";
-    json_t *mt = json_object_get(p->json, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(p->json, limit_field);
-    int64_t max_out = json_is_integer(mt) ? json_integer_value(mt) : -1;
-    if (p->proto == TG_PROTO_EMBEDDINGS) {
-        max_out = 0;
-    } else if (max_out <= 0) {
-        max_out = cfg->billing.default_max_tokens;
-        json_object_set_new(p->json, limit_field, json_integer(max_out));
-        p->json_dirty |= DIRTY_LIMIT;
-        p->limit_key = limit_field;
+    money_bound(p);
+    tg_reserve_req_t r = reserve_req(p);
+    if (p->money_held) {
+        /* The admission script reserved this (first) attempt: the upstream call is next,
+         * so record it now. */
+        p->money_held = 0;
+        p->reserved = p->attempt;
+        tg_billing_admitted(pw->billing, &r);
+        return TG_OK;
     }
-    /* Input bound: JSON bytes / 3 (over-counts English text, which is ~4 bytes a token). */
-    p->est_input = (int64_t)(p->req->body.len / 3) + 1;
-    tg_price_t price;
-    int64_t amount = 0;
-    if (tg_snapshot_price(p->snap, p->model, &price)) {
-        tg_usage_t bound = {.input = p->est_input, .output = max_out, .known = TG_USAGE_INPUT | TG_USAGE_OUTPUT};
-        amount = tg_price_usage(&price, &bound, pr->rate_multiplier_micro);
-    } else {
-        tg_log_warn("request %s: model \"%s\" has no price: metered at 0 (add it under prices)", p->req->id, p->model);
-    }
-    p->reserved_amount = amount;
-    tg_reserve_req_t r = {
-        .request_id = p->req->id,
-        .attempt = p->attempt,
-        .tenant_id = pr->tenant_id,
-        .key_id = pr->key_id,
-        .model = p->model,
-        .amount = amount,
-        .key_budget = pr->budget[0] != '\0',
-        .money_open = money_open,
-    };
     p->reserve = tg_billing_reserve(pw->billing, &r, reserve_done, p);
     return TG_AGAIN;
 }

@@ -3,8 +3,13 @@
  *
  * Before the upstream call a request reserves the upper bound of its cost (estimated
  * input + max output, priced) in Redis, atomically against the tenant's live available
- * balance and the key's budget (one script, hash tag {t:<tenant>}); a balance that cannot
- * cover the bound refuses the request (402), so concurrent requests can never overspend.
+ * balance and the key's budget (hash tag {t:<tenant>}); a balance that cannot cover the
+ * bound refuses the request (402), so concurrent requests can never overspend. The first
+ * attempt's reservation is taken by the admission script itself (tg_limits.h), in the
+ * same round trip as the rate, token and concurrency limits and only if they all
+ * admit (tg_billing_admission_money builds its part; tg_billing_admitted records it);
+ * a retry's, or one the admission could not take, by tg_billing_reserve (a script of
+ * its own, the same writes).
  * The reservation's durable Postgres row (`reserved`) is written by the settlement
  * batcher within a millisecond, or appended to the local fsync'd spool when Postgres is
  * unreachable — so no request waits on Postgres, and a Postgres outage does not stop
@@ -29,6 +34,7 @@
 #include <uv.h>
 
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_limits.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_usage.h"
 
@@ -83,6 +89,31 @@ typedef struct {
 tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_reserve_cb cb, void *ud);
 /** The caller is gone: no callback; what was reserved is kept for settlement. */
 void tg_reserve_detach(tg_reserve_t *r);
+
+/**
+ * The first attempt's reservation (r->attempt is taken as 1) as the admission script
+ * takes it: keys, amount, hold, and the live balances to load into Redis when the
+ * admission answered TG_ADMIT_MONEY_INIT (NULL or "" before: unknown). The hold's undo
+ * (a lost answer, a client gone mid-admission) is tg_billing_release_attempt.
+ */
+void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, const char *tenant_init,
+                                const char *key_init, tg_limit_money_t *out);
+/** The admission reserved r (TG_ADMIT_OK, reserved): records it as tg_billing_reserve
+ *  does (the Postgres row through the batcher, the counter). Call it when the upstream
+ *  call is about to be made; a request that ends before gives the hold back with
+ *  tg_billing_release_attempt instead, and nothing is recorded. */
+void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r);
+/** The admission refused on money (TG_ADMIT_BALANCE, TG_ADMIT_BUDGET: key_budget 1):
+ *  counts it; the client error's code and message (status 402), as tg_billing_reserve's. */
+void tg_billing_refused(tg_billing_t *b, int key_budget, const char **code, const char **msg);
+
+/** tg_billing_load's answer: status 0 with the balances (nano-USD, decimal; the key's
+ *  "-1" without a budget), or 503 with the client error's code and message. */
+typedef void (*tg_balance_cb)(void *ud, int status, const char *code, const char *msg, const char *tenant_avail,
+                              const char *key_avail);
+/** Loads r's live balances from Postgres (the admission answered TG_ADMIT_MONEY_INIT).
+ *  The callback runs exactly once, never synchronously; tg_reserve_detach cancels it. */
+tg_reserve_t *tg_billing_load(tg_billing_t *b, const tg_reserve_req_t *r, tg_balance_cb cb, void *ud);
 
 typedef struct {
     const char *request_id;

@@ -9,13 +9,20 @@
  *   - the concurrency lease: a sorted set per key and per tenant (member = request id,
  *     score = lease expiry), expired members removed first, renewed for long streams
  *     (a renewal re-acquires a lease that Redis lost, without refusing the stream);
+ *   - with billing, the first attempt's budget reservation against the tenant's live
+ *     balance and the key's budget (tg_limit_money_t, filled by billing: see
+ *     tg_billing.h), checked after the limits and taken with them, so a billed request
+ *     is admitted and reserved in one round trip; a request with billing but no limit
+ *     sends only that part;
  *
  * and remembers the request id (marker key with TTL, extended while the request runs),
  * so the same request is never charged twice: a retried admission of an already
- * admitted id just refreshes its leases. Release is one idempotent script too, sent again
- * when it gets no answer, and sent after an admission that timed out (it may have run).
- * All keys of one script share the hash tag {t:<tenant id>}, so the scripts run
- * unchanged on Redis Cluster.
+ * admitted id just refreshes its leases. Nothing is written unless everything fits: a
+ * refusal (a limit, the balance, the key's budget) charges no bucket, takes no lease and
+ * holds no money. Release is one idempotent script too, sent again when it gets no
+ * answer, and sent after an admission that timed out (it may have run). All keys of one
+ * script share the hash tag {t:<tenant id>}, so the scripts run unchanged on Redis
+ * Cluster.
  *
  * When Redis does not answer (timeout, disconnected, or no usable client), the decision
  * is made per limit (rate, tokens, concurrency; money is billing's): closed (refuse,
@@ -40,6 +47,23 @@ typedef enum { TG_FAIL_CLOSED = 0, TG_FAIL_OPEN = 1, TG_FAIL_LOCAL = 2 } tg_fail
  *  tg_ffi.h). */
 enum { TG_DOWN_RATE = 0, TG_DOWN_TOKENS, TG_DOWN_CONCURRENCY, TG_DOWN_MONEY, TG_DOWN__COUNT };
 
+/**
+ * The budget reservation the admission script takes for the first attempt (built by
+ * tg_billing_admission_money; the keys and the hold are billing's, see tg_billing.h).
+ */
+typedef struct {
+    int nkeys;             /* 3: money, reservation, holds index; 4: and the key's budget */
+    char keys[4][128];
+    char amount[24];       /* nano-USD, decimal */
+    char tenant_init[32];  /* the tenant's available balance to load into Redis, "" unknown */
+    char key_init[32];     /* the key's (sent only with nkeys 4), "" unknown */
+    char hold[256];        /* the hold's value in the holds index */
+    /** Gives back the hold the script may have taken when its answer was lost, or when
+     *  the client left while it ran (no-op when there is none). */
+    void (*undo)(void *undo_ud, const char *request_id, int64_t tenant_id, int64_t key_id);
+    void *undo_ud;
+} tg_limit_money_t;
+
 /** Limits of one request, -1 = none. */
 typedef struct {
     int64_t tenant_id, key_id;
@@ -52,6 +76,9 @@ typedef struct {
      *  change any of them (the on_limiter_down hook). Called from the loop, never from
      *  inside tg_limits_admit. */
     void (*on_down)(void *ud, int limit_bits, tg_fail_policy_t policy[TG_DOWN__COUNT]);
+    /** Optional (copied): the first attempt's budget reservation, taken in the same
+     *  script. Without it, and without any limit, tg_limits_admit makes no Redis call. */
+    const tg_limit_money_t *money;
 } tg_limit_req_t;
 
 typedef enum {
@@ -61,6 +88,10 @@ typedef enum {
     TG_ADMIT_CONCURRENCY, /* every slot is taken (after the wait queue gave up) */
     TG_ADMIT_QUEUE_FULL,  /* the wait queue for a slot is full */
     TG_ADMIT_UNAVAILABLE, /* Redis is down and the policy is closed */
+    TG_ADMIT_BALANCE,     /* money: the tenant's balance cannot cover the reservation */
+    TG_ADMIT_BUDGET,      /* money: the key's budget cannot cover it */
+    TG_ADMIT_MONEY_INIT,  /* money: the live balance is not in Redis; load it from Postgres
+                             (tg_billing_load) and admit again with it (nothing was taken) */
 } tg_admit_result_t;
 
 typedef struct {
@@ -70,6 +101,9 @@ typedef struct {
                                concurrency: how often a slot frees (see README "Limits") */
     int degraded;          /* decided without Redis (open or local policy) */
     int waited_ms;         /* time spent in the wait queue */
+    int reserved;          /* TG_ADMIT_OK with money: the reservation was taken. 0: it was
+                              not (Redis did not answer, or the id was already admitted):
+                              reserve separately (tg_billing_reserve) */
 } tg_admit_outcome_t;
 
 typedef void (*tg_admit_cb)(void *ud, const tg_admit_outcome_t *out);
@@ -89,7 +123,9 @@ void tg_limits_destroy(tg_limits_t *l);
 /**
  * Admits request `request_id` (NUL-terminated, ≤ 64 bytes) against `lim`. The callback
  * runs exactly once, never synchronously. Returns a handle for tg_admit_cancel (client
- * gone while waiting) and for release.
+ * gone while waiting) and for release. One EVALSHA per try (another only after waiting
+ * for a slot); the reservation in lim->money, if any, is kept by the caller after
+ * admission (the handle's release does not give it back: settlement does).
  */
 tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_limit_req_t *lim, tg_admit_cb cb,
                             void *ud);
