@@ -36,6 +36,7 @@ const KEYS = { lim: plainKey('adm-lim'), budget: plainKey('adm-bud'), poor: plai
 const OVERSPEND_BODY = chatBody('parallel [mock delay_ms=300 chunks=2]', { maxTokens: 500 });
 const R_PAR = reservationFor(Buffer.byteLength(JSON.stringify(OVERSPEND_BODY)), 500);
 const FITS = 7n;
+const ORPHAN = 'orphan-model';
 
 let mock;
 let db;
@@ -85,13 +86,15 @@ before(async () => {
       { name: 'poor', balance: fmtNano(FITS * R_PAR) },
     ],
     groups: [{ name: 'g', models: [] }],
-    accounts: [{ name: 'up', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 0, groups: ['g'] }],
+    // The account serves MODEL only: ORPHAN is priced (so it is reserved) but no account
+    // can serve it.
+    accounts: [{ name: 'up', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 0, groups: ['g'], models: [MODEL] }],
     keys: [
       { name: 'lim', tenant: 'acme', group: 'g', key: KEYS.lim, rpm: 100000, tpm: 100000000, concurrency: 500 },
       { name: 'bud', tenant: 'acme', group: 'g', key: KEYS.budget, rpm: 100000, concurrency: 500, budget: '0.001' },
       { name: 'poor', tenant: 'poor', group: 'g', key: KEYS.poor, rpm: 100000, concurrency: 500 },
     ],
-    prices: [PRICES],
+    prices: [PRICES, { ...PRICES, model: ORPHAN }],
   });
   const [ids] = await db.query(`SELECT (SELECT id FROM tenants WHERE name = 'acme') AS acme,
     (SELECT id FROM tenants WHERE name = 'poor') AS poor, (SELECT id FROM api_keys WHERE name = 'lim') AS lim,
@@ -269,6 +272,28 @@ test("a key budget too small: 402 budget_exceeded (after loading the key's budge
   const ok = await chat(gw, budgetKey.key, chatBody('within [mock chunks=2]', { maxTokens: 100 }));
   assert.equal(ok.status, 200, ok.text);
   await waitUsageRow(budgetKey, ok.headers['x-request-id']);
+});
+
+test('admitted and reserved, but no account can serve it: the hold goes back and nothing is recorded', async () => {
+  await mock.reset();
+  const before = await liveMoney(rich);
+  const r = await chat(gw, rich.key, chatBody('nobody serves this', { model: ORPHAN }));
+  assert.equal(r.status, 503, r.text);
+  assert.equal(r.json?.error?.code, 'no_account_available', r.text);
+  const id = r.headers['x-request-id'];
+  // The admission reserved it (one script call that names its reservation) ...
+  const calls = monitor.scripts(`{t:${rich.tenantId}}:res:${id}:1`);
+  assert.ok(calls.length >= 1 && calls[0].text.includes(`"{t:${rich.tenantId}}:a:${id}"`), 'reserved by the admission');
+  // ... and the request gave it back when it ended: no hold, no row, the balance whole.
+  await waitFor(async () => (await liveMoney(rich)).reserved === before.reserved, { timeout: 5000, what: 'the hold to go back' });
+  assert.deepEqual(await liveMoney(rich), before);
+  const t = await traces(rich, id);
+  assert.equal(t.reservation, '0');
+  assert.equal(t.hold, '0');
+  await sleep(200);
+  assert.equal(await count(rich, 'reservations', `request_id = '${id}'`), 0, 'no reservation row');
+  assert.equal(await count(rich, 'usage', `request_id = '${id}'`), 0, 'no usage row');
+  assert.equal((await mock.stats()).total, 0);
 });
 
 test(`${30} parallel requests against a balance covering ${FITS} bounds: exactly ${FITS} admitted, the balance never negative`, async () => {
