@@ -251,6 +251,8 @@ test('a balance too small for the bound: 402 insufficient_balance, no bucket cha
   assert.equal(await count(rich, 'ledger', `request_id = '${id}'`), 0, 'no ledger row');
   // The refusal was one script call.
   assert.equal(monitor.scripts(id).length, 1);
+  await sleep(100);
+  assert.equal(monitor.scripts(id).length, 1);
 });
 
 test("a key budget too small: 402 budget_exceeded (after loading the key's budget), nothing charged or held", async () => {
@@ -282,8 +284,12 @@ test('admitted and reserved, but no account can serve it: the hold goes back and
   assert.equal(r.json?.error?.code, 'no_account_available', r.text);
   const id = r.headers['x-request-id'];
   // The admission reserved it (one script call that names its reservation) ...
-  const calls = monitor.scripts(`{t:${rich.tenantId}}:res:${id}:1`);
-  assert.ok(calls.length >= 1 && calls[0].text.includes(`"{t:${rich.tenantId}}:a:${id}"`), 'reserved by the admission');
+  // (MONITOR's lines reach us a moment after Redis ran the commands.)
+  const calls = await waitFor(() => {
+    const c = monitor.scripts(`{t:${rich.tenantId}}:res:${id}:1`);
+    return c.length >= 2 && c; // the admission, then the give-back
+  }, { timeout: 3000, what: 'the admission and the give-back in MONITOR' });
+  assert.ok(calls[0].text.includes(`"{t:${rich.tenantId}}:a:${id}"`), `reserved by the admission: ${calls[0].text}`);
   // ... and the request gave it back when it ended: no hold, no row, the balance whole.
   await waitFor(async () => (await liveMoney(rich)).reserved === before.reserved, { timeout: 5000, what: 'the hold to go back' });
   assert.deepEqual(await liveMoney(rich), before);
