@@ -668,8 +668,9 @@ static void local_admit(tg_admit_t *a) {
 }
 
 /* Redis did not answer (or there is none). The money, if it was asked, was not reserved
- * (tg_admit_outcome_t.reserved 0): the caller's separate reservation follows, and fails
- * closed. A request with no limit has nothing for the fallback to decide. */
+ * (tg_admit_outcome_t.reserved 0): the caller's separate reservation follows, with
+ * billing's own Redis-down rule for money (closed unless the on_limiter_down hook opens
+ * it). A request with no limit has nothing for the fallback to decide. */
 static void without_redis(tg_admit_t *a) {
     if (!a->limited) {
         deliver(a, TG_ADMIT_OK, NULL, 0, 1);
