@@ -74,7 +74,7 @@ try {
     const usec = (s.evalsha?.usec || 0) + (s.eval?.usec || 0);
     let other = 0;
     for (const [cmd, v] of Object.entries(s)) if (!['evalsha', 'eval', 'info', 'config|resetstat', 'config'].includes(cmd)) other += v.calls;
-    console.log(`| ${label} | ${kind} | ${ok} × 200 OK of ${N} | ${(scripts / N).toFixed(2)} (evalsha ${s.evalsha?.calls || 0}, eval ${s.eval?.calls || 0}) | ${(usec / N).toFixed(1)} | ${(other / N).toFixed(2)} |${instr === null ? '' : ` ${Math.round(instr.total / N).toLocaleString('en-US')} | ${Math.round(instr.scripts / N).toLocaleString('en-US')} |`}`);
+    console.log(`| ${label} | ${kind} | ${ok} of ${N} answered 200 | ${(scripts / N).toFixed(2)} (evalsha ${s.evalsha?.calls || 0}, eval ${s.eval?.calls || 0}) | ${(usec / N).toFixed(1)} | ${(other / N).toFixed(2)} |${instr === null ? '' : ` ${Math.round(instr.total / N).toLocaleString('en-US')} | ${Math.round(instr.scripts / N).toLocaleString('en-US')} |`}`);
   }
 } finally {
   await stopAll();
