@@ -72,20 +72,12 @@ static const char RESERVE_LUA[] =
     "return {1, 'ok'}\n";
 
 /* KEYS 1 money, 2 res, 3 kmoney, 4 holds. ARGV 1 actual cost of this attempt, 2 the
- * hold's field, 3 '1' when the attempt went ahead without a hold (money open while Redis
- * was down): its cost then comes off the live balances that exist. Returns the amount
- * credited back, or nil when already settled (exactly once). */
+ * hold's field. Returns the amount credited back, or nil when already settled (exactly
+ * once). */
 static const char SETTLE_LUA[] =
     "redis.call('HDEL', KEYS[4], ARGV[2])\n"
     "local amt = redis.call('GET', KEYS[2])\n"
-    "if not amt then\n"
-    "  if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[1], 'avail') == 1 then\n"
-    "    local neg = string.format('%d', -tonumber(ARGV[1]))\n"
-    "    redis.call('HINCRBY', KEYS[1], 'avail', neg)\n"
-    "    if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'avail', neg) end\n"
-    "  end\n"
-    "  return false\n"
-    "end\n"
+    "if not amt then return false end\n"
     "redis.call('DEL', KEYS[2])\n"
     "amt = tonumber(amt)\n"
     "local back = string.format('%d', amt - tonumber(ARGV[1]))\n"
@@ -94,11 +86,24 @@ static const char SETTLE_LUA[] =
     "if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'avail', back) end\n"
     "return back\n";
 
+/* KEYS 1 money, 2 kmoney. ARGV 1 the cost of a request that went ahead without a hold
+ * (money open while Redis was down), sent once its settlement is in Postgres: it comes
+ * off the live balances that are loaded; one not loaded yet is loaded from Postgres,
+ * which has it. */
+static const char DEBIT_LUA[] =
+    "local neg = string.format('%d', -tonumber(ARGV[1]))\n"
+    "if redis.call('HEXISTS', KEYS[1], 'avail') == 1 then redis.call('HINCRBY', KEYS[1], 'avail', neg) end\n"
+    "if redis.call('HEXISTS', KEYS[2], 'avail') == 1 then redis.call('HINCRBY', KEYS[2], 'avail', neg) end\n"
+    "return 1\n";
+
+/* The live balance loaded into Redis: Postgres's, minus the reservations still open that
+ * hold money in Redis (not those made without a hold: those never held any there). */
 static const char INIT_SQL[] =
     "SELECT ((t.balance - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.tenant_id = t.id AND "
-    "r.state IN ('reserved', 'pending_reconciliation')), 0)) * 1000000000)::bigint, "
+    "r.state IN ('reserved', 'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld'), 0)) * 1000000000)::bigint, "
     "coalesce(((k.budget - k.spend - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.api_key_id = k.id "
-    "AND r.state IN ('reserved', 'pending_reconciliation')), 0)) * 1000000000)::bigint, -1) "
+    "AND r.state IN ('reserved', 'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld'), 0)) * "
+    "1000000000)::bigint, -1) "
     "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
 
 
@@ -121,7 +126,7 @@ struct tg_billing_s {
     tg_billing_config_t cfg;
     char *spool_dir;
     char spool_path[512];
-    int reserve_script, settle_script;
+    int reserve_script, settle_script, debit_script;
     json_t *queue;          /* settlements waiting for the next batch */
     size_t queue_max;       /* beyond this the queue spills to the spool (bounded memory) */
     int live_inflight;      /* batches of the queue at Postgres */
@@ -223,7 +228,7 @@ int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multipl
 
 static void reserve_send(tg_reserve_t *x);
 static void enqueue(tg_billing_t *b, json_t *item);
-static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r);
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld);
 
 static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
     if (!x->detached)
@@ -265,7 +270,7 @@ static void load_balance(tg_reserve_t *x) {
 
 /* The reservation's durable Postgres row goes with the next settlement batch, in order,
  * or to the local spool when Postgres is unreachable: no request waits on Postgres. */
-static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r) {
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld) {
     char amount[32];
     tg_money_format(r->amount, amount);
     json_t *o = json_object();
@@ -277,6 +282,8 @@ static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r) {
     json_object_set_new(o, "amount", json_string(amount));
     json_object_set_new(o, "model", json_string(r->model ? r->model : ""));
     json_object_set_new(o, "instance", json_string(instance_id));
+    if (unheld)
+        json_object_set_new(o, "note", json_string("unheld")); /* no hold in Redis (INIT_SQL) */
     enqueue(b, o);
 }
 
@@ -296,7 +303,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
              * usual (a fresh Redis loads the balance minus it) and the request settles
              * as usual; the settlement finds no hold to give back. */
             b->stats.unheld++;
-            reserved_row(b, &x->r);
+            reserved_row(b, &x->r, 1);
             reserve_finish(x, 0, "unheld", NULL);
             return;
         }
@@ -329,7 +336,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
         return;
     }
     /* The hold is in Redis (atomic, before the upstream call). */
-    reserved_row(b, &x->r);
+    reserved_row(b, &x->r, 0);
     b->stats.reserved++;
     reserve_finish(x, 0, NULL, NULL);
 }
@@ -368,16 +375,15 @@ static void fmt_keys(char keys[4][128], char field[96], int64_t tenant, int64_t 
 }
 
 /* Returns an attempt's hold (the part above `actual` goes back), exactly once. */
-static void settle_hold(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual,
-                        int unheld) {
+static void settle_hold(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual) {
     tg_redis_t *redis = tg_state_redis(b->st);
     if (!redis)
         return;
     char keys[4][128], field[96], a[24];
     fmt_keys(keys, field, tenant, key, id, attempt);
     snprintf(a, sizeof(a), "%lld", (long long)actual);
-    const char *argv[7] = {keys[0], keys[1], keys[2], keys[3], a, field, unheld ? "1" : "0"};
-    tg_redis_eval(redis, b->settle_script, 4, 7, argv, NULL, NULL, NULL);
+    const char *argv[6] = {keys[0], keys[1], keys[2], keys[3], a, field};
+    tg_redis_eval(redis, b->settle_script, 4, 6, argv, NULL, NULL, NULL);
 }
 
 static void fail_async_cb(uv_timer_t *t) {
@@ -460,7 +466,7 @@ void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, cons
 }
 
 void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r) {
-    reserved_row(b, r);
+    reserved_row(b, r, 0);
     b->stats.reserved++;
 }
 
@@ -551,6 +557,35 @@ typedef struct {
     int from_spool;
 } batch_ctx_t;
 
+/* The settlements of `batch` made without a Redis hold that Postgres just billed
+ * ("settled", not a duplicate): their cost comes off the live balances now, after the
+ * commit, so that a balance loaded from Postgres meanwhile either has it already (loaded
+ * after) or gets it now (loaded before). Rare: only after money failed open. */
+static void debit_unheld(tg_billing_t *b, json_t *batch, const PGresult *res) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    size_t i;
+    json_t *e;
+    json_array_foreach(batch, i, e) {
+        json_t *cost = json_object_get(e, "unheld_cost");
+        if (!json_is_integer(cost) || !redis)
+            continue;
+        const char *rid = json_string_value(json_object_get(e, "request_id"));
+        int settled = 0;
+        for (int r = 0; rid && r < PQntuples(res) && !settled; r++)
+            settled = !strcmp(PQgetvalue(res, r, 0), rid) && !strcmp(PQgetvalue(res, r, 1), "settled");
+        if (!settled || json_integer_value(cost) <= 0)
+            continue;
+        char keys[2][128], amt[24];
+        long long tenant = (long long)json_integer_value(json_object_get(e, "tenant_id"));
+        snprintf(keys[0], sizeof(keys[0]), "{t:%lld}:money", tenant);
+        snprintf(keys[1], sizeof(keys[1]), "{t:%lld}:kmoney:%lld", tenant,
+                 (long long)json_integer_value(json_object_get(e, "api_key_id")));
+        snprintf(amt, sizeof(amt), "%lld", (long long)json_integer_value(cost));
+        const char *argv[3] = {keys[0], keys[1], amt};
+        tg_redis_eval(redis, b->debit_script, 2, 3, argv, NULL, NULL, NULL);
+    }
+}
+
 static void batch_done(void *ud, const PGresult *res, const char *err) {
     batch_ctx_t *c = ud;
     tg_billing_t *b = c->b;
@@ -573,6 +608,7 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
         return;
     }
     b->stats.batches++;
+    debit_unheld(b, c->batch, res);
     for (int i = 0; i < PQntuples(res); i++) {
         const char *outcome = PQgetvalue(res, i, 1);
         if (!strcmp(outcome, "reserved") || !strcmp(outcome, "unknown"))
@@ -657,8 +693,7 @@ static void flush_cb(uv_timer_t *t) { flush(t->data); }
 static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
     /* Failed earlier attempts produced nothing billable; the last one carries the cost. */
     for (int a = 1; a <= TG_MAX(s->attempts, 1); a++)
-        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == TG_MAX(s->attempts, 1) ? cost_last : 0,
-                    a <= 32 && (s->unheld & (1u << (a - 1))));
+        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == TG_MAX(s->attempts, 1) ? cost_last : 0);
 }
 
 static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
@@ -678,6 +713,11 @@ static json_t *settlement_json(const tg_settlement_t *s) {
     json_t *o = json_object();
     json_object_set_new(o, "request_id", json_string(s->request_id));
     json_object_set_new(o, "fingerprint", json_string(fp));
+    int last = TG_MAX(s->attempts, 1);
+    if (last <= 32 && (s->unheld & (1u << (last - 1))))
+        /* The billed attempt held nothing in Redis: once this settlement is in Postgres,
+         * its cost comes off the live balance (batch_done). */
+        json_object_set_new(o, "unheld_cost", json_integer(s->cost));
     json_object_set_new(o, "tenant_id", json_integer(s->tenant_id));
     json_object_set_new(o, "api_key_id", json_integer(s->key_id));
     json_object_set_new(o, "group_id", s->group_id ? json_integer(s->group_id) : json_null());
@@ -726,7 +766,7 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
 
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
                                 int attempt) {
-    settle_hold(b, tenant_id, key_id, request_id, attempt, 0, 0);
+    settle_hold(b, tenant_id, key_id, request_id, attempt, 0);
 }
 
 static const char UNLOCK_LUA[] =
@@ -873,6 +913,7 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     if (redis) {
         b->reserve_script = tg_redis_script_register(redis, RESERVE_LUA);
         b->settle_script = tg_redis_script_register(redis, SETTLE_LUA);
+        b->debit_script = tg_redis_script_register(redis, DEBIT_LUA);
     }
     uv_timer_init(loop, &b->flush_timer);
     b->flush_timer.data = b;
@@ -929,7 +970,9 @@ const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b) { return &b->s
  */
 static const char DUE_SQL[] =
     "SELECT r.request_id, max(r.attempt), min(r.tenant_id), min(r.api_key_id), "
-    "(sum(r.amount) * 1000000000)::bigint, coalesce(min(r.model), '') FROM reservations r "
+    "(sum(r.amount) * 1000000000)::bigint, coalesce(min(r.model), ''), "
+    "bool_or(r.note = 'unheld' AND r.attempt = (SELECT max(x.attempt) FROM reservations x "
+    "WHERE x.request_id = r.request_id)) FROM reservations r "
     "WHERE (r.state = 'pending_reconciliation' OR r.state = 'reserved') "
     "AND r.created_at < now() - $1::int * interval '1 millisecond' "
     "AND NOT (coalesce(r.instance, '') = ANY ($2::text[])) "
@@ -948,6 +991,7 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
         return;
     for (int i = 0; i < PQntuples(res); i++) {
         int64_t amount = atoll(PQgetvalue(res, i, 4));
+        int last = TG_MAX(atoi(PQgetvalue(res, i, 1)), 1);
         tg_settlement_t s = {
             .request_id = PQgetvalue(res, i, 0),
             .attempts = atoi(PQgetvalue(res, i, 1)),
@@ -956,6 +1000,8 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
             .model = PQgetvalue(res, i, 5),
             .cost = b->cfg.charge_unknown ? amount : 0,
             .estimated = 1,
+            /* The billed attempt held nothing in Redis (money open): debit after commit. */
+            .unheld = !strcmp(PQgetvalue(res, i, 6), "t") && last <= 32 ? 1u << (last - 1) : 0,
             .status = 0,
             .ttft_ms = -1,
         };
@@ -1009,7 +1055,7 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
             continue; /* its row is there: reconciled as a row */
         if (!strcmp(PQgetvalue(res, i, 8), "t")) {
             /* Settled, but its hold was never given back (Redis missed the release). */
-            settle_hold(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)), 0);
+            settle_hold(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)));
             continue;
         }
         char amount[32];
@@ -1325,7 +1371,8 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
         PGresult *r = PQexec(c, "SELECT t.id, ((t.balance - coalesce(sum(r.amount), 0)) * 1000000000)::bigint, "
                                 "(coalesce(sum(r.amount), 0) * 1000000000)::bigint FROM tenants t LEFT JOIN "
                                 "reservations r ON r.tenant_id = t.id AND r.state IN ('reserved', "
-                                "'pending_reconciliation') GROUP BY t.id");
+                                "'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld' "
+                                "GROUP BY t.id");
         int bad = 0;
         for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
             redisReply *rep = redisCommand(rc, "HMGET {t:%s}:money avail reserved", PQgetvalue(r, i, 0));
