@@ -126,7 +126,7 @@ struct tg_billing_s {
     tg_billing_config_t cfg;
     char *spool_dir;
     char spool_path[512];
-    int reserve_script, settle_script, debit_script;
+    int reserve_script, settle_script;
     json_t *queue;          /* settlements waiting for the next batch */
     size_t queue_max;       /* beyond this the queue spills to the spool (bounded memory) */
     int live_inflight;      /* batches of the queue at Postgres */
@@ -581,8 +581,11 @@ static void debit_unheld(tg_billing_t *b, json_t *batch, const PGresult *res) {
         snprintf(keys[1], sizeof(keys[1]), "{t:%lld}:kmoney:%lld", tenant,
                  (long long)json_integer_value(json_object_get(e, "api_key_id")));
         snprintf(amt, sizeof(amt), "%lld", (long long)json_integer_value(cost));
-        const char *argv[3] = {keys[0], keys[1], amt};
-        tg_redis_eval(redis, b->debit_script, 2, 3, argv, NULL, NULL, NULL);
+        /* EVAL with the source, not EVALSHA: a Redis that restarted has no scripts, and a
+         * NOSCRIPT answered after the command timed out would not be retried — this
+         * debit must run even when Redis answers late. Rare and small. */
+        const char *argv[6] = {"EVAL", DEBIT_LUA, "2", keys[0], keys[1], amt};
+        tg_redis_command(redis, NULL, NULL, 6, argv, NULL);
     }
 }
 
@@ -913,7 +916,6 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     if (redis) {
         b->reserve_script = tg_redis_script_register(redis, RESERVE_LUA);
         b->settle_script = tg_redis_script_register(redis, SETTLE_LUA);
-        b->debit_script = tg_redis_script_register(redis, DEBIT_LUA);
     }
     uv_timer_init(loop, &b->flush_timer);
     b->flush_timer.data = b;
