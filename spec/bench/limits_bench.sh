@@ -14,6 +14,9 @@
 #      a. closed loop on ONE connection (tg_loadgen ttfb --conns 1: the next request
 #         leaves when the previous response ends), key and all against off;
 #      b. the same with the gateway and Redis sharing a core (no cross-core wake-up);
+#      d. the same with Redis alone on a core, and the gateway, the mock and the load
+#         generator sharing the other (the nearest this 2-core box gets to a Redis with
+#         a core of its own: its work never waits for, or delays, anyone else's);
 #      c. a fixed, moderate 1,000 req/s (open loop, tg_loadgen rate, 4 connections);
 #   2. latency at a busier fixed rate (TG_BENCH_RATE, 2,000 req/s over 32 connections),
 #      as measured before;
@@ -258,6 +261,9 @@ done
 rounds run_single a
 taskset -a -p -c "$PROXY_CPU" "$PID_REDIS" >/dev/null
 rounds run_single b
+taskset -a -p -c "$LOAD_CPU" "$PID_GW" >/dev/null
+rounds run_single d
+taskset -a -p -c "$PROXY_CPU" "$PID_GW" >/dev/null
 taskset -a -p -c "$LOAD_CPU" "$PID_REDIS" >/dev/null
 rounds run_rate c "$MODERATE" 4
 [ $LATENCY = 1 ] || rounds run_rate d "$RATE" 32
@@ -268,6 +274,8 @@ lat_table single-a 3 "1a. One connection, closed loop; gateway on CPU $PROXY_CPU
     "tg_loadgen ttfb --conns 1: one request in flight at any time; $ROUNDS × $SINGLE requests per key, interleaved, samples pooled; latency = request written → response complete."
 lat_table single-b 3 "1b. One connection, closed loop; gateway + Redis on CPU $PROXY_CPU, mock + client on CPU $LOAD_CPU" \
     "As 1a, with Redis moved next to the gateway (its reply does not wait behind the load side)."
+lat_table single-d 3 "1d. One connection, closed loop; Redis alone on CPU $PROXY_CPU, gateway + mock + client on CPU $LOAD_CPU" \
+    "As 1a, with Redis on a core of its own: the admission crosses cores twice, and Redis's work (the admission, and the release after each response) runs beside everything else instead of before it."
 lat_table rate-c 1 "1c. A fixed $MODERATE req/s (open loop), 4 connections; pinning as 1a" \
     "tg_loadgen rate: $ROUNDS × $RATE_SLICE s per key after 0.5 s warm-up each, interleaved; latency from the moment each request is written."
 if [ $LATENCY = 0 ]; then
