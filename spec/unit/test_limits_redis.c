@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "tg_test.h"
+#include "tg_test_redis.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_redis.h"
@@ -57,25 +58,6 @@ static void run_for(uv_loop_t *loop, int ms) {
         uv_run(loop, UV_RUN_ONCE);
     uv_close((uv_handle_t *)&tick, NULL);
     uv_run(loop, UV_RUN_NOWAIT);
-}
-
-static redisContext *side_connect(const char *url) {
-    redisContext *c;
-    if (strncmp(url, "unix://", 7) == 0) {
-        c = redisConnectUnix(url + 7);
-    } else {
-        char host[256];
-        int port = 6379;
-        snprintf(host, sizeof(host), "%s", url + strlen("redis://"));
-        char *colon = strrchr(host, ':');
-        if (colon) {
-            *colon = '\0';
-            port = atoi(colon + 1);
-        }
-        c = redisConnect(host, port);
-    }
-    ASSERT(c && !c->err);
-    return c;
 }
 
 static void fx_init(fx_t *f, int lease_ttl_ms, int salt) {

@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "tg_test.h"
+#include "tg_test_redis.h"
 #include "tollgate/tg_redis.h"
 
 /* `tg_unit redis` without a server: skip the module (glibc passes argc/argv to
@@ -102,26 +103,6 @@ static result_t cmd(uv_loop_t *loop, tg_redis_t *r, int argc, const char **argv)
 
 #define CMD(loop, r, ...) cmd((loop), (r), sizeof((const char *[]){__VA_ARGS__}) / sizeof(char *), \
                               (const char *[]){__VA_ARGS__})
-
-/* A blocking side connection (hiredis sync API), to meddle with the server. */
-static redisContext *side_connect(const char *url) {
-    redisContext *c;
-    if (strncmp(url, "unix://", 7) == 0) {
-        c = redisConnectUnix(url + 7);
-    } else {
-        char host[256];
-        int port = 6379;
-        snprintf(host, sizeof(host), "%s", url + strlen("redis://"));
-        char *colon = strrchr(host, ':');
-        if (colon) {
-            *colon = '\0';
-            port = atoi(colon + 1);
-        }
-        c = redisConnect(host, port);
-    }
-    ASSERT(c && !c->err);
-    return c;
-}
 
 /* The id of this process's connection of the given kind ("cmd" or "sub"). */
 static long long client_id(redisContext *side, const char *kind) {
