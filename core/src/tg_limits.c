@@ -569,6 +569,7 @@ static tg_admit_result_t local_take(tg_admit_t *a, const local_scope_t s[2], con
     uint64_t now = tg_now_ms();
     local_entry_t *e[2] = {NULL, NULL};
     tg_admit_result_t r = TG_ADMIT_OK;
+    a->local_tpm[0] = a->local_tpm[1] = -1; /* nothing charged: nothing to correct */
     pthread_mutex_lock(&local_tab.mu);
     for (int i = 0; i < 2 && r == TG_ADMIT_OK; i++) {
         if (s[i].rpm < 0 && s[i].tpm < 0 && s[i].conc < 0)
@@ -850,7 +851,10 @@ static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual);
 
 /* The command went out and no answer came: it may have run in Redis. */
 static int maybe_ran(const tg_admit_t *a, const char *err) {
-    return a->sent_up && (err == tg_redis_err_timeout || err == tg_redis_err_disconnected);
+    /* A timeout always may have: a command accepted before the first connection was up
+     * waits in hiredis's buffer and goes out when it is (one that failed fast is told
+     * "disconnected", never "timeout"). Undoing one that never ran finds nothing. */
+    return err == tg_redis_err_timeout || (a->sent_up && err == tg_redis_err_disconnected);
 }
 
 /* Gives back the reservation the script took, or may have taken (its answer was lost:
@@ -1147,7 +1151,7 @@ void tg_admit_release(tg_admit_t *a, int64_t actual_tokens) {
         local_release(a, actual_tokens);
         admit_free(a);
     } else {
-        if (conc)
+        if (conc && a->admitted_ms) /* 0: admitted open while Redis was down */
             hold_note(l, a);
         release_begin(l, a, actual_tokens);
     }
