@@ -777,9 +777,15 @@ static void flush_cb(uv_timer_t *t) { flush(t->data); }
 
 
 static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
-    /* Failed earlier attempts produced nothing billable; the last one carries the cost. */
-    for (int a = 1; a <= TG_MAX(s->attempts, 1); a++)
-        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == TG_MAX(s->attempts, 1) ? cost_last : 0);
+    /* Failed earlier attempts produced nothing billable; the last one carries the cost,
+     * unless it went ahead without a hold (money open): then its cost comes off the live
+     * balance after the commit (debit_unheld), and a hold an admission took before its
+     * answer was lost goes back whole, so the cost is not taken twice. */
+    int last = TG_MAX(s->attempts, 1);
+    for (int a = 1; a <= last; a++) {
+        int unheld = a <= 32 && (s->unheld & (1u << (a - 1)));
+        settle_hold(b, s->tenant_id, s->key_id, s->request_id, a, a == last && !unheld ? cost_last : 0);
+    }
 }
 
 static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
