@@ -77,6 +77,39 @@ TG_TEST(config, errors_name_the_key) {
     ASSERT(strstr(err, "tls.cert"));
 }
 
+/* limiter.on_redis_down_*: the tokens policy follows the rate policy unless set apart;
+ * anything but closed / open / local, or a non-string, is refused naming the key. */
+TG_TEST(config, limiter_policies) {
+    tg_config_t cfg;
+    char err[256];
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, limiter = { on_redis_down_rate = 'closed' } }",
+                       &cfg, err),
+                  0);
+    ASSERT_EQ_INT(cfg.limiter.fail_rate, 0);
+    ASSERT_EQ_INT(cfg.limiter.fail_tokens, 0);
+    tg_config_free(&cfg);
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, limiter = { on_redis_down_rate = 'closed',"
+                       " on_redis_down_tokens = 'open', on_redis_down_concurrency = 'local' } }",
+                       &cfg, err),
+                  0);
+    ASSERT_EQ_INT(cfg.limiter.fail_rate, 0);
+    ASSERT_EQ_INT(cfg.limiter.fail_tokens, 1);
+    ASSERT_EQ_INT(cfg.limiter.fail_concurrency, 2);
+    tg_config_free(&cfg);
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, limiter = { on_redis_down_tokens = 'sometimes' } }",
+                       &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "limiter.on_redis_down_tokens") && strstr(err, "sometimes"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, limiter = { on_redis_down_tokens = 3 } }", &cfg,
+                       err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "limiter.on_redis_down_tokens"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, limiter = { on_redis_down_money = 'open' } }",
+                       &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "on_redis_down_money") && strstr(err, "unknown key"));
+}
+
 TG_TEST(config, env_overrides) {
     tg_config_t cfg;
     char err[256];
