@@ -678,10 +678,13 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
             ctx->plugin_errors++;
             snprintf(pl->last_hook_error, sizeof(pl->last_hook_error), "plugins.%s.%s: %s", name,
                      tg_ffi_hook_name(hook), err);
+            /* A plugin's message is the plugin's (or its input's) size: one log line
+             * keeps its first 512 bytes. */
+            size_t elen = strlen(err);
             if (!pl->quiet)
-                tg_log_warn("request %.*s: plugin %s failed in %s (generation %llu), fallback applied: %s",
+                tg_log_warn("request %.*s: plugin %s failed in %s (generation %llu), fallback applied: %.512s%s",
                             (int)ctx->request_id_len, ctx->request_id, name, tg_ffi_hook_name(hook),
-                            (unsigned long long)g->number, err);
+                            (unsigned long long)g->number, err, elen > 512 ? " [cut]" : "");
             fallback(ctx, hook, fail_closed, saved_model, saved_model_len, saved_group, saved_group_len);
         }
         pl->cell->ctx = NULL; /* a ctx a plugin kept is refused after its hook call */

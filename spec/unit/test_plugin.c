@@ -149,6 +149,63 @@ static const char stamp_plugin[] =
 static const char stamp_schema[] =
     "return { fields = { prefix = { type = 'string', default = 'p/' } } }\n";
 
+/* ctx:limiter from a real plugin: per-limit answers are kept, undecided limits take the
+ * configured policy, and a malformed or hostile call (an unknown limit, a bad decision,
+ * a local money bucket, a non-table) is a plugin error: every limit closed, counted. */
+static const char down_plugin[] =
+    "return { name = 'down', priority = 10, version = '1',\n"
+    "  on_limiter_down = function(ctx)\n"
+    "    local m = ctx:model()\n"
+    "    if m == 'per-limit' then ctx:limiter({ rate = 'open', concurrency = 'local' })\n"
+    "    elseif m == 'all-local' then ctx:limiter('local')\n"
+    "    elseif m == 'money-open' then ctx:limiter('open', 'money')\n"
+    "    elseif m == 'money-local' then ctx:limiter('local', 'money')\n"
+    "    elseif m == 'money-local-table' then ctx:limiter({ money = 'local' })\n"
+    "    elseif m == 'unknown-limit' then ctx:limiter({ bandwidth = 'open' })\n"
+    "    elseif m == 'bad-decision' then ctx:limiter('maybe')\n"
+    "    elseif m == 'not-a-string' then ctx:limiter(42)\n"
+    "    elseif m == 'huge-name' then ctx:limiter('open', string.rep('r', 1000000)) end\n"
+    "  end }\n";
+
+TG_TEST(plugin, limiter_decisions_and_bad_calls) {
+    make_dir();
+    write_file("down.lua", down_plugin);
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'down'}", &loop);
+    tg_hookctx_t ctx;
+    enum { D = TG_LIMITER_DEFAULT, C = TG_LIMITER_CLOSED, O = TG_LIMITER_OPEN, L = TG_LIMITER_LOCAL };
+    static const struct {
+        const char *model;
+        int want[4]; /* rate, tokens, concurrency, money */
+        int error;
+    } cases[] = {
+        {"per-limit", {O, D, L, D}, 0},
+        {"all-local", {L, L, L, D}, 0}, /* money is never local: it keeps its policy */
+        {"money-open", {D, D, D, O}, 0},
+        {"nothing", {D, D, D, D}, 0},
+        {"money-local", {C, C, C, C}, 1},
+        {"money-local-table", {C, C, C, C}, 1},
+        {"unknown-limit", {C, C, C, C}, 1},
+        {"bad-decision", {C, C, C, C}, 1},
+        {"not-a-string", {C, C, C, C}, 1},
+        {"huge-name", {C, C, C, C}, 1},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        begin(pl, &ctx, cases[k].model);
+        ctx.limits = TG_LIMIT_RATE | TG_LIMIT_TOKENS | TG_LIMIT_CONCURRENCY | TG_LIMIT_MONEY;
+        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &ctx), TG_OK);
+        for (int i = 0; i < 4; i++) {
+            if (ctx.limiter_decision[i] != cases[k].want[i])
+                fprintf(stderr, "%s: limit %d decided %d, expected %d\n", cases[k].model, i,
+                        ctx.limiter_decision[i], cases[k].want[i]);
+            ASSERT_EQ_INT(ctx.limiter_decision[i], cases[k].want[i]);
+        }
+        ASSERT_EQ_INT(ctx.plugin_errors, cases[k].error);
+        tg_plugins_end(pl, &ctx);
+    }
+    stop(pl, &loop);
+}
+
 TG_TEST(plugin, hooks_change_the_context) {
     make_dir();
     write_file("stamp/handler.lua", stamp_plugin);
