@@ -13,6 +13,8 @@
 # in spec/fuzz.cmake with the other fuzzers.
 
 tg_unit_test(translate protocols)
+# Issue #15 (label fidelity): spec/golden/fidelity/<case>, the golden format above.
+tg_unit_test(fidelity "fidelity;protocols")
 
 if(NOT TG_FUZZ AND NOT TG_SANITIZE)
   set(TG_PROTO_ASAN_DIR "$ENV{TG_ASAN_BUILD}")
@@ -31,6 +33,11 @@ if(TG_NODE)
     COMMAND sh -c "[ -d \"$1/node_modules/openai\" ] || { echo \"skipped: no spec/node_modules\"; exit 77; }; exec \"$0\" --test \"$1/golden/translate/check_sdk.mjs\""
             ${TG_NODE} ${CMAKE_CURRENT_SOURCE_DIR})
   set_tests_properties(unit.translate_sdk PROPERTIES LABELS "protocols;unit" SKIP_RETURN_CODE 77 TIMEOUT 120)
+  add_test(NAME unit.fidelity_sdk
+    COMMAND sh -c "[ -d \"$1/node_modules/openai\" ] || { echo \"skipped: no spec/node_modules\"; exit 77; }; exec \"$0\" --test \"$1/golden/translate/check_sdk.mjs\""
+            ${TG_NODE} ${CMAKE_CURRENT_SOURCE_DIR})
+  set_tests_properties(unit.fidelity_sdk PROPERTIES LABELS "fidelity;protocols;unit" SKIP_RETURN_CODE 77 TIMEOUT 120
+    ENVIRONMENT "TG_GOLDEN_DIR=${CMAKE_CURRENT_SOURCE_DIR}/golden/fidelity")
 endif()
 
 add_executable(tg_translate_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/translate_bench.c)

@@ -162,12 +162,14 @@ void tg__usage_chat(const tg_usage_t *u, tg_buf_t *b) {
 }
 
 void tg__usage_anthropic(const tg_usage_t *u, tg_buf_t *b) {
-    tg_buf_printf(b, "{\"input_tokens\":%lld", (long long)usage_get(u, TG_USAGE_INPUT, u->input));
-    if (u->known & TG_USAGE_CACHE_WRITE)
-        tg_buf_printf(b, ",\"cache_creation_input_tokens\":%lld", (long long)u->cache_write);
-    if (u->known & TG_USAGE_CACHE_READ)
-        tg_buf_printf(b, ",\"cache_read_input_tokens\":%lld", (long long)u->cache_read);
-    tg_buf_printf(b, ",\"output_tokens\":%lld}", (long long)usage_get(u, TG_USAGE_OUTPUT, u->output));
+    /* Anthropic always reports both cache counts; an unreported one is 0. */
+    tg_buf_printf(b,
+                  "{\"input_tokens\":%lld,\"cache_creation_input_tokens\":%lld,\"cache_read_input_tokens\":%lld,"
+                  "\"output_tokens\":%lld}",
+                  (long long)usage_get(u, TG_USAGE_INPUT, u->input),
+                  (long long)usage_get(u, TG_USAGE_CACHE_WRITE, u->cache_write),
+                  (long long)usage_get(u, TG_USAGE_CACHE_READ, u->cache_read),
+                  (long long)usage_get(u, TG_USAGE_OUTPUT, u->output));
 }
 
 void tg__usage_responses(const tg_usage_t *u, tg_buf_t *b) {
@@ -764,6 +766,7 @@ void tg__x_tool_start(tg_xlate_t *x, const char *id, size_t idn, const char *nam
         id = gen;
     }
     x->enc->tool_start(x, id, idn, name ? name : "", name ? nn : 0, out);
+    x->e_args = 0;
     x->tools++;
     assert(x->e_kind == TG__BLK_TOOL);
 }
@@ -771,12 +774,17 @@ void tg__x_tool_start(tg_xlate_t *x, const char *id, size_t idn, const char *nam
 void tg__x_tool_args(tg_xlate_t *x, const char *s, size_t n, tg_buf_t *out) {
     if (!n || x->stopped || x->ended || x->e_kind != TG__BLK_TOOL)
         return;
+    x->e_args = 1;
     x->enc->tool_args(x, s, n, out);
 }
 
 void tg__x_block_end(tg_xlate_t *x, tg_buf_t *out) {
     if (x->e_kind == TG__BLK_NONE || x->ended)
         return;
+    /* A call without arguments (Anthropic streams input {} and an empty delta) still
+     * gets a JSON object, as OpenAI sends it and as the non-stream answer has it. */
+    if (x->e_kind == TG__BLK_TOOL && !x->e_args)
+        x->enc->tool_args(x, "{}", 2, out);
     x->enc->block_end(x, out);
     x->e_kind = TG__BLK_NONE;
 }

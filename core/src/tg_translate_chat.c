@@ -152,6 +152,11 @@ static int decode_message(const json_t *m, size_t i, tg__ir_t *ir, char *err, si
         } else if (content && !json_is_null(content)) {
             return tg__fail(err, errlen, "messages[%zu].content must be a string, an array or null", i);
         }
+        /* A refused turn holds its text in "refusal" (content null): it is what the
+         * model said, and dropping it would merge the user turns around it. */
+        json_t *refusal = json_object_get(m, "refusal");
+        if (json_is_string(refusal) && json_string_length(refusal))
+            tg__ir_add(ir, "assistant", json_pack("{s:s,s:O}", "type", "text", "text", refusal));
         json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls) && !json_is_array(calls))
             return tg__fail(err, errlen, "messages[%zu].tool_calls must be an array", i);
@@ -211,6 +216,11 @@ static int check_refused(const json_t *body, char *err, size_t errlen) {
             return tg__fail(err, errlen, "modalities: only text output can be translated to another provider's API");
     if (json_object_get(body, "functions") || json_object_get(body, "function_call"))
         return tg__fail(err, errlen, "functions: legacy function calling cannot be translated; use tools");
+    json_t *ws = json_object_get(body, "web_search_options");
+    if (ws && !json_is_null(ws))
+        return tg__fail(err, errlen,
+                        "web_search_options: web search cannot be translated to another provider's API "
+                        "(as web search tools cannot)");
     return TG_OK;
 }
 
@@ -387,11 +397,15 @@ static int encode_user(const json_t *turn, json_t *messages, char *err, size_t e
          * user message that follows (chat tool messages carry text only). */
         tg_buf_t text;
         tg_buf_init(&text);
-        size_t j;
+        /* A chat tool message has no error flag: the content says it. */
+        int is_error = json_is_true(json_object_get(b, "is_error"));
+        if (is_error)
+            tg_buf_appends(&text, TG__TOOL_ERROR_PREFIX);
+        size_t start = text.len, j;
         json_t *c;
         json_array_foreach(json_object_get(b, "content"), j, c) {
             if (!strcmp(tg__str(c, "type"), "text")) {
-                if (text.len)
+                if (text.len > start)
                     tg_buf_appends(&text, "\n");
                 tg_buf_append(&text, tg__str(c, "text"), json_string_length(json_object_get(c, "text")));
             } else {
@@ -498,6 +512,9 @@ int tg__chat_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errle
         json_object_set(out, "temperature", ir->temperature);
     if (ir->top_p)
         json_object_set(out, "top_p", ir->top_p);
+    if (json_array_size(ir->stop) > 4)
+        return tg__fail(err, errlen, "stop_sequences: an OpenAI chat upstream accepts at most 4 stop sequences, got %zu",
+                        json_array_size(ir->stop));
     if (ir->stop)
         json_object_set(out, "stop", ir->stop);
     if (ir->user)
@@ -668,15 +685,20 @@ void tg__chat_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dle
     if (json_is_string(content))
         tg__x_text(x, json_string_value(content), json_string_length(content), out);
     json_t *refusal = json_object_get(delta, "refusal");
-    if (json_is_string(refusal))
+    if (json_is_string(refusal) && json_string_length(refusal)) {
+        x->d_refusal = 1;
         tg__x_text(x, json_string_value(refusal), json_string_length(refusal), out);
+    }
     json_t *calls = json_object_get(delta, "tool_calls");
     size_t i;
     json_t *tc;
     json_array_foreach(calls, i, tc) chat_tool_delta(x, tc, i, out);
     const char *fr = tg__str(c, "finish_reason");
-    if (fr)
-        tg__x_stop(x, tg__fin_from_chat(fr), out);
+    if (fr) {
+        int fin = tg__fin_from_chat(fr);
+        /* A refusal ends with "stop" at OpenAI; the non-stream decoder says the same. */
+        tg__x_stop(x, x->d_refusal && fin == TG__FIN_STOP ? TG__FIN_FILTER : fin, out);
+    }
 }
 
 /* ---- stream: neutral -> chat chunks ------------------------------------------------- */

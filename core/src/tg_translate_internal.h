@@ -129,10 +129,12 @@ struct tg_xlate_s {
     /* decoder (upstream side) */
     int d_kind;            /* TG__BLK_* of the upstream's current block */
     int64_t d_index;       /* its index (chat tool index, Anthropic block, output index) */
+    int d_refusal;         /* the upstream sent refusal text: the stop reason is a refusal */
     /* encoder (client side) */
     int e_kind;            /* TG__BLK_* of the client's open block */
     int e_index;           /* its index (Anthropic block, Responses output index) */
     int e_count;           /* blocks / output items opened so far */
+    int e_args;            /* the open tool call got argument bytes */
     int64_t seq;           /* Responses: sequence_number */
     tg_buf_t e_text;       /* Responses: the open item's text or arguments */
     tg_buf_t e_call;       /* Responses: the open function call's call_id */
@@ -177,6 +179,10 @@ void tg__x_error(tg_xlate_t *x, const char *type, const char *msg, tg_buf_t *out
 void tg__x_usage(tg_xlate_t *x, const char *data, size_t dlen);
 
 /* ---- helpers ----------------------------------------------------------------------- */
+
+/* What an OpenAI upstream reads at the start of a tool result that had is_error: true
+ * (chat tool messages and function_call_output items have no error flag). */
+#define TG__TOOL_ERROR_PREFIX "Error: "
 
 /* Formats into err and returns TG_ERROR. */
 int tg__fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -193,6 +193,10 @@ int tg__responses_req_decode(const json_t *body, tg__ir_t *ir, char *err, size_t
     json_t *prompt = json_object_get(body, "prompt");
     if (prompt && !json_is_null(prompt))
         return tg__fail(err, errlen, "prompt: stored prompt templates cannot be used with this model's provider");
+    const char *trunc = tg__str(body, "truncation");
+    if (trunc && strcmp(trunc, "disabled"))
+        return tg__fail(err, errlen, "truncation: \"%s\" (dropping input to fit the context window) cannot be "
+                                     "translated to another provider's API", trunc);
     json_t *instr = json_object_get(body, "instructions");
     if (json_is_string(instr) && json_string_length(instr))
         json_array_append(ir->system, instr);
@@ -339,8 +343,17 @@ static void encode_turn(const json_t *turn, json_t *input) {
             flush_message(input, role, &parts);
             json_t *content = json_object_get(b, "content");
             json_t *output = tg__join_text(content, "\n");
-            if (!output) {
+            /* function_call_output has no error flag: the output says it. */
+            int is_error = json_is_true(json_object_get(b, "is_error"));
+            if (output && is_error) {
+                json_t *s = json_pack("s+", TG__TOOL_ERROR_PREFIX, json_string_value(output));
+                json_decref(output);
+                output = s;
+            } else if (!output) {
                 output = json_array();
+                if (is_error)
+                    json_array_append_new(output, json_pack("{s:s,s:s}", "type", "input_text", "text",
+                                                            TG__TOOL_ERROR_PREFIX));
                 size_t j;
                 json_t *c;
                 json_array_foreach(content, j, c) json_array_append_new(output, input_part(c, "input_text"));
@@ -535,8 +548,11 @@ void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
     int64_t oi = json_is_integer(joi) ? json_integer_value(joi) : -1;
     json_t *v;
     if (!strcmp(type, "response.output_text.delta") || !strcmp(type, "response.refusal.delta")) {
-        if (json_is_string(v = json_object_get(doc, "delta")))
+        if (json_is_string(v = json_object_get(doc, "delta")) && json_string_length(v)) {
+            if (!strcmp(type, "response.refusal.delta"))
+                x->d_refusal = 1;
             tg__x_text(x, json_string_value(v), json_string_length(v), out);
+        }
     } else if (!strcmp(type, "response.function_call_arguments.delta")) {
         if (x->d_kind == TG__BLK_TOOL && oi == x->d_index && json_is_string(v = json_object_get(doc, "delta")))
             tg__x_tool_args(x, json_string_value(v), json_string_length(v), out);
@@ -566,7 +582,8 @@ void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
         tg__x_start(x, out);
     } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
         tg__x_usage(x, data, dlen);
-        tg__x_stop(x, fin_from_status(json_object_get(doc, "response")), out);
+        int fin = fin_from_status(json_object_get(doc, "response"));
+        tg__x_stop(x, x->d_refusal && fin == TG__FIN_STOP ? TG__FIN_FILTER : fin, out);
         tg__x_end(x, out);
     } else if (!strcmp(type, "response.failed")) {
         tg__x_usage(x, data, dlen);

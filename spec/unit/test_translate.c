@@ -32,6 +32,8 @@
 #include "tg_test.h"
 
 #define GOLDEN_DIR TG_SOURCE_DIR "/spec/golden/translate"
+/* The cases of issue #15 (label fidelity): the same format, run the same way. */
+#define FIDELITY_DIR TG_SOURCE_DIR "/spec/golden/fidelity"
 
 /* ---- files -------------------------------------------------------------------------- */
 
@@ -151,9 +153,9 @@ static int case_cmp(const void *a, const void *b) {
     return strcmp(((const gcase_t *)a)->name, ((const gcase_t *)b)->name);
 }
 
-/* Loads every case folder whose kind is `kind`, sorted by name. */
-static int load_cases(const char *kind, gcase_t *cases, int max) {
-    DIR *d = opendir(GOLDEN_DIR);
+/* Loads every case folder of `dir` whose kind is `kind`, sorted by name. */
+static int load_cases(const char *dir, const char *kind, gcase_t *cases, int max) {
+    DIR *d = opendir(dir);
     ASSERT(d);
     int n = 0;
     struct dirent *de;
@@ -162,7 +164,7 @@ static int load_cases(const char *kind, gcase_t *cases, int max) {
             continue;
         gcase_t *c = &cases[n];
         snprintf(c->name, sizeof(c->name), "%s", de->d_name);
-        snprintf(c->dir, sizeof(c->dir), "%s/%s", GOLDEN_DIR, de->d_name);
+        snprintf(c->dir, sizeof(c->dir), "%s/%s", dir, de->d_name);
         tg_buf_t b;
         if (!read_file(c->dir, "case.json", &b))
             continue;
@@ -440,10 +442,11 @@ static int run_stream_case(const gcase_t *c) {
     return ok;
 }
 
-/* Runs the cases of a kind (and, when `from` is set, of that upstream protocol). */
-static void run_kind(const char *kind, const char *from, int (*fn)(const gcase_t *), int min_cases) {
+/* Runs the cases of a kind in `dir` (and, when `from` is set, of that upstream protocol). */
+static void run_dir_kind(const char *dir, const char *kind, const char *from, int (*fn)(const gcase_t *),
+                         int min_cases) {
     static gcase_t cases[256];
-    int n = load_cases(kind, cases, 256);
+    int n = load_cases(dir, kind, cases, 256);
     int failed = 0, ran = 0;
     for (int i = 0; i < n; i++) {
         if (!from || !strcmp(meta_str(&cases[i], "from"), from)) {
@@ -458,6 +461,10 @@ static void run_kind(const char *kind, const char *from, int (*fn)(const gcase_t
     ASSERT_EQ_INT(failed, 0);
 }
 
+static void run_kind(const char *kind, const char *from, int (*fn)(const gcase_t *), int min_cases) {
+    run_dir_kind(GOLDEN_DIR, kind, from, fn, min_cases);
+}
+
 TG_TEST(translate, golden_requests) { run_kind("request", NULL, run_request, 10); }
 TG_TEST(translate, golden_responses) { run_kind("response", NULL, run_response, 5); }
 TG_TEST(translate, golden_errors) { run_kind("error", NULL, run_error, 3); }
@@ -466,6 +473,11 @@ TG_TEST(translate, golden_errors) { run_kind("error", NULL, run_error, 3); }
 TG_TEST(translate, golden_streams_from_chat) { run_kind("stream", "openai_chat", run_stream_case, 3); }
 TG_TEST(translate, golden_streams_from_anthropic) { run_kind("stream", "anthropic", run_stream_case, 3); }
 TG_TEST(translate, golden_streams_from_responses) { run_kind("stream", "responses", run_stream_case, 3); }
+
+/* Issue #15's cases (spec/golden/fidelity), registered as `tg_unit fidelity`. */
+TG_TEST(fidelity, golden_requests) { run_dir_kind(FIDELITY_DIR, "request", NULL, run_request, 1); }
+TG_TEST(fidelity, golden_responses) { run_dir_kind(FIDELITY_DIR, "response", NULL, run_response, 1); }
+TG_TEST(fidelity, golden_streams) { run_dir_kind(FIDELITY_DIR, "stream", NULL, run_stream_case, 1); }
 
 /* ---- properties and edge cases ------------------------------------------------------ */
 

@@ -33,26 +33,38 @@
  *     one user turn, as Anthropic requires). Tool-call ids are kept; for an Anthropic
  *     upstream characters outside [A-Za-z0-9_-] are replaced by '_' (consistently in
  *     calls and results). Images inside tool results go to a chat upstream as a user
- *     message right after the tool messages (chat tool messages hold text only);
+ *     message right after the tool messages (chat tool messages hold text only). An
+ *     Anthropic tool_result with is_error: true reaches an OpenAI upstream (which has no
+ *     such flag) as content starting with "Error: ". A call without arguments reaches
+ *     chat and Responses clients as "{}" in streams too (Anthropic streams input {} and
+ *     an empty delta). An assistant turn holding only a refusal (chat `refusal`,
+ *     Responses refusal part) is carried as its text;
  *   - max_tokens / max_completion_tokens / max_output_tokens (Anthropic requires one:
  *     TG_TRANSLATE_DEFAULT_MAX_TOKENS when the client sent none; a chat upstream gets
  *     max_completion_tokens), temperature (clamped to 1 for Anthropic), top_p,
- *     stop / stop_sequences, user <-> metadata.user_id, response_format <-> text.format
+ *     stop / stop_sequences (at most 4 for a chat upstream, as OpenAI allows; more is
+ *     refused), user <-> metadata.user_id, response_format <-> text.format
  *     (chat <-> Responses), reasoning_effort <-> reasoning.effort (chat <-> Responses);
  *   - stream: a chat upstream is always asked for `stream_options.include_usage` and a
  *     Responses upstream gets `store: false`;
  *   - stop reasons: stop / length / tool_calls / content_filter <-> end_turn /
  *     max_tokens / tool_use / refusal (stop_sequence and pause_turn map to stop);
  *     Responses `completed` / `incomplete` (max_output_tokens, content_filter);
- *     a response that contains tool calls reports tool_calls / tool_use;
+ *     a response that contains tool calls reports tool_calls / tool_use; refusal text
+ *     from an OpenAI upstream (chat `refusal`, Responses refusal parts) ends as
+ *     refusal / content_filter, stream or not;
  *   - usage: see "Usage" below.
- * Parameters the upstream protocol cannot express but that only tune sampling (seed,
- * penalties, top_k, logit_bias, service_tier, thinking, cache_control outside text
- * parts, store, include, ...) are dropped. Input whose meaning would be lost is refused
- * with a 400 message naming the field: audio parts and outputs, n > 1, logprobs,
- * legacy `functions`, non-function tools (web search, computer use, custom tools),
- * file ids, previous_response_id, background, JSON output formats for an Anthropic
- * upstream, stop sequences for a Responses upstream, unknown roles and part types.
+ * Parameters the upstream protocol cannot express but that only tune sampling or
+ * latency (seed, penalties, top_k, logit_bias, service_tier, thinking, cache_control
+ * outside text parts, store, include, chat `prediction` (a latency hint), Anthropic
+ * `container` (only server tools, which are refused, run in it), Responses
+ * `max_tool_calls` (a cap on built-in tool calls, which are refused), ...) are dropped.
+ * Input whose meaning would be lost is refused with a 400 message naming the field:
+ * audio parts and outputs, n > 1, logprobs, legacy `functions`, non-function tools (web
+ * search, computer use, custom tools) and chat `web_search_options`, file ids,
+ * previous_response_id, background, Responses `truncation` other than "disabled", JSON
+ * output formats for an Anthropic upstream, stop sequences for a Responses upstream,
+ * unknown roles and part types.
  * Thinking / reasoning blocks in the history are dropped when the upstream is another
  * protocol (their signatures are only valid for the provider that made them), and so
  * is thinking / reasoning output on its way to a client of another protocol (the text,
@@ -64,7 +76,7 @@
  * reads + cache writes for OpenAI shapes (cached_tokens = cache reads), and uncached
  * input + cache_read_input_tokens + cache_creation_input_tokens for Anthropic. A count
  * the upstream did not report is rendered as 0 (the client protocols require the
- * fields). A chat stream from an Anthropic or Responses upstream ends with a usage chunk
+ * fields; an Anthropic client always gets both cache counts). A chat stream from an Anthropic or Responses upstream ends with a usage chunk
  * ("choices": []) unless tg_xlate_set_usage_chunk(x, 0); an Anthropic stream from an
  * OpenAI upstream reports input_tokens 0 in message_start (OpenAI sends input counts
  * only at the end) and the real input and output counts in message_delta.usage.

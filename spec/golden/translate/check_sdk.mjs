@@ -19,9 +19,17 @@ const require = createRequire(join(here, '../../package.json'));
 const Anthropic = require('@anthropic-ai/sdk').default ?? require('@anthropic-ai/sdk');
 const OpenAI = require('openai').default ?? require('openai');
 
-const cases = readdirSync(here, { withFileTypes: true })
-  .filter((d) => d.isDirectory() && existsSync(join(here, d.name, 'case.json')))
-  .map((d) => ({ name: d.name, dir: join(here, d.name), meta: JSON.parse(readFileSync(join(here, d.name, 'case.json'), 'utf8')) }));
+// TG_GOLDEN_DIR picks another folder of cases in the same format (spec/golden/fidelity).
+const root = process.env.TG_GOLDEN_DIR || here;
+const cases = readdirSync(root, { withFileTypes: true })
+  .filter((d) => d.isDirectory() && existsSync(join(root, d.name, 'case.json')))
+  .map((d) => ({ name: d.name, dir: join(root, d.name), meta: JSON.parse(readFileSync(join(root, d.name, 'case.json'), 'utf8')) }));
+
+// A case's "sdk" member names what the application must see: {"stop_reason": ...} for an
+// Anthropic client, {"finish_reason": ...} for a chat client, {"status": ...} for Responses.
+function expectSdk(c, got) {
+  for (const [k, v] of Object.entries(c.meta.sdk ?? {})) assert.deepEqual(got[k], v, `${c.name}: ${k}`);
+}
 
 function fakeFetch(body, contentType) {
   return async () => new Response(body, { status: 200, headers: { 'content-type': contentType, 'request-id': 'req_golden' } });
@@ -88,6 +96,7 @@ for (const c of cases.filter((c) => c.meta.kind === 'stream' && c.meta.from !== 
         const tools = msg.content.filter((b) => b.type === 'tool_use');
         assert.deepEqual(tools.map((t) => t.input), want.args.map((a) => JSON.parse(a || '{}')));
         if (tools.length) assert.equal(msg.stop_reason, 'tool_use');
+        expectSdk(c, { stop_reason: msg.stop_reason, usage: msg.usage });
       } else if (c.meta.to === 'openai_chat') {
         const s = openai.chat.completions.stream({ model: 'm', messages: [{ role: 'user', content: 'hi' }] });
         const done = await s.finalChatCompletion();
@@ -99,6 +108,7 @@ for (const c of cases.filter((c) => c.meta.kind === 'stream' && c.meta.from !== 
         for (const t of calls) JSON.parse(t.function.arguments);
         if (calls.length) assert.equal(choice.finish_reason, 'tool_calls');
         if (c.meta.usage_chunk !== false) assert.equal(typeof done.usage?.completion_tokens, 'number');
+        expectSdk(c, { finish_reason: choice.finish_reason, arguments: calls.map((t) => t.function.arguments) });
       } else {
         const s = openai.responses.stream({ model: 'm', input: 'hi' });
         const r = await s.finalResponse();
@@ -110,6 +120,7 @@ for (const c of cases.filter((c) => c.meta.kind === 'stream' && c.meta.from !== 
         const calls = r.output.filter((o) => o.type === 'function_call');
         assert.deepEqual(calls.map((o) => o.arguments), want.args);
         assert.equal(typeof r.usage.output_tokens, 'number');
+        expectSdk(c, { status: r.status, arguments: calls.map((o) => o.arguments) });
       }
     };
     if (endsInError(sse) || truncated) {
@@ -131,6 +142,7 @@ for (const c of cases.filter((c) => c.meta.kind === 'response' && !c.meta.error 
       assert.equal(msg.type, 'message');
       assert.ok(Array.isArray(msg.content) && msg.stop_reason);
       for (const b of msg.content) if (b.type === 'tool_use') assert.equal(typeof b.input, 'object');
+      expectSdk(c, { stop_reason: msg.stop_reason, usage: msg.usage });
     } else if (c.meta.to === 'openai_chat') {
       const done = await openai.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'hi' }] });
       assert.equal(done.object, 'chat.completion');
