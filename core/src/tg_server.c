@@ -282,6 +282,11 @@ static void conn_flush(tg_conn_t *c) {
         }
         if (c->out.cap > 65536)
             tg_buf_free(&c->out);
+        /* The kernel may take the whole flush at once: then no write_cb follows, and a
+         * handler that paused its source on a full queue must hear of the room here. */
+        if (!c->closing && c->req && c->req->drain_cb &&
+            c->write_queued <= c->w->gw->cfg->limits.max_write_buffer / 2)
+            c->req->drain_cb(c->req);
     }
     if (!c->closing && c->close_after_write && c->write_queued == 0)
         conn_close(c);

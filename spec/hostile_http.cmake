@@ -1,0 +1,23 @@
+# Tests of the HTTP-server and logging items of the hostile issue (#14), label `hostile`
+# (and `core`). Included by spec/CMakeLists.txt. Each spec/integration/hostile_http*.test.mjs
+# is one ctest test, `integration.<file>`, against this build's binary:
+#
+#   hostile_http_backpressure  slow readers get every response kind whole
+#   hostile_http_early         early answers (413, 401, 431) are read, not reset
+#   hostile_http_head          HEAD answers carry no body (keep-alive stays in step)
+#   hostile_http_log           refused requests are logged; log sinks escape
+
+find_program(TG_NODE node)
+if(NOT TG_NODE)
+  return()
+endif()
+
+file(GLOB TG_HOSTILE_HTTP_IT CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/integration/hostile_http*.test.mjs)
+foreach(file ${TG_HOSTILE_HTTP_IT})
+  get_filename_component(name ${file} NAME)
+  string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
+  add_test(NAME integration.${name} COMMAND ${TG_NODE} --test ${file})
+  set_tests_properties(integration.${name} PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+    LABELS "hostile;core;integration" TIMEOUT 180)
+endforeach()
