@@ -41,6 +41,10 @@ struct tg_conn_s {
     int reading;
     int in_process;      /* inside process_input: do not recurse */
     int close_after_write;
+    int lingering;       /* answered and closing: reading and discarding (conn_linger) */
+    size_t linger_bytes;
+    uint64_t linger_end_ms;
+    uv_shutdown_t shutdown_req;
     int fuzz;            /* no socket: parse only */
     int fuzz_result;
     size_t header_bytes;
@@ -60,6 +64,7 @@ static llhttp_settings_t parser_settings;
 static void conn_close(tg_conn_t *c);
 static void process_input(tg_conn_t *c);
 static void conn_set_timer(tg_conn_t *c, int ms);
+static void conn_linger(tg_conn_t *c);
 
 /* ---- requests ---------------------------------------------------------------------- */
 
@@ -192,7 +197,7 @@ static void write_cb(uv_write_t *w, int status) {
         return;
     }
     if (c->write_queued == 0 && c->close_after_write && !c->dirty) {
-        conn_close(c);
+        conn_linger(c);
         return;
     }
     if (c->req && c->req->drain_cb && c->write_queued <= c->w->gw->cfg->limits.max_write_buffer / 2)
@@ -289,7 +294,7 @@ static void conn_flush(tg_conn_t *c) {
             c->req->drain_cb(c->req);
     }
     if (!c->closing && c->close_after_write && c->write_queued == 0)
-        conn_close(c);
+        conn_linger(c);
 }
 
 /* Access-log lines go to stdout in one write per loop iteration; each line is whole. */
@@ -478,7 +483,7 @@ void tg_response_end(tg_request_t *req) {
     if (!keep) {
         c->close_after_write = 1;
         if (!c->dirty && c->write_queued == 0)
-            conn_close(c);
+            conn_linger(c);
         return;
     }
     c->state = CONN_IDLE;
@@ -531,7 +536,7 @@ void tg_response_abort(tg_request_t *req) {
      * the final chunk. */
     c->close_after_write = 1;
     if (!c->dirty && c->write_queued == 0)
-        conn_close(c);
+        conn_linger(c);
 }
 
 size_t tg_request_write_queue(const tg_request_t *req) {
@@ -825,6 +830,10 @@ static void conn_close(tg_conn_t *c) {
 
 static void timer_cb(uv_timer_t *t) {
     tg_conn_t *c = t->data;
+    if (c->lingering) {
+        conn_close(c);
+        return;
+    }
     switch (c->state) {
     case CONN_IDLE:
         conn_close(c);
@@ -852,6 +861,54 @@ static void conn_set_timer(tg_conn_t *c, int ms) {
         uv_timer_start(&c->timer, timer_cb, (uint64_t)ms, 0);
 }
 
+/*
+ * Lingering close (nginx's lingering_close): an answer that ends the connection — a
+ * 413 for a body sent whole without Expect: 100-continue, a 431, a 401 with more
+ * requests behind it — is often sent while the client is still sending. Closing a
+ * socket with unread input makes the kernel send a reset, which can destroy the answer
+ * before the client reads it (an SDK then reports a connection error and retries the
+ * upload). So once the answer is out the write side is shut down (FIN) and input is
+ * read and discarded until the client closes, LINGER_GAP_MS pass without a byte,
+ * LINGER_TIME_MS pass in all, or LINGER_MAX_BYTES were discarded.
+ */
+#define LINGER_GAP_MS 2000
+#define LINGER_TIME_MS 10000
+#define LINGER_MAX_BYTES ((size_t)32 << 20)
+
+static void shutdown_cb(uv_shutdown_t *req, int status) {
+    TG_UNUSED(req);
+    TG_UNUSED(status);
+}
+
+static void conn_linger(tg_conn_t *c) {
+    if (c->closing || c->lingering)
+        return;
+    if (c->fuzz || c->w->draining) {
+        conn_close(c);
+        return;
+    }
+    c->lingering = 1;
+    c->linger_bytes = 0;
+    c->linger_end_ms = tg_now_ms() + LINGER_TIME_MS;
+    if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, shutdown_cb) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, timer_cb, LINGER_GAP_MS, 0);
+}
+
+/* Input while lingering: discarded; the gap timer restarts within the overall bound. */
+static void linger_input(tg_conn_t *c, size_t n) {
+    c->linger_bytes += n;
+    uint64_t now = tg_now_ms();
+    if (c->linger_bytes > LINGER_MAX_BYTES || now >= c->linger_end_ms) {
+        conn_close(c);
+        return;
+    }
+    uint64_t left = c->linger_end_ms - now;
+    uv_timer_start(&c->timer, timer_cb, left < LINGER_GAP_MS ? left : LINGER_GAP_MS, 0);
+}
+
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     static __thread char slab[65536];
     TG_UNUSED(h);
@@ -867,6 +924,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0)
         return;
+    if (c->lingering) {
+        linger_input(c, (size_t)nread);
+        return;
+    }
     /* The last response said Connection: close: whatever else the client sends is not
      * parsed (no second answer), only drained until our bytes are out. */
     if (c->close_after_write && !c->req)
@@ -1005,7 +1066,7 @@ static void stop_async_cb(uv_async_t *a) {
     tg_conn_t *c = w->conns_head;
     while (c) {
         tg_conn_t *next = c->next;
-        if (c->state == CONN_IDLE && c->in.len == 0)
+        if ((c->state == CONN_IDLE && c->in.len == 0) || c->lingering)
             conn_close(c);
         else if (c->req)
             c->req->keep_alive = 0;
