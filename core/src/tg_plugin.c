@@ -943,17 +943,16 @@ static void start_watches(tg_plugins_t *pl, const tg_plugins_config_t *cfg) {
     each_plugin_folder(pl, cfg, watch_path);
 }
 
-tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers) {
+tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers, char *err, size_t errlen) {
     const tg_plugins_config_t *cfg = tg__plugins_global_cfg();
     tg_plugin_src_t *src = tg__plugins_current_src();
     if (!cfg || !src) {
-        tg_log_error("plugins: tg_plugins_global_init was not called");
+        snprintf(err, errlen, "plugins: tg_plugins_global_init was not called");
+        tg_log_error("%s", err);
         return NULL;
     }
-    char err[512];
-    tg_plugins_t *pl = tg__plugins_new(loop, worker, nworkers, src->max_instructions, src->max_hook_ms, err,
-                                       sizeof(err));
-    if (!pl || tg__plugins_install(pl, src, err, sizeof(err)) != TG_OK) {
+    tg_plugins_t *pl = tg__plugins_new(loop, worker, nworkers, src->max_instructions, src->max_hook_ms, err, errlen);
+    if (!pl || tg__plugins_install(pl, src, err, errlen) != TG_OK) {
         tg_log_error("plugins: worker %d: %s", worker, err);
         tg__plugins_free(pl);
         tg__plugin_src_unref(src);

@@ -167,7 +167,7 @@ void tg_proxy_worker_flush(tg_worker_t *w) {
         tg_redis_flush(r);
 }
 
-void tg_proxy_worker_init(tg_worker_t *w) {
+int tg_proxy_worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     proxy_worker_t *pw = calloc(1, sizeof(*pw));
     char err[256];
     w->state = tg_state_create(&w->loop, w->gw->cfg, (const uint8_t(*)[32])w->gw->key_hashes, w->gw->nkeys);
@@ -188,7 +188,9 @@ void tg_proxy_worker_init(tg_worker_t *w) {
         .fail_concurrency = (tg_fail_policy_t)cfg->limiter.fail_concurrency,
     };
     pw->limits = tg_limits_create(&w->loop, w->state, &ac);
-    pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers);
+    /* A worker without its plugin runtime would serve with no policy at all (a
+     * fail_closed plugin included): the gateway refuses to start instead. */
+    pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers, err, sizeof(err));
     pw->health = tg_health_create();
     pw->sha = EVP_MD_CTX_new();
     if (tg_state_redis(w->state)) {
@@ -207,6 +209,13 @@ void tg_proxy_worker_init(tg_worker_t *w) {
         pw->billing = tg_billing_create(&w->loop, w->state, &bc);
     }
     w->proxy = pw;
+    if (!pw->plugins) {
+        snprintf(errbuf, errlen, "worker %d: the plugin runtime could not be built, refusing to serve without its "
+                                 "policies: %s", w->index, err);
+        tg_proxy_worker_close(w);
+        return TG_ERROR;
+    }
+    return TG_OK;
 }
 
 void tg_proxy_worker_close(tg_worker_t *w) {
@@ -506,9 +515,8 @@ static int is_model_route(tg_route_t r) {
 
 /* Every error the gateway itself answers goes through here, so that a client gets it in
  * its own protocol's shape (Anthropic's for /v1/messages, OpenAI's otherwise). */
-static int fail_ex(proxy_req_t *p, int status, const char *type, const char *code, const char *msg,
-                   const char *extra_headers) {
-    p->error = code;
+static int answer_error(proxy_req_t *p, int status, const char *type, const char *code, const char *msg,
+                        const char *extra_headers) {
     if (p->proto == TG_PROTO_ANTHROPIC && p->req->route == TG_ROUTE_MESSAGES) {
         tg_buf_t o, a;
         tg_buf_init(&o);
@@ -524,6 +532,12 @@ static int fail_ex(proxy_req_t *p, int status, const char *type, const char *cod
     }
     tg_response_error_ex(p->req, status, type, code, msg, extra_headers);
     return TG_DONE;
+}
+
+static int fail_ex(proxy_req_t *p, int status, const char *type, const char *code, const char *msg,
+                   const char *extra_headers) {
+    p->error = code;
+    return answer_error(p, status, type, code, msg, extra_headers);
 }
 
 static int fail(proxy_req_t *p, int status, const char *type, const char *code, const char *msg) {
@@ -896,13 +910,26 @@ static int phase_parse(proxy_req_t *p) {
 
 /* ---- phase: plugins (on_request, map_model) ----------------------------------------- */
 
+/* A plugin's refusal, in the client's protocol's error shape (fail_ex). The code is the
+ * plugin's own text: letters, digits, '_', '-' and '.' pass, anything else becomes '_',
+ * so it can stand in the JSON body unescaped. */
 static int plugin_reject(proxy_req_t *p) {
     tg_hookctx_t *c = &p->ctx;
     int status = c->reject_status >= 400 && c->reject_status < 600 ? c->reject_status : 403;
-    p->error = "rejected_by_plugin";
-    tg_response_error(p->req, status, status == 429 ? "rate_limit_error" : "invalid_request_error",
-                      c->reject_code[0] ? c->reject_code : "rejected", c->reject_message[0] ? c->reject_message : "rejected by policy");
-    return TG_DONE;
+    char code[sizeof(c->reject_code)];
+    size_t n = 0;
+    for (; c->reject_code[n] && n + 1 < sizeof(code); n++) {
+        char ch = c->reject_code[n];
+        code[n] = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                          ch == '-' || ch == '.'
+                      ? ch
+                      : '_';
+    }
+    code[n] = '\0';
+    p->error = "rejected_by_plugin"; /* the access log's; code lives on this stack */
+    return answer_error(p, status,
+                        status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error",
+                        n ? code : "rejected", c->reject_message[0] ? c->reject_message : "rejected by policy", NULL);
 }
 
 static int phase_plugins(proxy_req_t *p) {

@@ -1155,7 +1155,11 @@ tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
             }
             w->nlisteners++;
         }
-        tg_proxy_worker_init(w);
+        if (tg_proxy_worker_init(w, err, errlen) != TG_OK) {
+            for (int k = 0; k < i; k++)
+                tg_proxy_worker_close(gw->workers[k]);
+            goto fail;
+        }
     }
     return gw;
 fail:

@@ -121,7 +121,7 @@ static void bench(const char *repo, const char *label, const char *top, const ch
     lua_close(L);
     uv_loop_t loop;
     uv_loop_init(&loop);
-    tg_plugins_t *pl = tg_plugins_create(&loop, 0, 1);
+    tg_plugins_t *pl = tg_plugins_create(&loop, 0, 1, err, sizeof(err));
     run(pl, n / 10, group); /* warm-up: let the runtime's traces compile */
     double best = 1e18;
     for (int r = 0; r < (quiet ? 0 : 5); r++) {

@@ -79,7 +79,7 @@ static tg_plugins_t *start(const char *enabled, uv_loop_t *loop) {
     }
     tg_plugins_config_free(&cfg);
     uv_loop_init(loop);
-    tg_plugins_t *pl = tg_plugins_create(loop, 0, 1);
+    tg_plugins_t *pl = tg_plugins_create(loop, 0, 1, err, sizeof(err));
     ASSERT(pl);
     return pl;
 }

@@ -90,9 +90,10 @@ typedef struct tg_plugins_s tg_plugins_t;
 /**
  * Creates a worker's runtime on `loop` (not yet running, or the calling thread's) and
  * builds the current generation in it. Worker 0 also watches the plugin folders and
- * SIGHUP. Returns NULL (and logs) only when the generation cannot be built.
+ * SIGHUP. Returns NULL (logs, and says why in err) only when the generation cannot be
+ * built: the caller must then not serve, since no policy would run.
  */
-tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers);
+tg_plugins_t *tg_plugins_create(uv_loop_t *loop, int worker, int nworkers, char *err, size_t errlen);
 /** Closes the runtime's handles; the memory goes once the loop has run their close callbacks. */
 void tg_plugins_destroy(tg_plugins_t *pl);
 

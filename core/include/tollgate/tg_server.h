@@ -146,7 +146,9 @@ int tg_gateway_run(tg_gateway_t *gw);
 void tg_gateway_destroy(tg_gateway_t *gw);
 
 /* Implemented by tg_proxy.c. */
-void tg_proxy_worker_init(tg_worker_t *w);
+/* Builds a worker's request-path state; TG_ERROR + err when the worker cannot serve as
+ * configured (its plugin runtime failed to build), having undone what it made. */
+int tg_proxy_worker_init(tg_worker_t *w, char *err, size_t errlen);
 void tg_proxy_worker_close(tg_worker_t *w);
 /* Called at the end of every loop iteration's output flush, after the clients' bytes:
  * writes the Redis commands the iteration issued (see tg_redis_owner_flushes). */

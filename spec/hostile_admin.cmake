@@ -1,0 +1,34 @@
+# Tests of the admin, security and plugin defects of the "hostile" issue:
+# spec/integration/hostile_admin*.test.mjs, the real binary (with Postgres and Redis
+# where a file needs them: it skips, exit 77, without spec/run.sh's TOLLGATE_PG and
+# TOLLGATE_REDIS). Included by spec/CMakeLists.txt. Each file is one ctest test,
+# `integration.<file>`, labelled `hostile` and `integration`; the ones with a module
+# label add it (state, plugins, admin-ui). They share the suite's Redis, so they hold
+# RESOURCE_LOCK redis like the state and limits files.
+
+find_program(TG_NODE node)
+if(NOT TG_NODE)
+  message(WARNING "node not found: hostile admin integration tests not registered")
+  return()
+endif()
+
+file(GLOB TG_HOSTILE_ADMIN_IT CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/integration/hostile_admin*.test.mjs)
+foreach(file ${TG_HOSTILE_ADMIN_IT})
+  get_filename_component(name ${file} NAME)
+  string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
+  set(labels "hostile;integration")
+  if(name MATCHES "_plugins$")
+    list(APPEND labels plugins)
+  elseif(name MATCHES "_console$")
+    list(APPEND labels admin-ui)
+  else()
+    list(APPEND labels state)
+  endif()
+  add_test(NAME integration.${name} COMMAND ${TG_NODE} --test ${file})
+  set_tests_properties(integration.${name} PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+    LABELS "${labels}"
+    TIMEOUT 180
+    SKIP_RETURN_CODE 77
+    RESOURCE_LOCK redis)
+endforeach()
