@@ -35,7 +35,7 @@ export function plainError(status, code, detail) {
     case 'admin_disabled':
       return 'The admin API is switched off on this gateway: start it with admin_token in the config or TOLLGATE_ADMIN_TOKEN.';
     case 'too_many_attempts':
-      return 'Too many failed logins. Wait a minute, then try again.';
+      return 'Too many failed logins from this address. Wait a little, then try again.';
     case 'no_session':
       return 'You are not logged in.';
     case 'invalid_csrf_token':

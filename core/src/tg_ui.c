@@ -13,6 +13,7 @@
  */
 #include "tollgate/tg_ui.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -22,7 +23,19 @@
 #include <strings.h>
 
 #define SESSION_COOKIE "tg_session"
-#define LOGIN_FAILURES_PER_MINUTE 20
+/* Failed logins are counted per client address (an IPv6 client per /64): the first
+ * LOGIN_FREE_FAILURES in a row cost nothing, each one after locks that address for
+ * LOGIN_LOCK_BASE_MS, doubled per further failure up to LOGIN_LOCK_MAX_MS. A success
+ * clears the address; one idle for LOGIN_FORGET_MS is forgotten. The table is bounded:
+ * LOGIN_SETS sets of LOGIN_WAYS entries, indexed by a keyed hash of the address, so an
+ * attacker with many addresses can only evict entries of the sets it lands in (never
+ * grow the table), and a lock never reaches another address. */
+#define LOGIN_FREE_FAILURES 5
+#define LOGIN_LOCK_BASE_MS 2000u
+#define LOGIN_LOCK_MAX_MS 900000u
+#define LOGIN_FORGET_MS 3600000u
+#define LOGIN_SETS 1024
+#define LOGIN_WAYS 4
 
 /* Sent with every answer of this module. */
 #define SECURITY_HEADERS                                                                                       \
@@ -43,11 +56,18 @@ typedef struct {
     uint64_t expires_wall_ms;
 } session_t;
 
+typedef struct {
+    uint8_t addr[17];      /* family byte + the address (IPv4) or its /64 (IPv6); 0 = unused */
+    uint32_t fails;        /* failures in a row */
+    uint64_t locked_until; /* monotonic ms */
+    uint64_t last_ms;      /* monotonic ms of the last failure */
+} login_fail_t;
+
 static struct {
     pthread_mutex_t mu;
     session_t s[TG_UI_MAX_SESSIONS];
-    uint64_t fail_window_ms; /* start of the current one-minute window of failed logins */
-    int fails;
+    login_fail_t fails[LOGIN_SETS][LOGIN_WAYS];
+    uint64_t hash_key[2]; /* random, drawn on first use */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- small helpers ------------------------------------------------------------------- */
@@ -261,19 +281,110 @@ static void append_cookie(tg_buf_t *h, const tg_request_t *req, const char *valu
 
 /* ---- login, session, logout ---------------------------------------------------------- */
 
-/* Counts a failed login; returns 1 while the per-minute allowance is not used up. */
-static int login_allowed(int failed) {
+/* The lockout key of a client address: an IPv4 address whole (also when written as
+ * ::ffff:a.b.c.d), an IPv6 one by its /64; anything else (a unix socket) shares one. */
+static void login_addr(const char *ip, uint8_t out[17]) {
+    memset(out, 0, 17);
+    uint8_t a6[16];
+    if (inet_pton(AF_INET, ip, out + 1) == 1) {
+        out[0] = 4;
+    } else if (inet_pton(AF_INET6, ip, a6) == 1) {
+        static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (!memcmp(a6, mapped, 12)) {
+            out[0] = 4;
+            memcpy(out + 1, a6 + 12, 4);
+        } else {
+            out[0] = 6;
+            memcpy(out + 1, a6, 8);
+        }
+    } else {
+        out[0] = 1;
+    }
+}
+
+/* The set of a key: FNV-1a over the key mixed with a per-process random key, so which
+ * addresses share a set cannot be chosen from outside. Called with the mutex held. */
+static login_fail_t *login_set(const uint8_t addr[17]) {
+    if (!S.hash_key[0] && !S.hash_key[1] && tg_random_bytes(S.hash_key, sizeof(S.hash_key)) != 0)
+        S.hash_key[0] = 1;
+    uint64_t h = 1469598103934665603ull ^ S.hash_key[0];
+    for (int i = 0; i < 17; i++)
+        h = (h ^ addr[i]) * 1099511628211ull;
+    h ^= S.hash_key[1];
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return S.fails[h % LOGIN_SETS];
+}
+
+/* The entry of addr in its set, or NULL; forgotten ones are cleared on the way. */
+static login_fail_t *login_find_locked(const uint8_t addr[17], uint64_t now) {
+    login_fail_t *set = login_set(addr), *found = NULL;
+    for (int i = 0; i < LOGIN_WAYS; i++) {
+        login_fail_t *e = &set[i];
+        if (!e->addr[0])
+            continue;
+        if (e->locked_until <= now && now - e->last_ms >= LOGIN_FORGET_MS) {
+            memset(e, 0, sizeof(*e));
+            continue;
+        }
+        if (!found && !memcmp(e->addr, addr, 17))
+            found = e;
+    }
+    return found;
+}
+
+/* 0 when the client may try a token now, else the seconds until it may (Retry-After). */
+static unsigned login_wait_s(const tg_request_t *req) {
+    uint8_t addr[17];
+    login_addr(req->client_ip, addr);
     uint64_t now = tg_now_ms();
     pthread_mutex_lock(&S.mu);
-    if (now - S.fail_window_ms >= 60000) {
-        S.fail_window_ms = now;
-        S.fails = 0;
-    }
-    if (failed)
-        S.fails++;
-    int ok = S.fails < LOGIN_FAILURES_PER_MINUTE;
+    login_fail_t *e = login_find_locked(addr, now);
+    unsigned wait = e && e->locked_until > now ? (unsigned)((e->locked_until - now + 999) / 1000) : 0;
     pthread_mutex_unlock(&S.mu);
-    return ok;
+    return wait;
+}
+
+/* Records a login's outcome for its client address: a success clears it, a failure
+ * counts and may lock it. Where the set is full, a failure takes the place of the entry
+ * whose lock ends first (an unlocked one before any locked one). */
+static void login_record(const tg_request_t *req, int failed) {
+    uint8_t addr[17];
+    login_addr(req->client_ip, addr);
+    uint64_t now = tg_now_ms();
+    pthread_mutex_lock(&S.mu);
+    login_fail_t *e = login_find_locked(addr, now);
+    if (!failed) {
+        if (e)
+            memset(e, 0, sizeof(*e));
+        pthread_mutex_unlock(&S.mu);
+        return;
+    }
+    if (!e) {
+        login_fail_t *set = login_set(addr);
+        for (int i = 0; i < LOGIN_WAYS && !e; i++)
+            if (!set[i].addr[0])
+                e = &set[i];
+        if (!e) {
+            e = &set[0];
+            for (int i = 1; i < LOGIN_WAYS; i++)
+                if (set[i].locked_until < e->locked_until ||
+                    (set[i].locked_until == e->locked_until && set[i].last_ms < e->last_ms))
+                    e = &set[i];
+        }
+        memset(e, 0, sizeof(*e));
+        memcpy(e->addr, addr, 17);
+    }
+    if (e->fails < 64)
+        e->fails++;
+    e->last_ms = now;
+    if (e->fails >= LOGIN_FREE_FAILURES) {
+        uint32_t shift = e->fails - LOGIN_FREE_FAILURES;
+        uint64_t lock = shift >= 20 ? LOGIN_LOCK_MAX_MS : (uint64_t)LOGIN_LOCK_BASE_MS << shift;
+        e->locked_until = now + TG_MIN(lock, (uint64_t)LOGIN_LOCK_MAX_MS);
+    }
+    pthread_mutex_unlock(&S.mu);
 }
 
 static void handle_login(tg_request_t *req) {
@@ -287,8 +398,13 @@ static void handle_login(tg_request_t *req) {
         send_error(req, 403, "cross_origin", "login from another site is refused", NULL);
         return;
     }
-    if (!login_allowed(0)) {
-        send_error(req, 429, "too_many_attempts", "too many failed logins; wait a minute", "Retry-After: 60\r\n");
+    unsigned wait = login_wait_s(req);
+    if (wait) {
+        /* The token is not even looked at: a locked address learns nothing. */
+        char msg[128], hdr[48];
+        snprintf(msg, sizeof(msg), "too many failed logins from this address; try again in %u s", wait);
+        snprintf(hdr, sizeof(hdr), "Retry-After: %u\r\n", wait);
+        send_error(req, 429, "too_many_attempts", msg, hdr);
         return;
     }
     json_error_t jerr;
@@ -305,11 +421,12 @@ static void handle_login(tg_request_t *req) {
     SHA256((const unsigned char *)token, strlen(token), b);
     json_decref(body);
     if (CRYPTO_memcmp(a, b, 32) != 0) {
-        login_allowed(1);
+        login_record(req, 1);
         tg_log_warn("admin-ui %s: failed login from %s", req->id, req->client_ip);
         send_error(req, 401, "invalid_admin_token", "wrong admin token", NULL);
         return;
     }
+    login_record(req, 0);
     char id[65], csrf[65];
     uint64_t expires;
     session_create(token, id, csrf, &expires);

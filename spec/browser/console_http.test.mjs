@@ -278,17 +278,17 @@ test('without an admin token, login is refused with a clear reason and the page 
   await ngw.stop();
 });
 
-test('more than 20 failed logins a minute are refused with 429, even with the right token', async () => {
+test('five failed logins in a row lock that address with 429, even with the right token', async () => {
   const lgw = await startGateway({}, { mock });
   const attempt = async (token) => {
     const r = await fetchT(`${lgw.url}/admin/login`, { method: 'POST', body: JSON.stringify({ token }) });
     return { status: r.status, retry: r.headers.get('retry-after'), json: await r.json() };
   };
-  for (let i = 0; i < 20; i++) assert.equal((await attempt(`wrong-${i}`)).status, 401, `attempt ${i}`);
+  for (let i = 0; i < 5; i++) assert.equal((await attempt(`wrong-${i}`)).status, 401, `attempt ${i}`);
   const blocked = await attempt(ADMIN_TOKEN);
   assert.equal(blocked.status, 429);
   assert.equal(blocked.json.error.code, 'too_many_attempts');
-  assert.equal(blocked.retry, '60');
+  assert.ok(['1', '2'].includes(blocked.retry), `Retry-After ${blocked.retry}`);
   // The bearer token is not affected.
   const api = await fetchT(`${lgw.url}/admin/api/v1/plugins`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
   assert.equal(api.status, 200);

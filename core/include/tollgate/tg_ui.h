@@ -13,7 +13,10 @@
  *                           Set-Cookie: tg_session=<64 hex>; HttpOnly; SameSite=Strict;
  *                           Path=/admin; Max-Age=43200 (+ Secure over TLS)
  *                           401 invalid_admin_token, 403 admin_disabled, 400 invalid_json,
- *                           429 too_many_attempts (more than 20 failures a minute)
+ *                           429 too_many_attempts + Retry-After while the client's
+ *                           address is locked (five wrong tokens in a row lock it for
+ *                           2 s, doubled per further failure up to 15 min; per address,
+ *                           IPv6 per /64; see tg_ui.c)
  *   GET  /admin/session     200 {"csrf": "...", "expires_at_ms": N} for a valid session
  *                           cookie (how a reloaded page gets its CSRF token back), else 401
  *   POST /admin/logout      deletes the session (needs the x-csrf-token header) and
