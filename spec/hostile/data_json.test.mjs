@@ -163,7 +163,7 @@ cases.push(
 // Plugin decisions in the route's shape.
 cases.push(
   httpCase('chat: plugin reject', 'POST', '/v1/chat/completions', chat(), { status: 403, shape: 'openai' }, { headers: { 'x-reject': '1' } }),
-  { ...httpCase('messages: plugin reject', 'POST', '/v1/messages', anth(), { status: 403, shape: 'anthropic' }, { headers: { 'x-reject': '1' } }), todo: 'D14 Anthropic error shape for plugin rejects on /v1/messages' },
+  httpCase('messages: plugin reject', 'POST', '/v1/messages', anth(), { status: 403, shape: 'anthropic' }, { headers: { 'x-reject': '1' } }),
 );
 
 // The key through hostile forms.
