@@ -291,6 +291,7 @@ export async function stillServes(S, ctx = '') {
  */
 export function runCases(getS, list) {
   const names = new Set();
+  const seen = new Map();
   // Cases on a money defect not fixed yet go last: one that poisons a settlement batch
   // (D1) must not hold back the settlements of the cases that check the ledger.
   const isMoney = (c) => /^D[1-5]\b/.test(c.todo || '');
@@ -310,7 +311,7 @@ export function runCases(getS, list) {
       const from = S.gw.proc.lines.stdout.length;
       const o = await c.run(S);
       const res = o.res;
-      if (c.status === null) {
+      if (c.status === null || (Array.isArray(c.status) && c.status.includes(null) && !res)) {
         assert.equal(res ?? null, null, `${c.name}: expected no response, got ${res?.status} ${res?.text?.slice(0, 200)}`);
       } else {
         assert.ok(res && res.status, `${c.name}: expected a response, got none${o.error ? ` (${o.error.message})` : ''}`);
@@ -328,7 +329,8 @@ export function runCases(getS, list) {
       await stillServes(S, c.name);
       // The access log: every line valid; the case's request has its line.
       const id = o.requestId ?? (res ? hget(res, 'x-request-id') : undefined);
-      if (c.log !== false && res) {
+      seen.set(c.name, { id, status: res?.status });
+      if (c.log !== false && res && !c.logTodo) {
         assert.ok(id, `${c.name}: the response carries x-request-id`);
         const line = await logLineFor(S.gw, id);
         assert.ok(line, `${c.name}: an access-log line for ${id}`);
@@ -341,6 +343,18 @@ export function runCases(getS, list) {
         assert.match(l, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d/, `${c.name}: a stderr line that does not start with its time (a client string split it): ${JSON.stringify(l.slice(0, 200))}`);
       }
     });
+    // A case whose access-log line is missing because of a defect not fixed yet checks
+    // everything else above and its line here, as a todo of its own.
+    if (c.logTodo) {
+      test(`${c.name} — its access-log line`, { todo: c.logTodo }, async () => {
+        const S = getS();
+        const o = seen.get(c.name);
+        assert.ok(o?.id, `${c.name}: the response carried x-request-id`);
+        const line = await logLineFor(S.gw, o.id, 200);
+        assert.ok(line, `${c.name}: an access-log line for ${o.id}`);
+        assert.equal(line.status, o.status, `${c.name}: the access-log status is the one the client saw`);
+      });
+    }
   }
 }
 
