@@ -22,7 +22,6 @@ after(() => hostileTeardown(S));
 
 const P = '/v1/chat/completions';
 const D9 = 'D9 access-log lines for parser-refused/408/413/431 requests';
-const D7 = 'D7 lingering close for early 413/401/431 (the answer is lost to a reset while the client still sends)';
 const body = JSON.stringify(chat('wire [mock chunks=2]'));
 const bodyLen = Buffer.byteLength(body);
 const head = (lines, key = true) => (S2) => Buffer.from(`POST ${P} HTTP/1.1\r\nhost: x\r\n${key ? `authorization: Bearer ${S2.key}\r\n` : ''}content-type: application/json\r\n${lines.join('\r\n')}${lines.length ? '\r\n' : ''}\r\n`, 'latin1');
@@ -107,12 +106,12 @@ const cases = [
   },
   {
     name: 'size: declared 10 MB body sent anyway, the 413 arrives (no reset)',
-    status: 413, shape: 'openai', logTodo: D9, todo: D7,
+    status: 413, shape: 'openai', logTodo: D9,
     run: async (S2) => earlyRefusal(S2, head([`content-length: ${10 << 20}`])(S2), 10 << 20),
   },
   {
     name: 'auth: wrong key with a 200 KB body sent at once, the 401 arrives (no reset)',
-    status: 401, shape: 'openai', todo: D7,
+    status: 401, shape: 'openai',
     run: async (S2) => earlyRefusal(S2, Buffer.from(`POST ${P} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer nope\r\ncontent-type: application/json\r\ncontent-length: ${200000}\r\n\r\n`), 200000),
   },
 
@@ -173,9 +172,13 @@ const cases = [
     run: async (S2) => slowRead(S2, { ...chat('[mock chunks=400]'), stream: true, max_tokens: 1000 }, 300),
   },
   {
-    name: 'slow reader: a non-stream answer over 256 KB to a paused reader completes',
-    status: 200, todo: 'D6 slow-reader backpressure stalls a non-stream answer over 256 KB',
-    run: async (S2) => slowRead(S2, { ...chat('[mock chunks=40000]'), max_tokens: 50000 }, 2500),
+    name: 'slow reader: a 1 MB non-stream answer to a paused, then rate-limited reader completes',
+    status: 200,
+    run: async (S2) => {
+      const o = await slowRead(S2, { ...chat('[mock chunks=100000]'), max_tokens: 200000 }, 1000);
+      assert.equal(o.res?.json?.usage?.completion_tokens, 100000, 'the whole answer arrived');
+      return o;
+    },
   },
 
   // ---- pipelining ----
@@ -355,15 +358,31 @@ async function leaveAfter(S2, bytes, ms = 50) {
   return { res: null };
 }
 
-/** A request whose answer is read after `pauseMs` without reading, then 1 KB at a time. */
-async function slowRead(S2, reqBody, pauseMs) {
+/**
+ * A request whose answer is not read for `pauseMs`, then read at about `rate` bytes a
+ * second (what `curl --limit-rate` does) until one whole response has arrived.
+ */
+async function slowRead(S2, reqBody, pauseMs, rate = 4 << 20) {
   const c = await RawConn.open(S2.gw.port);
-  c.sock.setRecvBufferSize?.(4096);
   c.sock.pause();
   await c.write(raw('POST', P, { headers: { authorization: `Bearer ${S2.key}` }, body: reqBody }));
   await sleep(pauseMs);
+  let windowStart = Date.now();
+  let windowBytes = 0;
+  c.sock.on('data', (d) => {
+    windowBytes += d.length;
+    if (windowBytes >= rate / 100) {
+      c.sock.pause();
+      const wait = Math.max(0, 10 - (Date.now() - windowStart));
+      setTimeout(() => {
+        windowStart = Date.now();
+        windowBytes = 0;
+        c.sock.resume();
+      }, wait);
+    }
+  });
   c.sock.resume();
-  const res = await c.response(20000);
+  const res = await c.response(30000);
   c.destroy();
   if (res) assert.ok(res.body.length > 0);
   return { res };
