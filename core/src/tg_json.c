@@ -1,13 +1,23 @@
 /*
- * Byte-level edits of a JSON object that jansson has already accepted (tg_json.h).
+ * Byte-level edits of a JSON object that jansson has already accepted, and numbers kept
+ * as written through a parse and a write (tg_json.h).
  *
  * Because the document is known to be valid, one pass that tracks string boundaries and
  * bracket depth is enough to find each top-level member's key and value spans; values
- * are never read, only copied or replaced.
+ * are never read, only copied or replaced. Numbers: jansson parses and writes; a pass
+ * over its input (only when it refused an integer as too big) and one over its output
+ * (string boundaries and number tokens) put the exact numbers back.
  */
 #include "tollgate/tg_json.h"
 
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "tg_jscan_internal.h"
 
@@ -86,4 +96,201 @@ int tg_json_set_members(const char *doc, size_t len, const char *const *keys, co
     }
     tg_buf_append(out, doc + at, len - at);
     return TG_OK;
+}
+
+/* ---- numbers kept as written ------------------------------------------------------ */
+
+/* A big number is the string MARK + its digits. MARK starts with DEL (0x7f), which
+ * jansson neither refuses nor escapes, and holds 64 random bits drawn once per process,
+ * so no client string spells it. */
+#define MARK_LEN 23 /* "\x7f" "tgbig" + 16 hex digits + ":" */
+static char g_mark[MARK_LEN + 1];
+static pthread_once_t g_mark_once = PTHREAD_ONCE_INIT;
+
+static void mark_init(void) {
+    unsigned char r[8];
+    if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&r;
+        memcpy(r, &x, sizeof(r));
+    }
+    static const char hex[] = "0123456789abcdef";
+    memcpy(g_mark, "\x7ftgbig", 6);
+    for (int i = 0; i < 8; i++) {
+        g_mark[6 + 2 * i] = hex[r[i] >> 4];
+        g_mark[7 + 2 * i] = hex[r[i] & 15];
+    }
+    g_mark[MARK_LEN - 1] = ':';
+}
+
+static const char *mark(void) {
+    pthread_once(&g_mark_once, mark_init);
+    return g_mark;
+}
+
+/* Whether the integer token s[0..n) (an optional '-' and digits) is beyond int64. */
+static int int_overflows(const char *s, size_t n) {
+    int neg = n && s[0] == '-';
+    const char *d = s + neg;
+    size_t nd = n - (size_t)neg;
+    const char *lim = neg ? "9223372036854775808" : "9223372036854775807";
+    return nd > 19 || (nd == 19 && memcmp(d, lim, 19) > 0);
+}
+
+static int is_num_char(char c) {
+    return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err) {
+    json_t *v = json_loadb(buf, len, flags, err);
+    if (v || json_error_code(err) != json_error_numeric_overflow)
+        return v;
+    /* Rare: write each integer beyond int64 as a marked string and parse again. */
+    const char *m = mark();
+    tg_buf_t b;
+    tg_buf_init(&b);
+    size_t i = 0, run = 0;
+    while (i < len) {
+        char c = buf[i];
+        if (c == '"') {
+            int escaped = 0;
+            if (tg_js_skip_string(buf, len, &i, &escaped) != 0)
+                break; /* jansson reports it */
+            continue;
+        }
+        if (c != '-' && !(c >= '0' && c <= '9')) {
+            i++;
+            continue;
+        }
+        size_t s = i;
+        int is_int = 1;
+        while (i < len && is_num_char(buf[i])) {
+            if (buf[i] == '.' || buf[i] == 'e' || buf[i] == 'E' || buf[i] == '+' || (buf[i] == '-' && i > s))
+                is_int = 0;
+            i++;
+        }
+        if (!is_int || !int_overflows(buf + s, i - s))
+            continue;
+        tg_buf_append(&b, buf + run, s - run);
+        tg_buf_append(&b, "\"", 1);
+        tg_buf_append(&b, m, MARK_LEN);
+        tg_buf_append(&b, buf + s, i - s);
+        tg_buf_append(&b, "\"", 1);
+        run = i;
+    }
+    if (!b.len) /* nothing to rewrite: the overflow was a real (1e400) */
+        return NULL;
+    tg_buf_append(&b, buf + run, len - run);
+    v = json_loadb(b.data, b.len, flags, err);
+    tg_buf_free(&b);
+    return v;
+}
+
+int tg_json_is_big(const json_t *v, const char **text, size_t *len) {
+    if (!json_is_string(v) || json_string_length(v) <= MARK_LEN)
+        return 0;
+    const char *s = json_string_value(v);
+    if (s[0] != '\x7f' || memcmp(s, mark(), MARK_LEN) != 0)
+        return 0;
+    if (text)
+        *text = s + MARK_LEN;
+    if (len)
+        *len = json_string_length(v) - MARK_LEN;
+    return 1;
+}
+
+/* The shortest "%.*g" of d that reads back as d, written as jansson writes reals (a
+ * ".0" when it would read as an integer, no '+' or leading zeros in the exponent). */
+static size_t real_shortest(double d, char *out, size_t n) {
+    int len = 0;
+    for (int prec = 1; prec <= 17; prec++) {
+        len = snprintf(out, n, "%.*g", prec, d);
+        if (strtod(out, NULL) == d)
+            break;
+    }
+    if (len <= 0 || (size_t)len >= n - 3)
+        return 0;
+    if (!strchr(out, '.') && !strchr(out, 'e')) {
+        memcpy(out + len, ".0", 3);
+        len += 2;
+    }
+    char *e = strchr(out, 'e');
+    if (e) {
+        char *start = e + 1, *end = start;
+        if (*start == '-')
+            start++, end++;
+        if (*end == '+')
+            end++;
+        while (*end == '0' && end[1])
+            end++;
+        if (end != start) {
+            memmove(start, end, strlen(end) + 1);
+            len = (int)strlen(out);
+        }
+    }
+    return (size_t)len;
+}
+
+int tg_json_dump_buf(const json_t *v, size_t flags, tg_buf_t *out) {
+    char *s = json_dumps(v, flags);
+    if (!s)
+        return TG_ERROR;
+    size_t len = strlen(s), i = 0, run = 0;
+    const char *m = mark();
+    tg_buf_reserve(out, len);
+    while (i < len) {
+        char c = s[i];
+        if (c == '"') {
+            size_t st = i;
+            int escaped = 0;
+            if (st + 1 + MARK_LEN < len && s[st + 1] == '\x7f' && !memcmp(s + st + 1, m, MARK_LEN)) {
+                /* a big number: its digits, unquoted */
+                size_t d = st + 1 + MARK_LEN, e = d;
+                while (e < len && ((s[e] >= '0' && s[e] <= '9') || (e == d && s[e] == '-')))
+                    e++;
+                if (e < len && s[e] == '"' && e > d) {
+                    tg_buf_append(out, s + run, st - run);
+                    tg_buf_append(out, s + d, e - d);
+                    i = run = e + 1;
+                    continue;
+                }
+            }
+            if (tg_js_skip_string(s, len, &i, &escaped) != 0)
+                break;
+            continue;
+        }
+        if (c != '-' && !(c >= '0' && c <= '9')) {
+            i++;
+            continue;
+        }
+        size_t st = i;
+        int real = 0;
+        while (i < len && is_num_char(s[i])) {
+            if (s[i] == '.' || s[i] == 'e' || s[i] == 'E')
+                real = 1;
+            i++;
+        }
+        if (!real)
+            continue;
+        char num[40];
+        size_t n = real_shortest(strtod(s + st, NULL), num, sizeof(num));
+        if (!n || (n == i - st && !memcmp(num, s + st, n)))
+            continue;
+        tg_buf_append(out, s + run, st - run);
+        tg_buf_append(out, num, n);
+        run = i;
+    }
+    tg_buf_append(out, s + run, len - run);
+    free(s);
+    return TG_OK;
+}
+
+char *tg_json_dumps(const json_t *v, size_t flags) {
+    tg_buf_t b;
+    tg_buf_init(&b);
+    if (tg_json_dump_buf(v, flags, &b) != TG_OK) {
+        tg_buf_free(&b);
+        return NULL;
+    }
+    tg_buf_append(&b, "", 1);
+    return b.data;
 }

@@ -70,6 +70,7 @@
  */
 #include "tollgate/tg_mock.h"
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_json.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -1038,7 +1039,7 @@ static void handle_request(conn_t *c) {
     json_t *root = NULL;
     if (!err_status && api != API_MODELS) {
         json_error_t jerr;
-        root = json_loadb(c->body.data ? c->body.data : "", c->body.len, 0, &jerr);
+        root = tg_json_loadb(c->body.data ? c->body.data : "", c->body.len, 0, &jerr);
         if (!json_is_object(root)) {
             err_status = 400;
             err_msg = root ? "mock: request body must be a JSON object" : "mock: malformed JSON body";

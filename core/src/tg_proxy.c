@@ -849,7 +849,7 @@ static int phase_parse(proxy_req_t *p) {
     if (!is_model_route(req->route))
         return TG_OK;
     json_error_t jerr;
-    p->json = json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    p->json = tg_json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
     if (!p->json) {
         char msg[256];
         snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
@@ -857,6 +857,17 @@ static int phase_parse(proxy_req_t *p) {
     }
     if (!json_is_object(p->json))
         return fail(p, 400, "invalid_request_error", "invalid_request", "request body must be a JSON object");
+    /* Integers beyond int64 are kept where they are data (tool schemas, arguments); a
+     * top-level parameter that big is never meaningful, and the gateway reads some. */
+    const char *key;
+    json_t *val;
+    json_object_foreach(p->json, key, val) {
+        if (tg_json_is_big(val, NULL, NULL)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "%.64s: integer out of range", key);
+            return fail(p, 400, "invalid_request_error", "invalid_number", msg);
+        }
+    }
     json_t *model = json_object_get(p->json, "model");
     if (!model)
         return fail(p, 400, "invalid_request_error", "missing_model", "you must provide a model parameter");
@@ -1264,7 +1275,7 @@ static int phase_sticky(proxy_req_t *p) {
     } else if (json_is_array(msgs) && json_array_size(msgs) >= 3) {
         /* A continued conversation (its opening plus an answer and a new turn). */
         for (size_t i = 0; i < 2; i++) {
-            char *m = json_dumps(json_array_get(msgs, i), JSON_COMPACT | JSON_SORT_KEYS);
+            char *m = tg_json_dumps(json_array_get(msgs, i), JSON_COMPACT | JSON_SORT_KEYS);
             if (m)
                 tg_buf_appends(&src, m);
             free(m);
@@ -2009,7 +2020,7 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
     if (p->json_dirty & DIRTY_STREAM_OPTIONS)
         keys[n++] = "stream_options";
     for (int i = 0; i < n; i++)
-        vals[i] = owned[i] = json_dumps(json_object_get(p->json, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+        vals[i] = owned[i] = tg_json_dumps(json_object_get(p->json, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
     tg_buf_t out;
     tg_buf_init(&out);
     int ok = 1;
@@ -2017,7 +2028,7 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
         ok = ok && vals[i];
     if (!ok || tg_json_set_members(p->req->body.data, p->req->body.len, keys, vals, n, &out) != TG_OK) {
         tg_buf_free(&out);
-        out.data = json_dumps(p->json, JSON_COMPACT);
+        out.data = tg_json_dumps(p->json, JSON_COMPACT);
         out.len = out.data ? strlen(out.data) : 0;
     }
     for (int i = 0; i < n; i++)
@@ -2050,7 +2061,7 @@ static int phase_upstream(proxy_req_t *p) {
             if (tg_translate_request(p->proto, p->up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
                 TG_OK)
                 return fail(p, 400, "invalid_request_error", "untranslatable_request", err);
-            body = json_dumps(out, JSON_COMPACT);
+            body = tg_json_dumps(out, JSON_COMPACT);
             json_decref(out);
         } else if (p->json_dirty) {
             body = patched_body(p, &body_len);

@@ -32,7 +32,8 @@ int tg__fail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 const char *tg__str(const json_t *obj, const char *key) {
-    return json_string_value(json_object_get(obj, key));
+    json_t *v = json_object_get(obj, key);
+    return tg_json_is_big(v, NULL, NULL) ? NULL : json_string_value(v);
 }
 
 int64_t tg__int(const json_t *obj, const char *key) {
@@ -365,7 +366,7 @@ int tg_translate_response(tg_proto_t from_upstream, tg_proto_t to_client, const 
     static const resp_encode_fn enc[] = {tg__chat_resp_encode, tg__anthropic_resp_encode,
                                          tg__responses_resp_encode};
     json_error_t jerr;
-    json_t *doc = body ? json_loadb(body, len, 0, &jerr) : NULL;
+    json_t *doc = body ? tg_json_loadb(body, len, 0, &jerr) : NULL;
     if (!json_is_object(doc)) {
         json_decref(doc);
         return TG_ERROR;
@@ -540,7 +541,7 @@ static void estimate_walk(estimate_t *e, const json_t *v, int depth);
 
 static void estimate_value_text(estimate_t *e, const json_t *v) {
     /* Schemas and tool inputs count as the JSON text the model reads. */
-    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *s = tg_json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (s) {
         e->bytes += (int64_t)strlen(s);
         free(s);

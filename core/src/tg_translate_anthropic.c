@@ -113,7 +113,7 @@ static int decode_block(const json_t *blk, const char *role, const char *where, 
         if (!id || !name)
             return tg__fail(err, errlen, "%s: tool_use needs an id and a name", where);
         json_t *input = json_object_get(blk, "input");
-        char *args = json_is_object(input) ? json_dumps(input, JSON_COMPACT) : NULL;
+        char *args = json_is_object(input) ? tg_json_dumps(input, JSON_COMPACT) : NULL;
         b = json_pack("{s:s,s:s,s:s,s:s}", "type", "tool_use", "id", id, "name", name, "arguments",
                       args ? args : "{}");
         free(args);
@@ -272,7 +272,7 @@ static json_t *anthropic_block(const json_t *b, int *failed, char *err, size_t e
     } else if (!strcmp(type, "tool_use")) {
         json_error_t jerr;
         const char *args = tg__str(b, "arguments");
-        json_t *input = json_loads(args, 0, &jerr);
+        json_t *input = tg_json_loadb(args, json_string_length(json_object_get(b, "arguments")), 0, &jerr);
         if (!json_is_object(input)) {
             json_decref(input);
             *failed = 1;
@@ -422,7 +422,7 @@ int tg__anthropic_resp_decode(const json_t *doc, tg__resp_t *r) {
                                   json_pack("{s:s,s:O}", "type", "text", "text", json_object_get(b, "text")));
         } else if (type && !strcmp(type, "tool_use")) {
             json_t *input = json_object_get(b, "input");
-            char *args = input ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            char *args = input ? tg_json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
             json_array_append_new(r->content,
                                   json_pack("{s:s,s:s,s:s,s:s}", "type", "tool_use", "id",
                                             tg__str(b, "id") ? tg__str(b, "id") : "", "name",
@@ -454,19 +454,24 @@ void tg__anthropic_resp_encode(const tg__resp_t *r, const char *model, tg_buf_t 
             tg_buf_appends(out, "}");
             continue;
         }
-        /* A tool call's arguments that are not a JSON object (a cut answer) become {}. */
+        /* The arguments' own bytes when they are a JSON object (numbers stay as the
+         * model wrote them); a cut answer's arguments become {}. */
         json_error_t jerr;
-        json_t *input = json_loads(tg__str(b, "arguments"), 0, &jerr);
-        char *s = json_is_object(input) ? json_dumps(input, JSON_COMPACT) : NULL;
+        const char *args = tg__str(b, "arguments");
+        size_t alen = json_string_length(json_object_get(b, "arguments"));
+        json_t *input = tg_json_loadb(args, alen, 0, &jerr);
+        int ok = json_is_object(input);
         json_decref(input);
         tg_buf_appends(out, "{\"type\":\"tool_use\",\"id\":");
         tg__put_cstr(out, tg__str(b, "id"));
         tg_buf_appends(out, ",\"name\":");
         tg__put_cstr(out, tg__str(b, "name"));
         tg_buf_appends(out, ",\"input\":");
-        tg_buf_appends(out, s ? s : "{}");
+        if (ok)
+            tg_buf_append(out, args, alen);
+        else
+            tg_buf_appends(out, "{}");
         tg_buf_appends(out, "}");
-        free(s);
     }
     tg_buf_printf(out, "],\"stop_reason\":\"%s\",\"stop_sequence\":null,\"usage\":", tg__fin_anthropic(r->fin));
     tg__usage_anthropic(&r->usage, out);
@@ -512,7 +517,7 @@ void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
                              json_string_length(name), out);
             json_t *input = json_object_get(cb, "input");
             if (json_object_size(input)) {
-                char *s = json_dumps(input, JSON_COMPACT);
+                char *s = tg_json_dumps(input, JSON_COMPACT);
                 if (s)
                     tg__x_tool_args(x, s, strlen(s), out);
                 free(s);

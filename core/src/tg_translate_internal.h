@@ -15,6 +15,7 @@
 #ifndef TOLLGATE_TG_TRANSLATE_INTERNAL_H
 #define TOLLGATE_TG_TRANSLATE_INTERNAL_H
 
+#include "tollgate/tg_json.h"
 #include "tollgate/tg_translate.h"
 
 /* ---- the neutral request ------------------------------------------------------------

@@ -35,6 +35,7 @@
  * holds it to.
  */
 #include "tollgate/tg_usage.h"
+#include "tollgate/tg_json.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -217,7 +218,7 @@ int tg_usage_merge_json_full(tg_usage_t *u, tg_proto_t proto, const char *json, 
     if (!json || !memmem(json, len, "usage", 5))
         return 0;
     json_error_t err;
-    json_t *doc = json_loadb(json, len, 0, &err);
+    json_t *doc = tg_json_loadb(json, len, 0, &err);
     if (!doc)
         return TG_ERROR;
     json_t *us = usage_find(doc, usage_outer(proto));

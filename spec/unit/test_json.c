@@ -113,3 +113,63 @@ TG_TEST(json, random_documents_agree_with_jansson) {
         json_decref(o);
     }
 }
+
+/* ---- numbers kept as written (issue #15) -------------------------------------------- */
+
+/* Parses `in` with tg_json_loadb and writes it back compact: must give `want`. */
+static void check_round_trip(const char *in, const char *want) {
+    json_error_t err;
+    json_t *v = tg_json_loadb(in, strlen(in), JSON_REJECT_DUPLICATES, &err);
+    if (!v)
+        fprintf(stderr, "parse of %s: %s\n", in, err.text);
+    ASSERT(v != NULL);
+    char *s = tg_json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    ASSERT(s != NULL);
+    ASSERT_EQ_STR(s, want);
+    free(s);
+    json_decref(v);
+}
+
+TG_TEST(fidelity, json_integers_beyond_int64_are_kept) {
+    check_round_trip("{\"maximum\": 18446744073709551615}", "{\"maximum\":18446744073709551615}");
+    check_round_trip("[-9223372036854775809, 9223372036854775807, -9223372036854775808]",
+                     "[-9223372036854775809,9223372036854775807,-9223372036854775808]");
+    check_round_trip("{\"a\":[{\"b\":123456789012345678901234567890}],\"s\":\"18446744073709551616\"}",
+                     "{\"a\":[{\"b\":123456789012345678901234567890}],\"s\":\"18446744073709551616\"}");
+    json_error_t err;
+    const char *doc = "{\"n\":18446744073709551616,\"m\":5}";
+    json_t *v = tg_json_loadb(doc, strlen(doc), 0, &err);
+    ASSERT(v != NULL);
+    const char *t;
+    size_t n;
+    ASSERT(tg_json_is_big(json_object_get(v, "n"), &t, &n));
+    ASSERT(n == 20 && !memcmp(t, "18446744073709551616", 20));
+    ASSERT(!json_is_integer(json_object_get(v, "n")));
+    ASSERT(!tg_json_is_big(json_object_get(v, "m"), NULL, NULL));
+    ASSERT(json_integer_value(json_object_get(v, "m")) == 5);
+    json_decref(v);
+}
+
+TG_TEST(fidelity, json_reals_in_shortest_form) {
+    check_round_trip("{\"x\":0.1,\"y\":-2.5e-7,\"z\":1e20,\"w\":1.0,\"v\":100.25}",
+                     "{\"x\":0.1,\"y\":-2.5e-7,\"z\":1e20,\"w\":1.0,\"v\":100.25}");
+    check_round_trip("[0.30000000000000004, 3.141592653589793]", "[0.30000000000000004,3.141592653589793]");
+    /* A string that looks like a number is left alone. */
+    check_round_trip("[\"0.10000000000000001\", 1.5]", "[\"0.10000000000000001\",1.5]");
+}
+
+TG_TEST(fidelity, json_bad_numbers_still_fail) {
+    json_error_t err;
+    ASSERT(tg_json_loadb("{\"t\":1e400}", 11, 0, &err) == NULL);
+    ASSERT(tg_json_loadb("{\"t\":18446744073709551616", 25, 0, &err) == NULL);
+    ASSERT(tg_json_loadb("{\"t\":01}", 8, 0, &err) == NULL);
+    /* A client string cannot pose as a big number without the process's marker. */
+    const char *in = "{\"s\":\"\\u007ftgbig0000000000000000:12\"}";
+    json_t *v = tg_json_loadb(in, strlen(in), 0, &err);
+    ASSERT(v != NULL);
+    ASSERT(!tg_json_is_big(json_object_get(v, "s"), NULL, NULL));
+    char *s = tg_json_dumps(v, JSON_COMPACT);
+    ASSERT(strstr(s, "tgbig0000000000000000:12\"") != NULL);
+    free(s);
+    json_decref(v);
+}

@@ -21,6 +21,7 @@
  * used when the upstream gives no time) is compared as 0. TG_GOLDEN_UPDATE=1 rewrites the
  * expected outputs from what the code produces (then review the diff).
  */
+#include "tollgate/tg_json.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_translate.h"
 
@@ -121,12 +122,12 @@ static void normalize_clock(tg_buf_t *b) {
 /* Compares JSON text with the expected file as values; prints both on a difference. */
 static int same_json(const char *name, const char *what, const char *got, size_t len, const tg_buf_t *want) {
     json_error_t e1, e2;
-    json_t *a = json_loadb(got, len, 0, &e1);
-    json_t *b = json_loadb(want->data, want->len, 0, &e2);
+    json_t *a = tg_json_loadb(got, len, 0, &e1);
+    json_t *b = tg_json_loadb(want->data, want->len, 0, &e2);
     int ok = a && b && json_equal(a, b);
     if (!ok) {
-        char *sa = a ? json_dumps(a, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
-        char *sb = b ? json_dumps(b, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
+        char *sa = a ? tg_json_dumps(a, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
+        char *sb = b ? tg_json_dumps(b, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
         fprintf(stderr, "FAIL %s: %s differs\n--- got\n%s\n--- want\n%s\n", name, what, sa ? sa : got,
                 sb ? sb : "(invalid expected JSON)");
         free(sa);
@@ -138,8 +139,9 @@ static int same_json(const char *name, const char *what, const char *got, size_t
 }
 
 static char *pretty(const json_t *v) {
-    return json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    return tg_json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 }
+
 
 /* ---- the golden cases --------------------------------------------------------------- */
 
@@ -151,6 +153,21 @@ typedef struct {
 
 static int case_cmp(const void *a, const void *b) {
     return strcmp(((const gcase_t *)a)->name, ((const gcase_t *)b)->name);
+}
+
+/* A case's "contains": strings the output bytes must hold (numbers exactly as written). */
+static int check_contains(const gcase_t *c, const char *got, size_t len) {
+    size_t i;
+    json_t *v;
+    int ok = 1;
+    json_array_foreach(json_object_get(c->meta, "contains"), i, v) {
+        const char *want = json_string_value(v);
+        if (want && !memmem(got, len, want, strlen(want))) {
+            fprintf(stderr, "FAIL %s: output lacks %s\n--- got\n%.*s\n", c->name, want, (int)len, got);
+            ok = 0;
+        }
+    }
+    return ok;
 }
 
 /* Loads every case folder of `dir` whose kind is `kind`, sorted by name. */
@@ -194,7 +211,7 @@ static int run_request(const gcase_t *c) {
     tg_buf_t in;
     ASSERT(read_file(c->dir, "in.json", &in));
     json_error_t je;
-    json_t *body = json_loadb(in.data, in.len, 0, &je);
+    json_t *body = tg_json_loadb(in.data, in.len, 0, &je);
     ASSERT(body);
     json_t *before = json_deep_copy(body);
     json_t *out = NULL;
@@ -217,6 +234,9 @@ static int run_request(const gcase_t *c) {
         ok = 0;
     } else {
         char *got = pretty(out);
+        char *wire = tg_json_dumps(out, JSON_COMPACT); /* what the gateway sends */
+        ok &= check_contains(c, wire, strlen(wire));
+        free(wire);
         tg_buf_t want;
         if (update_mode()) {
             tg_buf_t o;
@@ -242,7 +262,7 @@ static int run_request(const gcase_t *c) {
 /* Writes the output pretty-printed (a JSON body) so the golden file reads well. */
 static void write_pretty_json(const char *dir, const char *name, const tg_buf_t *b) {
     json_error_t e;
-    json_t *v = json_loadb(b->data, b->len, 0, &e);
+    json_t *v = tg_json_loadb(b->data, b->len, 0, &e);
     ASSERT(v);
     char *s = pretty(v);
     tg_buf_t o;
@@ -272,6 +292,7 @@ static int run_response(const gcase_t *c) {
         ok = 0;
     } else {
         normalize_clock(&out);
+        ok &= check_contains(c, out.data, out.len);
         tg_buf_t want;
         if (update_mode()) {
             write_pretty_json(c->dir, "out.json", &out);

@@ -10,7 +10,40 @@
 #ifndef TOLLGATE_TG_JSON_H
 #define TOLLGATE_TG_JSON_H
 
+#include <jansson.h>
+
 #include "tollgate/tg_common.h"
+
+/*
+ * Numbers kept as the client wrote them. JSON numbers are not int64: a tool schema's
+ * `maximum: 18446744073709551615` or a tool argument of 30 digits is valid JSON that
+ * jansson refuses ("too big integer"), and jansson writes reals with 17 digits
+ * (0.1 -> 0.10000000000000001). Bodies the gateway parses and writes again go through
+ * these two functions instead: an integer beyond int64 is held as a "big number" (a
+ * string value carrying a per-process marker and the number's exact text; it is not a
+ * json_is_integer) and written back as that text, and reals are written in their
+ * shortest form that reads back as the same double (0.1 stays 0.1).
+ */
+
+/**
+ * json_loadb(buf, len, flags, err), except that integers beyond int64 are parsed as big
+ * numbers instead of failing. Returns a new reference, or NULL with err filled (a real
+ * number overflow such as 1e400 is still an error).
+ */
+json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err);
+
+/** 1 when v is a big number made by tg_json_loadb; its text in *text / *len if given. */
+int tg_json_is_big(const json_t *v, const char **text, size_t *len);
+
+/**
+ * Appends json_dumps(v, flags) to out, with big numbers written back as their text and
+ * reals in shortest round-trip form. Returns TG_OK, or TG_ERROR (nothing appended) when
+ * jansson cannot encode v.
+ */
+int tg_json_dump_buf(const json_t *v, size_t flags, tg_buf_t *out);
+
+/** The same as a NUL-terminated malloc'd string (free() it), or NULL. */
+char *tg_json_dumps(const json_t *v, size_t flags);
 
 /**
  * out = doc with the value of each top-level member keys[i] replaced by values[i] (JSON

@@ -65,6 +65,10 @@
  * previous_response_id, background, Responses `truncation` other than "disabled", JSON
  * output formats for an Anthropic upstream, stop sequences for a Responses upstream,
  * unknown roles and part types.
+ * Numbers: bodies are parsed with tg_json_loadb and written with tg_json_dumps, so an
+ * integer beyond int64 (a schema's maximum, a tool argument) keeps its digits and reals
+ * are written in shortest round-trip form; tool arguments that an Anthropic client
+ * receives as `input` are the upstream's own bytes.
  * Thinking / reasoning blocks in the history are dropped when the upstream is another
  * protocol (their signatures are only valid for the provider that made them), and so
  * is thinking / reasoning output on its way to a client of another protocol (the text,
