@@ -50,6 +50,9 @@ if(TG_NODE)
   add_test(NAME integration.protocols_sdk COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/protocols_sdk.test.mjs)
   set_tests_properties(integration.protocols_sdk PROPERTIES
     ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "protocols;integration" TIMEOUT 120)
+  add_test(NAME integration.fidelity_sdk COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/fidelity_sdk.test.mjs)
+  set_tests_properties(integration.fidelity_sdk PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "fidelity;protocols;integration" TIMEOUT 180)
   add_test(NAME integration.protocols_errors COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/protocols_errors.test.mjs)
   set_tests_properties(integration.protocols_errors PROPERTIES
     ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "protocols;integration" TIMEOUT 120)

@@ -49,13 +49,18 @@
  *                  finishing the chunked body (0 = right after the headers)
  *   hang=1         read the request, never answer (in flight until the client leaves)
  *   usage=0        send no usage at all, stream or not
+ *   close_delimited=1  answer without Content-Length or chunked encoding and close the
+ *                  connection after the body (HTTP/1.1 allows it: the close ends it)
  *
  * The credential of a request is the `Authorization: Bearer X` token, else the
  * `x-api-key` header, else "-". Control endpoints (never counted, any thread):
  *   POST   /_mock/faults  {"credential":"sk-x","count":3, <any knob>...} installs (or
  *                         replaces) that credential's rule: the next `count` (>= 1)
  *                         requests get it, or all until cleared if count is omitted;
- *                         credential "*" (or none) = every credential without a rule
+ *                         credential "*" (or none) = every credential without a rule;
+ *                         with "body": "<text>" the rule's requests are answered 200 with
+ *                         that body verbatim (an event stream when the request streams:
+ *                         a scripted upstream answer, e.g. a refusal or a tool call)
  *   GET    /_mock/faults  the installed rules;   DELETE /_mock/faults  clears them
  *   GET    /_mock/stats   {"total","inflight","max_inflight","aborted","credentials":
  *                         {"<cred>":{"requests","inflight","max_inflight","aborted"}}}
@@ -101,10 +106,10 @@
 /* ---- knobs ---------------------------------------------------------------------- */
 
 enum { K_STATUS, K_RETRY_AFTER, K_DELAY_MS, K_TTFT_MS, K_CHUNKS, K_INTERVAL_MS,
-       K_CLOSE_AFTER, K_HANG, K_USAGE, K__COUNT };
+       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K__COUNT };
 static const char *const knob_names[K__COUNT] = {
     "status", "retry_after", "delay_ms", "ttft_ms", "chunks",
-    "interval_ms", "close_after", "hang", "usage"};
+    "interval_ms", "close_after", "hang", "usage", "close_delimited"};
 
 /** Knob values; -1 means "not set here". */
 typedef struct {
@@ -230,6 +235,8 @@ typedef struct cred_s {
 typedef struct fault_s {
     struct fault_s *next;
     knobs_t k;
+    char *body; /* the scripted reply body, or NULL */
+    size_t body_len;
     int64_t count; /* -1 = until cleared */
     char cred[];
 } fault_t;
@@ -275,6 +282,7 @@ static fault_t **fault_find(const char *cred, size_t len) {
 static void faults_clear_locked(void) {
     for (fault_t *f = g_st.faults, *next; f; f = next) {
         next = f->next;
+        free(f->body);
         free(f);
     }
     g_st.faults = NULL;
@@ -306,6 +314,7 @@ typedef struct {
     int active; /* counted in flight, not yet answered */
     int api, stream, include_usage, keepalive;
     int whole; /* a whole response (non-stream or error) is in c->out or c->held */
+    int raw;   /* close_delimited: no Content-Length, no chunking; the close ends the body */
     knobs_t k;
     int64_t in_tok;
     int out_n, sent, seq, n_inputs;
@@ -336,6 +345,8 @@ typedef struct conn_s {
     tg_buf_t out;     /* bytes to write at the next flush */
     tg_buf_t scratch; /* a body or event being rendered */
     tg_buf_t pending, spare; /* input that arrived while busy */
+    tg_buf_t script;         /* the scripted reply body of this request, if any */
+    int has_script;
 } conn_t;
 
 struct worker_s {
@@ -370,7 +381,7 @@ static void conn_free_cb(uv_handle_t *h) {
     if (c->next)
         c->next->prev = c->prev;
     tg_buf_t *bufs[] = {&c->url, &c->hdrs, &c->body, &c->model, &c->held,
-                        &c->out, &c->scratch, &c->pending, &c->spare};
+                        &c->out, &c->scratch, &c->pending, &c->spare, &c->script};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         tg_buf_free(bufs[i]);
     free(c);
@@ -488,8 +499,9 @@ static const char *reason_phrase(int status) {
 
 /* Appends status line, headers and c->scratch as the body to dst; resets scratch. */
 static void put_response(conn_t *c, tg_buf_t *dst, int status, int retry_after, int keepalive) {
-    tg_buf_printf(dst, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n",
-                  status, reason_phrase(status), c->scratch.len);
+    tg_buf_printf(dst, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n", status, reason_phrase(status));
+    if (!c->r.raw)
+        tg_buf_printf(dst, "Content-Length: %zu\r\n", c->scratch.len);
     if (retry_after >= 0)
         tg_buf_printf(dst, "Retry-After: %d\r\n", retry_after);
     if (!keepalive)
@@ -501,6 +513,11 @@ static void put_response(conn_t *c, tg_buf_t *dst, int status, int retry_after, 
 
 /* Appends c->scratch to c->out as one HTTP chunk; resets scratch. */
 static void put_chunk(conn_t *c) {
+    if (c->r.raw) {
+        tg_buf_append(&c->out, c->scratch.data, c->scratch.len);
+        c->scratch.len = 0;
+        return;
+    }
     tg_buf_printf(&c->out, "%zx\r\n", c->scratch.len);
     tg_buf_append(&c->out, c->scratch.data, c->scratch.len);
     BUF_LIT(&c->out, "\r\n");
@@ -670,8 +687,9 @@ static void put_chat_chunk_head(conn_t *c, tg_buf_t *b) {
 static void stream_start(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
-    BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "Transfer-Encoding: chunked\r\n");
+    BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
+    if (!r->raw)
+        BUF_LIT(&c->out, "Transfer-Encoding: chunked\r\n");
     if (!r->keepalive)
         BUF_LIT(&c->out, "Connection: close\r\n");
     BUF_LIT(&c->out, "\r\n");
@@ -774,7 +792,8 @@ static void stream_final(conn_t *c) {
         BUF_LIT(b, "}\n\n");
     }
     put_chunk(c);
-    BUF_LIT(&c->out, "0\r\n\r\n");
+    if (!r->raw)
+        BUF_LIT(&c->out, "0\r\n\r\n");
 }
 
 /* close_after: ends the request (not as aborted) and closes after what was sent. */
@@ -934,12 +953,21 @@ static const char *fault_install(const char *body, size_t len) {
     memcpy(f->cred, cred, clen);
     f->k = k;
     f->count = count;
+    json_t *jb = json_object_get(root, "body");
+    if (json_is_string(jb)) {
+        f->body_len = json_string_length(jb);
+        f->body = malloc(f->body_len + 1);
+        if (!f->body)
+            abort();
+        memcpy(f->body, json_string_value(jb), f->body_len + 1);
+    }
     json_decref(root);
     pthread_mutex_lock(&g_st.mu);
     fault_t **old = fault_find(f->cred, clen);
     if (old) {
         fault_t *o = *old;
         *old = o->next;
+        free(o->body);
         free(o);
     }
     f->next = g_st.faults;
@@ -1009,6 +1037,8 @@ static void handle_request(conn_t *c) {
     resp_t *r = &c->r;
     if (c->closing)
         return;
+    r->raw = 0;
+    c->has_script = 0;
     const char *url = c->url.data ? c->url.data : "/";
     const char *q = memchr(url, '?', c->url.len);
     size_t plen = q ? (size_t)(q - url) : c->url.len;
@@ -1108,8 +1138,13 @@ static void handle_request(conn_t *c) {
     if (fp) {
         fault_t *f = *fp;
         rk = f->k;
+        c->has_script = f->body != NULL;
+        c->script.len = 0;
+        if (f->body)
+            tg_buf_append(&c->script, f->body, f->body_len);
         if (f->count > 0 && --f->count == 0) {
             *fp = f->next;
+            free(f->body);
             free(f);
         }
     }
@@ -1121,13 +1156,16 @@ static void handle_request(conn_t *c) {
     g_st.have_last = 1;
     pthread_mutex_unlock(&g_st.mu);
 
-    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1}};
+    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0}};
     k = defaults;
     knobs_merge(&k, &rk);
     knobs_merge(&k, &c->hk);
     knobs_merge(&k, &dk);
 
     r->active = 1;
+    r->raw = k.v[K_CLOSE_DELIMITED] > 0;
+    if (r->raw)
+        r->keepalive = 0; /* the body ends when the connection does */
     r->api = api;
     r->k = k;
     r->stream = stream && (api == API_CHAT || api == API_MESSAGES || api == API_RESPONSES);
@@ -1158,6 +1196,23 @@ static void handle_request(conn_t *c) {
             retry_after = -1;
         render_error(c, api_for_errors, err_status, err_msg);
         put_response(c, dst, err_status, retry_after, r->keepalive);
+    } else if (c->has_script) {
+        /* The scripted body as it is: an event stream when the request streams. */
+        tg_buf_printf(dst, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\n",
+                      r->stream ? "text/event-stream" : "application/json");
+        if (!r->keepalive)
+            BUF_LIT(dst, "Connection: close\r\n");
+        if (r->raw) {
+            BUF_LIT(dst, "\r\n");
+            tg_buf_append(dst, c->script.data, c->script.len);
+        } else if (r->stream) {
+            tg_buf_printf(dst, "Transfer-Encoding: chunked\r\n\r\n%zx\r\n", c->script.len);
+            tg_buf_append(dst, c->script.data, c->script.len);
+            BUF_LIT(dst, "\r\n0\r\n\r\n");
+        } else {
+            tg_buf_printf(dst, "Content-Length: %zu\r\n\r\n", c->script.len);
+            tg_buf_append(dst, c->script.data, c->script.len);
+        }
     } else if (!r->stream) {
         switch (api) {
         case API_CHAT: render_chat(c); break;

@@ -388,7 +388,9 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             c->in_exec = 1;
             llhttp_errno_t e = llhttp_finish(&c->parser);
             c->in_exec = 0;
-            if (!c->closing && e == HPE_OK && c->msg_done) {
+            /* A body delimited by the close (no Content-Length, not chunked) is complete
+             * here: llhttp_finish runs on_message_complete, which pauses the parser. */
+            if (!c->closing && (e == HPE_OK || e == HPE_PAUSED) && c->msg_done) {
                 finish_call(c);
                 return;
             }
