@@ -940,7 +940,8 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
         reply_error(req, 404, "not_found", "unknown admin route");
         return;
     }
-    int m = req->method;
+    /* HEAD reads like GET; the server sends its head only (tg_response_body). */
+    int m = req->method == HTTP_HEAD ? HTTP_GET : req->method;
     if (!strcmp(seg[0], "plugins")) {
         if (nseg == 1 && m == HTTP_GET) {
             char *s = tg_plugins_status_json();

@@ -425,7 +425,9 @@ void tg_response_start(tg_request_t *req, int status, const char *content_type,
 }
 
 void tg_response_body(tg_request_t *req, const char *p, size_t n) {
-    if (!n || req->resp_ended)
+    /* A HEAD answer has its head only (the headers a GET would get): a body would be
+     * read as the start of the next response on a keep-alive connection. */
+    if (!n || req->resp_ended || req->method == HTTP_HEAD)
         return;
     req->bytes_out += n;
     if (!req->resp_chunked) {
@@ -471,7 +473,7 @@ void tg_response_end(tg_request_t *req) {
     req->resp_ended = 1;
     if (!req->resp_started)
         tg_response_start(req, req->status ? req->status : 200, NULL, NULL, 0);
-    if (req->resp_chunked) {
+    if (req->resp_chunked && req->method != HTTP_HEAD) {
         uv_buf_t b = uv_buf_init("0\r\n\r\n", 5);
         req->bytes_out += 5;
         conn_writev(c, &b, 1);
