@@ -5,7 +5,9 @@
 #   hostile_http_backpressure  slow readers get every response kind whole
 #   hostile_http_early         early answers (413, 401, 431) are read, not reset
 #   hostile_http_head          HEAD answers carry no body (keep-alive stays in step)
-#   hostile_http_log           refused requests are logged; log sinks escape
+#   hostile_http_log           refused requests are logged; access-log lines stay JSON
+#   hostile_http_log_billed    stderr escapes a CR/LF model; unpriced warnings are rate
+#                              limited (billing on: Postgres and Redis from spec/run.sh)
 
 find_program(TG_NODE node)
 if(NOT TG_NODE)
@@ -16,8 +18,18 @@ file(GLOB TG_HOSTILE_HTTP_IT CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/integ
 foreach(file ${TG_HOSTILE_HTTP_IT})
   get_filename_component(name ${file} NAME)
   string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
-  add_test(NAME integration.${name} COMMAND ${TG_NODE} --test ${file})
-  set_tests_properties(integration.${name} PROPERTIES
-    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
-    LABELS "hostile;core;integration" TIMEOUT 180)
+  if(name MATCHES "_billed$")
+    # Billing on: needs spec/run.sh's Postgres and Redis (skipped without them).
+    add_test(NAME integration.${name}
+      COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+              ${TG_NODE} ${file})
+    set_tests_properties(integration.${name} PROPERTIES
+      ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+      LABELS "hostile;integration" TIMEOUT 180 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+  else()
+    add_test(NAME integration.${name} COMMAND ${TG_NODE} --test ${file})
+    set_tests_properties(integration.${name} PROPERTIES
+      ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+      LABELS "hostile;core;integration" TIMEOUT 180)
+  endif()
 endforeach()

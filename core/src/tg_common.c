@@ -120,6 +120,77 @@ void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n) {
     }
 }
 
+/* The length of the valid UTF-8 sequence at s (1-4), or 0 if the byte there does not
+ * start one (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+    return len;
+}
+
+void tg_buf_append_log_safe(tg_buf_t *b, const char *s, size_t n, int json) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        /* The clean run (printable ASCII and valid UTF-8) is copied in one piece. */
+        size_t start = i, len;
+        while (i < n && u[i] >= 0x20 && u[i] != 0x7f && (len = utf8_seq(u + i, n - i)) > 0)
+            i += len;
+        if (i > start)
+            tg_buf_append(b, s + start, i - start);
+        if (i >= n)
+            break;
+        unsigned char c = u[i++];
+        char e[8];
+        size_t en = 0;
+        if (c < 0x20 || c == 0x7f) {
+            if (json) {
+                e[0] = '\\', e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
+                en = 6;
+            } else if (c == '\n' || c == '\r' || c == '\t') {
+                e[0] = '\\', e[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+                en = 2;
+            } else {
+                e[0] = '\\', e[1] = 'x', e[2] = hex[c >> 4], e[3] = hex[c & 15];
+                en = 4;
+            }
+        } else if (json) {
+            e[0] = '\\', e[1] = '\\', e[2] = 'x', e[3] = hex[c >> 4], e[4] = hex[c & 15];
+            en = 5;
+        } else {
+            e[0] = '\\', e[1] = 'x', e[2] = hex[c >> 4], e[3] = hex[c & 15];
+            en = 4;
+        }
+        tg_buf_append(b, e, en);
+    }
+}
+
 void tg_buf_consume(tg_buf_t *b, size_t n) {
     if (n >= b->len) {
         b->len = 0;
@@ -195,8 +266,19 @@ int tg_log_level_parse(const char *name) {
     return -1;
 }
 
+/*
+ * A stderr line is "<time> <level> <message>": the message is escaped (control bytes and
+ * invalid UTF-8, tg_buf_append_log_safe), so a model name or header value with CR/LF in
+ * it can never start a line of its own (a forged log line).
+ */
 void tg_log_write(int level, const char *fmt, ...) {
-    char line[2048];
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    size_t mlen = m < 0 ? 0 : TG_MIN((size_t)m, sizeof(msg) - 1);
+    char line[4096];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
@@ -204,29 +286,61 @@ void tg_log_write(int level, const char *fmt, ...) {
     int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                      tm.tm_sec, ts.tv_nsec / 1000000, level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
-    va_list ap;
-    va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
-    va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : TG_MIN((size_t)m, sizeof(line) - (size_t)n - 2));
+    size_t len = (size_t)n;
+    /* Fast path: printable ASCII (the common case) is copied as is. */
+    size_t i = 0;
+    while (i < mlen && (unsigned char)msg[i] >= 0x20 && (unsigned char)msg[i] < 0x7f)
+        i++;
+    if (i == mlen) {
+        memcpy(line + len, msg, mlen);
+        len += mlen;
+    } else {
+        tg_buf_t b;
+        tg_buf_init(&b);
+        tg_buf_append_log_safe(&b, msg, mlen, 0);
+        size_t take = TG_MIN(b.len, sizeof(line) - len - 1);
+        memcpy(line + len, b.data, take);
+        len += take;
+        tg_buf_free(&b);
+    }
     line[len++] = '\n';
     (void)!write(STDERR_FILENO, line, len);
 }
 
 void tg_log_raw(const char *line, size_t len) {
     /* One write per line so concurrent workers never interleave inside a line. */
-    char stackbuf[4096];
-    if (len + 1 <= sizeof(stackbuf)) {
-        memcpy(stackbuf, line, len);
-        stackbuf[len] = '\n';
-        (void)!write(STDOUT_FILENO, stackbuf, len + 1);
-    } else {
-        char *p = malloc(len + 1);
-        if (!p)
-            return;
-        memcpy(p, line, len);
-        p[len] = '\n';
-        (void)!write(STDOUT_FILENO, p, len + 1);
-        free(p);
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_append_log_safe(&b, line, len, 1);
+    tg_buf_append(&b, "\n", 1);
+    (void)!write(STDOUT_FILENO, b.data, b.len);
+    tg_buf_free(&b);
+}
+
+/* Per thread: a small table of keys (by hash) and when each was last logged. A key
+ * that collides with another takes its slot over: at worst a line more, never fewer. */
+#define LOG_ALLOW_SLOTS 64
+typedef struct {
+    uint64_t hash;
+    uint64_t last_ms;
+    uint64_t suppressed;
+    int used;
+} log_allow_t;
+
+int tg_log_allow(const char *key, size_t n, uint64_t now_ms, uint64_t *suppressed) {
+    static __thread log_allow_t slots[LOG_ALLOW_SLOTS];
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)key[i]) * 1099511628211ull;
+    log_allow_t *s = &slots[h % LOG_ALLOW_SLOTS];
+    if (s->used && s->hash == h && now_ms - s->last_ms < TG_LOG_EVERY_MS) {
+        s->suppressed++;
+        return 0;
     }
+    *suppressed = s->used && s->hash == h ? s->suppressed : 0;
+    s->used = 1;
+    s->hash = h;
+    s->last_ms = now_ms;
+    s->suppressed = 0;
+    return 1;
 }

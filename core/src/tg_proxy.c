@@ -1141,7 +1141,16 @@ static void money_bound(proxy_req_t *p) {
         tg_usage_t bound = {.input = p->est_input, .output = max_out, .known = TG_USAGE_INPUT | TG_USAGE_OUTPUT};
         amount = tg_price_usage(&price, &bound, p->principal->rate_multiplier_micro);
     } else {
-        tg_log_warn("request %s: model \"%s\" has no price: metered at 0 (add it under prices)", p->req->id, p->model);
+        /* A client can repeat this at will: one line per model per minute on each worker,
+         * counting the ones held back. */
+        uint64_t held;
+        if (tg_log_level >= TG_LOG_WARN && tg_log_allow(p->model, strlen(p->model), tg_now_ms(), &held)) {
+            char more[64] = "";
+            if (held)
+                snprintf(more, sizeof(more), "; %llu more since the last such line", (unsigned long long)held);
+            tg_log_warn("request %s: model \"%s\" has no price: metered at 0 (add it under prices)%s",
+                        p->req->id, p->model, more);
+        }
     }
     p->reserved_amount = amount;
 }

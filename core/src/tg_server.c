@@ -54,6 +54,8 @@ struct tg_conn_s {
     size_t hoffs[TG_MAX_HEADERS][4];
     int nh;
     int err_status;      /* a response decided while parsing (413, 431) */
+    int have_method;     /* the request line's method was parsed */
+    const char *early_code; /* the error code of an answer the server gave itself */
     char client_ip[48];  /* the peer's address, looked up once per connection */
     tg_buf_t out;        /* corked output, flushed before the loop polls */
     int dirty;           /* on the worker's dirty list */
@@ -327,7 +329,9 @@ static void prepare_cb(uv_prepare_t *h) {
 }
 
 void tg_worker_log(tg_worker_t *w, const char *line, size_t len) {
-    tg_buf_append(&w->logbuf, line, len);
+    /* Every access-log line is valid JSON and one line, whatever a field carried
+     * (control bytes, invalid UTF-8): escaped here, at the sink. */
+    tg_buf_append_log_safe(&w->logbuf, line, len, 1);
     tg_buf_append(&w->logbuf, "\n", 1);
     if (w->logbuf.len > 256 * 1024)
         log_flush(w);
@@ -565,11 +569,18 @@ static int on_message_begin(llhttp_t *p) {
     c->hstate = PARSE_NONE;
     c->nh = 0;
     c->err_status = 0;
+    c->have_method = 0;
+    c->early_code = NULL;
     c->state = CONN_HEADERS;
     if (!c->fuzz) {
         atomic_fetch_add_explicit(&c->w->metrics.inflight, 1, memory_order_relaxed);
         conn_set_timer(c, c->w->gw->cfg->limits.header_timeout_ms);
     }
+    return 0;
+}
+
+static int on_method_complete(llhttp_t *p) {
+    conn_of(p)->have_method = 1;
     return 0;
 }
 
@@ -687,6 +698,34 @@ static void dispatch(tg_conn_t *c) {
     tg_proxy_handle(r);
 }
 
+/*
+ * The access-log line of a request the server answered itself — refused by the parser
+ * (400), too large (413, 431), not received in time (408) — which no handler saw.
+ */
+static void early_finish(tg_request_t *req, int aborted) {
+    tg_conn_t *c = req->conn;
+    if (!req->worker->gw->cfg->access_log)
+        return;
+    const char *method = "-";
+    if (c->state == CONN_BODY || c->state == CONN_PROCESSING)
+        method = llhttp_method_name((llhttp_method_t)req->method);
+    else if (c->have_method)
+        method = llhttp_method_name((llhttp_method_t)llhttp_get_method(&c->parser));
+    uint64_t in = req->bytes_in ? req->bytes_in : c->header_bytes + req->body.len;
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_printf(&b, "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"other\",\"method\":\"%s\",\"path\":\"",
+                  (unsigned long long)tg_wall_ms(), req->id, method);
+    tg_buf_append_json_escaped(&b, req->url.data ? req->url.data : "", req->url.len);
+    tg_buf_printf(&b, "\",\"status\":%d,\"client_ip\":\"%s\",\"upstream\":null,\"upstream_status\":null,"
+                      "\"bytes_in\":%llu,\"bytes_out\":%llu,\"total_ms\":%.3f,\"error\":\"%s\"}",
+                  aborted && req->status < 400 ? 499 : req->status, req->client_ip, (unsigned long long)in,
+                  (unsigned long long)req->bytes_out, (double)(tg_now_ns() - req->start_ns) / 1e6,
+                  c->early_code ? c->early_code : "client_disconnected");
+    tg_worker_log(req->worker, b.data, b.len);
+    tg_buf_free(&b);
+}
+
 /* Answers a request that failed to parse, then closes the connection. */
 static void parse_error(tg_conn_t *c, int status, const char *code, const char *msg) {
     if (c->fuzz) {
@@ -700,6 +739,8 @@ static void parse_error(tg_conn_t *c, int status, const char *code, const char *
         on_message_begin(&c->parser);
     tg_request_t *r = c->req;
     r->keep_alive = 0;
+    r->finish_cb = early_finish;
+    c->early_code = code;
     tg_response_error(r, status, "invalid_request_error", code, msg);
 }
 
@@ -739,6 +780,7 @@ static void settings_init(void) {
     parser_settings = (llhttp_settings_t){0};
     llhttp_settings_init(&parser_settings);
     parser_settings.on_message_begin = on_message_begin;
+    parser_settings.on_method_complete = on_method_complete;
     parser_settings.on_url = on_url;
     parser_settings.on_header_field = on_header_field;
     parser_settings.on_header_value = on_header_value;
@@ -844,6 +886,8 @@ static void timer_cb(uv_timer_t *t) {
     case CONN_BODY:
         if (c->req && !c->req->resp_started) {
             c->req->keep_alive = 0;
+            c->req->finish_cb = early_finish;
+            c->early_code = "request_timeout";
             tg_response_error(c->req, 408, "invalid_request_error", "request_timeout",
                               "the request was not received in time");
         } else {

@@ -105,6 +105,43 @@ TG_TEST(buf, json_escaped_nul_and_long) {
     tg_buf_free(&b);
 }
 
+TG_TEST(buf, log_safe_escapes_controls_and_bad_utf8) {
+    tg_buf_t b;
+    tg_buf_init(&b);
+    /* Valid UTF-8 (2, 3 and 4 bytes) and printable ASCII pass through untouched. */
+    static const char ok[] = "plain \"text\" \\ é € \xf0\x9f\x98\x80";
+    tg_buf_append_log_safe(&b, ok, sizeof(ok) - 1, 0);
+    ASSERT_EQ_STR(b.data, ok);
+    tg_buf_reset(&b);
+    /* Text mode: CR/LF/tab by name, other controls and bad bytes as \xNN. */
+    static const char bad[] = "a\r\nb\t\x01\x7f\xff\xc3(\xed\xa0\x80\xe2\x82";
+    tg_buf_append_log_safe(&b, bad, sizeof(bad) - 1, 0);
+    ASSERT_EQ_STR(b.data, "a\\r\\nb\\t\\x01\\x7f\\xff\\xc3(\\xed\\xa0\\x80\\xe2\\x82");
+    tg_buf_reset(&b);
+    /* JSON mode: controls as \u00XX, bad bytes as an escaped backslash + xNN. */
+    tg_buf_append_log_safe(&b, "x\n\xc0\xaf\"", 5, 1);
+    ASSERT_EQ_STR(b.data, "x\\u000a\\\\xc0\\\\xaf\"");
+    tg_buf_reset(&b);
+    /* Overlong, above U+10FFFF, lone continuation: all escaped byte by byte. */
+    tg_buf_append_log_safe(&b, "\xe0\x80\x80\xf4\x90\x80\x80\x80", 8, 0);
+    ASSERT_EQ_STR(b.data, "\\xe0\\x80\\x80\\xf4\\x90\\x80\\x80\\x80");
+    tg_buf_free(&b);
+}
+
+TG_TEST(buf, log_allow_once_per_key_per_window) {
+    uint64_t held = 99, t = 1000000;
+    ASSERT(tg_log_allow("model-a", 7, t, &held));
+    ASSERT_EQ_INT(held, 0);
+    for (int i = 0; i < 5; i++)
+        ASSERT(!tg_log_allow("model-a", 7, t + 10 + (uint64_t)i, &held));
+    ASSERT(tg_log_allow("model-b", 7, t + 20, &held)); /* another key is not held */
+    ASSERT_EQ_INT(held, 0);
+    ASSERT(!tg_log_allow("model-a", 7, t + TG_LOG_EVERY_MS - 1, &held));
+    ASSERT(tg_log_allow("model-a", 7, t + TG_LOG_EVERY_MS, &held));
+    ASSERT_EQ_INT(held, 6); /* the ones held back since the last line */
+    ASSERT(!tg_log_allow("model-a", 7, t + TG_LOG_EVERY_MS + 1, &held));
+}
+
 TG_TEST(buf, str_ieq) {
     ASSERT(tg_str_ieq(TG_STR("Content-Length"), "content-length"));
     ASSERT(!tg_str_ieq(TG_STR("Content-Length"), "content-lengt"));

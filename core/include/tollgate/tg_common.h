@@ -58,6 +58,14 @@ void tg_buf_append_hex(tg_buf_t *b, uint64_t v);
 size_t tg_fmt_u64(char *out, uint64_t v);
 /** Appends `s` as the inside of a JSON string (no quotes), escaping as needed. */
 void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n);
+/**
+ * Appends s made safe for a log line: control bytes (below 0x20, and 0x7f) and bytes
+ * that are not valid UTF-8 are escaped, everything else is copied. With json set the
+ * result stays valid JSON inside a string (a control byte as \u00XX, a bad byte as
+ * \\xNN, which reads back as the text \xNN); otherwise \n, \r, \t and \xNN. Valid,
+ * printable input is appended as is, in one piece.
+ */
+void tg_buf_append_log_safe(tg_buf_t *b, const char *s, size_t n, int json);
 /** Removes the first n bytes. */
 void tg_buf_consume(tg_buf_t *b, size_t n);
 void tg_buf_reset(tg_buf_t *b);
@@ -100,6 +108,14 @@ void tg_log_write(int level, const char *fmt, ...) __attribute__((format(printf,
 /** Writes one already-formatted line (an access-log JSON object) followed by '\n'. */
 void tg_log_raw(const char *line, size_t len);
 int tg_log_level_parse(const char *name);
+/**
+ * Rate limit for a warning that a client can repeat at will (an unpriced model): 1 if
+ * the line for `key` may be written now, then *suppressed is how many were held back
+ * since the last one; 0 to hold it back. One line per key per TG_LOG_EVERY_MS on each
+ * thread (a small fixed table, no allocation, no lock).
+ */
+#define TG_LOG_EVERY_MS 60000
+int tg_log_allow(const char *key, size_t n, uint64_t now_ms, uint64_t *suppressed);
 
 #define tg_log(level, ...)                                                                  \
     do {                                                                                    \
