@@ -12,6 +12,7 @@
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_tls.h"
+#include "tollgate/tg_valid.h"
 
 /* The accounts of one group that list or map one model (the any-model ones are apart). */
 typedef struct {
@@ -300,6 +301,13 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
     for (int r = 0; r < rows; r++) {
         tg_account_t *acc = &s->accounts[s->naccounts];
         acc->id = atoll(PQgetvalue(res, r, 0));
+        /* Written some other way than the admin API or apply (which refuse it): a
+         * base_url that is not a clean http(s) URL never gets an upstream. */
+        const char *why = tg_valid_base_url(PQgetvalue(res, r, 3), (size_t)PQgetlength(res, r, 3));
+        if (why) {
+            tg_log_error("accounts: account %lld: base_url %s; the account is skipped", (long long)acc->id, why);
+            continue;
+        }
         acc->name = strdup(PQgetvalue(res, r, 1));
         acc->provider = strdup(PQgetvalue(res, r, 2));
         acc->upstream = upstream_for(a, PQgetvalue(res, r, 3));
@@ -308,9 +316,17 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
             unsigned char *raw = PQunescapeBytea((const unsigned char *)PQgetvalue(res, r, 4), &n);
             tg_buf_t plain;
             tg_buf_init(&plain);
-            if (have_key && raw && tg_crypto_open(key, raw, n, &plain) == TG_OK)
+            int opened = have_key && raw && tg_crypto_open(key, raw, n, &plain) == TG_OK;
+            const char *bad = opened ? tg_valid_no_ctl(plain.data, plain.len) : NULL;
+            if (opened && !bad) {
                 acc->credential = plain.data;
-            else {
+            } else if (opened) {
+                /* It would be a header of the upstream request: never sent. */
+                tg_log_error("accounts: account %lld: the credential %s; the account is skipped", (long long)acc->id,
+                             bad);
+                OPENSSL_cleanse(plain.data, plain.len);
+                tg_buf_free(&plain);
+            } else {
                 tg_log_error("accounts: %s: the credential cannot be opened (%s); the account is skipped", acc->name,
                              have_key ? "wrong TOLLGATE_SECRET_KEY?" : "no TOLLGATE_SECRET_KEY");
                 tg_buf_free(&plain);

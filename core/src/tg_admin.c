@@ -21,6 +21,7 @@
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_ui.h"
+#include "tollgate/tg_valid.h"
 
 typedef enum { C_ID, C_REF, C_TEXT, C_INT, C_SINT, C_NUMERIC, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
 
@@ -394,6 +395,61 @@ static void run(actx_t *a, const char *sql, int n, const char *const *params, in
     a->q = tg_pg_query(pg, sql, n, params, rows_cb, a);
 }
 
+/* What reaches an upstream request, a log line or a model lookup is checked before its
+ * type: no control byte in any text (a CR/LF in a base_url or credential would be a
+ * header of the upstream request), base_url a well-formed http(s) URL, model names and
+ * model_map entries non-empty strings. Returns 0, or -1 with msg naming the field. */
+static int check_text(const resource_t *r, const char *key, const col_t *c, json_t *v, char *msg, size_t msglen) {
+    const char *why = NULL;
+    const char *what = NULL;
+    if ((c->type == C_TEXT || c->type == C_SECRET) && json_is_string(v)) {
+        if (!strcmp(r->path, "accounts") && !strcmp(key, "base_url")) {
+            why = tg_valid_base_url(json_string_value(v), json_string_length(v));
+            what = "an http:// or https:// URL with a host";
+        } else {
+            why = tg_valid_no_ctl(json_string_value(v), json_string_length(v));
+        }
+    } else if (c->type == C_TEXTARR && json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_string(e))
+                continue; /* the type check says so */
+            why = tg_valid_model(json_string_value(e), json_string_length(e));
+            if (why) {
+                snprintf(msg, msglen, "field \"%s\" item %zu %s", key, i, why);
+                return -1;
+            }
+        }
+    } else if (c->type == C_JSONOBJ && json_is_object(v) && !strcmp(key, "model_map")) {
+        const char *k;
+        json_t *e;
+        json_object_foreach(v, k, e) {
+            why = tg_valid_model(k, strlen(k));
+            if (!why && !json_is_string(e))
+                why = "must map to a string";
+            if (!why)
+                why = tg_valid_model(json_string_value(e), json_string_length(e));
+            if (why) {
+                tg_buf_t name;
+                tg_buf_init(&name);
+                tg_buf_append_json_escaped(&name, k, strnlen(k, 64));
+                snprintf(msg, msglen, "field \"model_map\" entry \"%s\": %s (model names are 1 to 256 bytes without "
+                         "control characters)", name.data ? name.data : "", why);
+                tg_buf_free(&name);
+                return -1;
+            }
+        }
+    }
+    if (!why)
+        return 0;
+    if (what)
+        snprintf(msg, msglen, "field \"%s\" must be %s: it %s", key, what, why);
+    else
+        snprintf(msg, msglen, "field \"%s\" %s", key, why);
+    return -1;
+}
+
 /* Validates a JSON body against the resource's columns. On success returns 0 and fills
  * `cols` with the names present (comma-separated). */
 static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *msg, size_t msglen) {
@@ -434,6 +490,8 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
                 snprintf(msg, msglen, "field \"%s\" cannot be null", key);
                 return -1;
             }
+        } else if (check_text(r, key, c, v, msg, msglen) != 0) {
+            return -1;
         } else {
             int ok = 1;
             switch (c->type) {

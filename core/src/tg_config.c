@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_valid.h"
+
 typedef struct {
     lua_State *L;
     char *err;
@@ -177,8 +179,11 @@ static int load_upstream(cfg_ctx *c, tg_upstream_config_t *u) {
         return rc;
     if (!u->url)
         return fail(c, "url", "is required");
-    if (strncmp(u->url, "http://", 7) != 0 && strncmp(u->url, "https://", 8) != 0)
-        return fail(c, "url", "must start with http:// or https://, got \"%s\"", u->url);
+    const char *why = tg_valid_base_url(u->url, strlen(u->url));
+    if (why)
+        return fail(c, "url", "must be an http:// or https:// URL with a host: it %s", why);
+    if (u->api_key && (why = tg_valid_no_ctl(u->api_key, strlen(u->api_key))) != NULL)
+        return fail(c, "api_key", "%s", why);
     if (strcmp(u->provider, "openai") != 0 && strcmp(u->provider, "anthropic") != 0)
         return fail(c, "provider", "must be \"openai\" or \"anthropic\", got \"%s\"", u->provider);
     c->prefix = "";

@@ -23,6 +23,7 @@
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_embed.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_valid.h"
 
 #define MIGRATION_LOCK 71770001
 
@@ -226,6 +227,11 @@ static int lua_to_pgarray(apply_t *a, const char *field, tg_buf_t *out) {
         }
         size_t len;
         const char *s = lua_tolstring(L, -1, &len);
+        const char *why = tg_valid_model(s, len);
+        if (why) {
+            lua_pop(L, 1);
+            return afail(a, "%s[%zu] %s", field, i, why);
+        }
         tg_buf_appends(out, i > 1 ? ",\"" : "\"");
         for (size_t k = 0; k < len; k++) {
             if (s[k] == '"' || s[k] == '\\')
@@ -281,9 +287,27 @@ static int read_field(apply_t *a, const field_t *f, char **out) {
             tg_buf_free(&b);
     } else if (f->type == F_JSONB) {
         json_t *j = lua_to_json(L, 0);
+        const char *why = NULL, *k = NULL;
+        if (j && !strcmp(f->lua, "model_map")) {
+            /* Model names to model names, as the admin API checks them. */
+            json_t *v;
+            if (!json_is_object(j))
+                why = "must be a table of model names to model names";
+            json_object_foreach(j, k, v) {
+                why = tg_valid_model(k, strlen(k));
+                if (!why)
+                    why = json_is_string(v) ? tg_valid_model(json_string_value(v), json_string_length(v))
+                                            : "must map to a string";
+                if (why)
+                    break;
+            }
+        }
         if (!j)
             rc = afail(a, "%s must be a table of strings, numbers and booleans", f->lua);
-        else {
+        else if (why) {
+            rc = k ? afail(a, "%s[\"%.64s\"] %s", f->lua, k, why) : afail(a, "%s %s", f->lua, why);
+            json_decref(j);
+        } else {
             *out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
             json_decref(j);
         }
@@ -303,7 +327,15 @@ static int read_field(apply_t *a, const field_t *f, char **out) {
             rc = afail(a, "%s must be a number", f->lua);
         }
     } else if (t == LUA_TSTRING) {
-        *out = strdup(lua_tostring(L, -1));
+        size_t len;
+        const char *v = lua_tolstring(L, -1, &len);
+        const char *why = !strcmp(f->lua, "base_url") ? tg_valid_base_url(v, len) : tg_valid_no_ctl(v, len);
+        if (why && !strcmp(f->lua, "base_url"))
+            rc = afail(a, "base_url must be an http:// or https:// URL with a host: it %s", why);
+        else if (why)
+            rc = afail(a, "%s %s", f->lua, why);
+        else
+            *out = strdup(v);
     } else {
         rc = afail(a, "%s must be a string", f->lua);
     }
@@ -613,6 +645,11 @@ static int account_credential(apply_t *a, long long id_known, const char *name, 
     }
     size_t plen;
     const char *plain = lua_tolstring(a->L, -1, &plen);
+    const char *why = tg_valid_no_ctl(plain, plen);
+    if (why) {
+        lua_pop(a->L, 1);
+        return afail(a, "credential %s", why);
+    }
     const char *p[1] = {name};
     PGresult *r = PQexecParams(a->c, "SELECT credential FROM accounts WHERE name = $1", 1, NULL, p, NULL, NULL, 1);
     int same = 0;

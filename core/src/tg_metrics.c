@@ -95,6 +95,11 @@ void tg_metrics_render(tg_metrics_t *const *w, int n, tg_buf_t *out) {
                   "# TYPE tollgate_upstream_errors_total counter\ntollgate_upstream_errors_total %llu\n",
                   (unsigned long long)SUM_FIELD(w, n, upstream_errors, uint64_t));
     tg_buf_printf(out,
+                  "# HELP tollgate_upstream_refused_total Upstream requests not sent because a value that would "
+                  "go into their request line or headers holds a control character.\n"
+                  "# TYPE tollgate_upstream_refused_total counter\ntollgate_upstream_refused_total %llu\n",
+                  (unsigned long long)SUM_FIELD(w, n, upstream_refused, uint64_t));
+    tg_buf_printf(out,
                   "# HELP tollgate_client_aborts_total Clients that went away before their response ended.\n"
                   "# TYPE tollgate_client_aborts_total counter\ntollgate_client_aborts_total %llu\n",
                   (unsigned long long)SUM_FIELD(w, n, client_aborts, uint64_t));

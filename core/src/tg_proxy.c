@@ -36,6 +36,7 @@
 #include "tollgate/tg_translate.h"
 #include "tollgate/tg_ui.h"
 #include "tollgate/tg_upstream.h"
+#include "tollgate/tg_valid.h"
 #include "tollgate/tg_usage.h"
 
 #define BODY_COPY_MAX (16u * 1024 * 1024)
@@ -2049,6 +2050,17 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
 static int phase_upstream(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_upstream_t *u = p->up;
+    /* The credential becomes a header line: one with CR, LF or another control byte is
+     * never sent (the admin API, apply, the config and the account loader refuse it
+     * first; this is the last line). The URL's parts were checked by tg_upstream_create. */
+    if (p->credential && tg_valid_no_ctl(p->credential, strlen(p->credential))) {
+        atomic_fetch_add_explicit(&req->worker->metrics.upstream_refused, 1, memory_order_relaxed);
+        tg_log_error("request %s: account %lld: the credential holds a control character; the request is not sent",
+                     req->id, p->account ? (long long)p->account->id : 0LL);
+        return fail(p, 502, "server_error", "upstream_request_refused",
+                    "the gateway refused to send this request upstream: its account's credential holds characters "
+                    "not allowed in an HTTP header");
+    }
     const tg_str_t *tp = tg_request_header(req, "traceparent");
     if (valid_traceparent(tp)) {
         memcpy(p->traceparent, tp->p, 55);

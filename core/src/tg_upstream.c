@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "tollgate/tg_tls.h"
+#include "tollgate/tg_valid.h"
 
 enum { UC_RESOLVING, UC_CONNECTING, UC_HANDSHAKE, UC_ACTIVE, UC_IDLE };
 
@@ -558,6 +559,13 @@ tg_upstream_t *tg_upstream_create(uv_loop_t *loop, const tg_upstream_config_t *c
         settings_ready = 1;
     }
     const char *url = cfg->url;
+    /* The host and path go into every request line and Host header: refuse what would
+     * break out of them (the admin API and apply refuse it first; see tg_valid.h). */
+    const char *why = tg_valid_base_url(url, strlen(url));
+    if (why) {
+        snprintf(err, errlen, "upstream url refused: it %s", why);
+        return NULL;
+    }
     int tls = strncmp(url, "https://", 8) == 0;
     const char *hp = url + (tls ? 8 : 7);
     const char *slash = strchr(hp, '/');

@@ -37,6 +37,7 @@ typedef struct {
     tg_histogram_t ttft;      /* request received to first upstream body byte */
     tg_histogram_t overhead;  /* duration minus time spent waiting on the upstream */
     _Atomic uint64_t upstream_errors;  /* connect failures, timeouts, resets */
+    _Atomic uint64_t upstream_refused; /* requests not sent: a credential unfit for a header */
     _Atomic uint64_t client_aborts;    /* clients gone before the response ended */
     _Atomic int64_t connections;       /* open client connections */
     _Atomic int64_t inflight;          /* requests in progress */
