@@ -23,7 +23,8 @@
 #include "tollgate/tg_ui.h"
 #include "tollgate/tg_valid.h"
 
-typedef enum { C_ID, C_REF, C_TEXT, C_INT, C_SINT, C_NUMERIC, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
+/* C_MONEY: a numeric column of money (balance, budget, price), 0 to TG_MONEY_BALANCE_MAX. */
+typedef enum { C_ID, C_REF, C_TEXT, C_INT, C_SINT, C_NUMERIC, C_MONEY, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
 
 enum { RO = 0, RW = 1, CREATE_ONLY = 2, WO = 3 };
 
@@ -55,8 +56,8 @@ static const char *const kinds[] = {"metered", "subscription", NULL};
 static const col_t tenant_cols[] = {
     {"id", C_ID, RO, 0, 0, NULL},
     {"name", C_TEXT, RW, 1, 0, NULL},
-    {"balance", C_NUMERIC, CREATE_ONLY, 0, 0, NULL},
-    {"budget", C_NUMERIC, RW, 0, 1, NULL},
+    {"balance", C_MONEY, CREATE_ONLY, 0, 0, NULL},
+    {"budget", C_MONEY, RW, 0, 1, NULL},
     {"spend", C_NUMERIC, RO, 0, 0, NULL},
     {"status", C_TEXT, RW, 0, 0, status_active_suspended},
     {"rpm", C_INT, RW, 0, 1, NULL},
@@ -105,7 +106,7 @@ static const col_t key_cols[] = {
     {"rpm_burst", C_INT, RW, 0, 1, NULL},
     {"tpm", C_INT, RW, 0, 1, NULL},
     {"concurrency", C_INT, RW, 0, 1, NULL},
-    {"budget", C_NUMERIC, RW, 0, 1, NULL},
+    {"budget", C_MONEY, RW, 0, 1, NULL},
     {"spend", C_NUMERIC, RO, 0, 0, NULL},
     {"created_at", C_TIME, RO, 0, 0, NULL},
     {"updated_at", C_TIME, RO, 0, 0, NULL},
@@ -135,11 +136,11 @@ static const col_t account_cols[] = {
 
 static const col_t price_cols[] = {
     {"model", C_TEXT, CREATE_ONLY, 1, 0, NULL},
-    {"input", C_NUMERIC, RW, 0, 0, NULL},
-    {"output", C_NUMERIC, RW, 0, 0, NULL},
-    {"cache_read", C_NUMERIC, RW, 0, 0, NULL},
-    {"cache_write", C_NUMERIC, RW, 0, 0, NULL},
-    {"reasoning", C_NUMERIC, RW, 0, 1, NULL},
+    {"input", C_MONEY, RW, 0, 0, NULL},
+    {"output", C_MONEY, RW, 0, 0, NULL},
+    {"cache_read", C_MONEY, RW, 0, 0, NULL},
+    {"cache_write", C_MONEY, RW, 0, 0, NULL},
+    {"reasoning", C_MONEY, RW, 0, 1, NULL},
     {"updated_at", C_TIME, RO, 0, 0, NULL},
     {NULL, 0, 0, 0, 0, NULL},
 };
@@ -346,6 +347,10 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
     case K_ONE:
         if (PQntuples(res) == 0)
             reply_error(req, 404, "not_found", "no such object");
+        else if (a->topup_tenant && PQgetisnull(res, 0, 0))
+            reply_error(req, 400, "invalid_request",
+                        "amount: the balance would exceed " TG_MONEY_BALANCE_MAX_TEXT
+                        " (USD, the largest amount tollgate holds)");
         else {
             if (a->topup_tenant)
                 tg_billing_topup(st, a->topup_tenant, a->topup_nano);
@@ -519,6 +524,13 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
                                        : json_is_string(v) && is_decimal(json_string_value(v)) &&
                                              json_string_value(v)[0] != '-';
                 break;
+            case C_MONEY:
+                /* Past TG_MONEY_BALANCE_MAX the gateway could not hold it (was: accepted,
+                 * then every request of the tenant 503). */
+                ok = json_is_number(v) ? json_number_value(v) >= 0 && json_number_value(v) <= 1e9
+                                       : json_is_string(v) && is_decimal(json_string_value(v)) &&
+                                             tg_money_check(json_string_value(v)) == TG_OK;
+                break;
             case C_TEXTARR: {
                 ok = json_is_array(v) && json_array_size(v) <= 10000;
                 size_t i;
@@ -553,6 +565,8 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
                                    : c->type == C_SINT    ? "an integer from -2147483648 to 2147483647"
                                    : c->type == C_REF     ? "a positive integer id"
                                    : c->type == C_NUMERIC ? "a non-negative decimal number (or string)"
+                                   : c->type == C_MONEY   ? "a decimal amount from 0 to " TG_MONEY_BALANCE_MAX_TEXT
+                                                            " (USD, the largest amount tollgate holds)"
                                    : c->type == C_TEXTARR ? "an array of strings"
                                    : c->type == C_JSONOBJ ? "an object"
                                    : c->type == C_TIME    ? "a timestamp string (ISO 8601)"
@@ -830,10 +844,18 @@ static void topup(actx_t *a, const char *id) {
     char amt[64] = "";
     if (json_is_string(amount) && json_string_length(amount) < sizeof(amt))
         snprintf(amt, sizeof(amt), "%s", json_string_value(amount));
+    else if (json_is_number(amount) && json_number_value(amount) < 1e40)
+        snprintf(amt, sizeof(amt), "%.10f", json_number_value(amount)); /* plain digits, so the range is checked */
     else if (json_is_number(amount))
-        snprintf(amt, sizeof(amt), "%.10g", json_number_value(amount));
+        snprintf(amt, sizeof(amt), "%s", TG_MONEY_BALANCE_MAX_TEXT "0"); /* past the largest: refused below */
     if (!is_decimal(amt) || amt[0] == '-' || strspn(amt, "0.") == strlen(amt)) {
         reply_error(req, 400, "invalid_request", "amount must be a positive decimal number, e.g. \"25.00\"");
+        json_decref(body);
+        return;
+    }
+    if (tg_money_check(amt) != TG_OK) {
+        reply_error(req, 400, "invalid_request",
+                    "amount must be at most " TG_MONEY_BALANCE_MAX_TEXT " (USD, the largest amount tollgate holds)");
         json_decref(body);
         return;
     }
@@ -847,10 +869,14 @@ static void topup(actx_t *a, const char *id) {
     a->topup_tenant = atoll(id);
     if (tg_money_parse(amt, &a->topup_nano) != TG_OK)
         a->topup_nano = 0;
+    /* A balance past TG_MONEY_BALANCE_MAX is refused too: the row comes back NULL. */
     run(a,
-        "WITH t AS (UPDATE tenants SET balance = balance + $2::numeric, updated_at = now() WHERE id = $1::bigint "
-        "RETURNING *), l AS (INSERT INTO ledger (tenant_id, kind, amount, note) SELECT id, 'topup', $2::numeric, $3 "
-        "FROM t) SELECT json_build_object('id', t.id, 'name', t.name, 'balance', t.balance) FROM t",
+        "WITH c AS (SELECT id FROM tenants WHERE id = $1::bigint), "
+        "t AS (UPDATE tenants SET balance = balance + $2::numeric, updated_at = now() WHERE id = $1::bigint "
+        "AND balance + $2::numeric <= " TG_MONEY_BALANCE_MAX_TEXT " RETURNING *), "
+        "l AS (INSERT INTO ledger (tenant_id, kind, amount, note) SELECT id, 'topup', $2::numeric, $3 "
+        "FROM t) SELECT CASE WHEN t.id IS NOT NULL THEN json_build_object('id', t.id, 'name', t.name, 'balance', "
+        "t.balance) END FROM c LEFT JOIN t ON t.id = c.id",
         3, params, K_ONE);
     json_decref(body);
 }

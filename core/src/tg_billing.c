@@ -172,12 +172,14 @@ int tg_money_parse(const char *s, int64_t *nano) {
         neg = 1;
         s++;
     }
+    /* Whole units up to INT64_MAX / 1e9 (9223372036), then the fraction: the sum is
+     * checked, so nothing wraps. */
     int64_t whole = 0, frac = 0;
     int digits = 0, fd = 0;
     while (*s >= '0' && *s <= '9') {
-        if (whole > INT64_MAX / 10 / 1000000000)
-            return TG_ERROR;
         whole = whole * 10 + (*s++ - '0');
+        if (whole > INT64_MAX / 1000000000)
+            return TG_ERROR;
         digits++;
     }
     if (*s == '.') {
@@ -197,8 +199,15 @@ int tg_money_parse(const char *s, int64_t *nano) {
         frac *= 10;
         fd++;
     }
+    if (whole * 1000000000 > INT64_MAX - frac)
+        return TG_ERROR;
     *nano = (whole * 1000000000 + frac) * (neg ? -1 : 1);
     return TG_OK;
+}
+
+int tg_money_check(const char *decimal) {
+    int64_t n;
+    return decimal && tg_money_parse(decimal, &n) == TG_OK && n >= 0 && n <= TG_MONEY_BALANCE_MAX ? TG_OK : TG_ERROR;
 }
 
 void tg_money_format(int64_t nano, char out[32]) {
@@ -208,22 +217,40 @@ void tg_money_format(int64_t nano, char out[32]) {
              (unsigned long long)(a % 1000000000ull));
 }
 
+/* tokens x price (nano-USD per million tokens), both taken as >= 0: below 2^126, exact. */
+static __int128 term(int64_t tokens, int64_t price) {
+    return tokens > 0 && price > 0 ? (__int128)tokens * price : 0;
+}
+
 int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multiplier_micro) {
-    __int128 sum = 0;
+    /* The result is sum * multiplier / 10^12; any sum above LIMIT gives more than
+     * INT64_MAX at a multiplier of at least 1x, and every term is kept at or below it,
+     * so the sum of five never overflows. */
+    const __int128 div = (__int128)1000000 * 1000000;
+    const __int128 limit = (__int128)INT64_MAX * div;
+    __int128 t[5] = {0};
     if (u->known & TG_USAGE_INPUT)
-        sum += (__int128)u->input * p->input;
+        t[0] = term(u->input, p->input);
     if (u->known & TG_USAGE_OUTPUT) {
         /* Reasoning tokens are part of output; priced apart when a reasoning price exists. */
-        int64_t reasoning = (u->known & TG_USAGE_REASONING) ? u->reasoning : 0;
-        sum += (__int128)(u->output - reasoning) * p->output + (__int128)reasoning * p->reasoning;
+        int64_t out = TG_MAX(u->output, 0);
+        int64_t reasoning = (u->known & TG_USAGE_REASONING) ? TG_MIN(TG_MAX(u->reasoning, 0), out) : 0;
+        t[1] = term(out - reasoning, p->output);
+        t[2] = term(reasoning, p->reasoning);
     }
     if (u->known & TG_USAGE_CACHE_READ)
-        sum += (__int128)u->cache_read * p->cache_read;
+        t[3] = term(u->cache_read, p->cache_read);
     if (u->known & TG_USAGE_CACHE_WRITE)
-        sum += (__int128)u->cache_write * p->cache_write;
+        t[4] = term(u->cache_write, p->cache_write);
+    __int128 sum = 0;
+    for (int i = 0; i < 5; i++)
+        sum += TG_MIN(t[i], limit);
+    if (sum == 0 || multiplier_micro <= 0)
+        return 0;
     /* sum is nano-USD per million tokens * tokens; times multiplier / 1e6; / 1e6 tokens. */
+    if (sum > (limit - div / 2) / multiplier_micro)
+        return INT64_MAX;
     __int128 scaled = sum * multiplier_micro;
-    __int128 div = (__int128)1000000 * 1000000;
     return (int64_t)((scaled + div / 2) / div);
 }
 
@@ -672,6 +699,66 @@ static void debit_unheld(tg_billing_t *b, json_t *batch, const PGresult *res) {
     }
 }
 
+static int send_batch(tg_billing_t *b, json_t *batch, int from_spool);
+
+/* Postgres refused the batch for what it holds (SQLSTATE class 22, a data exception such
+ * as a number out of range; 23, a constraint such as amount >= 0), not because it is
+ * unreachable: sent again as it is, it would fail for ever, and everything behind it in
+ * the spool with it. */
+static int data_error(const PGresult *res) {
+    const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    return st && (!strncmp(st, "22", 2) || !strncmp(st, "23", 2));
+}
+
+/* One element Postgres refuses on its own: written aside (an fsync'd line in
+ * quarantine-w<N>.jsonl beside the spool, with the reason), logged and counted, and
+ * never again in the way of a batch. A quarantined settlement's usage is unknown from
+ * then on: its reservations become pending_reconciliation and are settled by the
+ * reconciliation rule; a quarantined reservation row is written by its request's
+ * settlement, or found as an orphaned hold (README, Billing). */
+static void quarantine(tg_billing_t *b, json_t *e, const char *why) {
+    b->stats.quarantined++;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/quarantine-w%d.jsonl", b->spool_dir ? b->spool_dir : ".", b->cfg.worker);
+    json_t *line = json_pack("{s:s,s:I,s:O}", "error", why, "at_ms", (json_int_t)tg_wall_ms(), "element", e);
+    char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    int ok = text && fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text) && write(fd, "\n", 1) == 1 &&
+             fsync(fd) == 0;
+    if (fd >= 0)
+        close(fd);
+    const char *op = json_string_value(json_object_get(e, "op"));
+    const char *rid = json_string_value(json_object_get(e, "request_id"));
+    tg_log_error("billing: QUARANTINED a %s element of request %s that Postgres refuses (%s)%s%s", op ? op : "settlement",
+                 rid ? rid : "?", why, ok ? ": kept in " : ": could not be written aside: ", ok ? path : text ? text : "");
+    free(text);
+    json_decref(line);
+    if (!op && rid) {
+        /* Its usage is unknown now: the reconciliation rule settles it. */
+        json_t *o = json_object();
+        json_object_set_new(o, "op", json_string("unknown"));
+        json_object_set_new(o, "request_id", json_string(rid));
+        enqueue(b, o);
+    }
+}
+
+/* A batch refused for its data is split in halves, each sent again, down to the one
+ * element that is refused on its own (quarantined): the others land. */
+static void split_batch(tg_billing_t *b, json_t *batch, int from_spool, const char *why) {
+    size_t n = json_array_size(batch);
+    if (n <= 1) {
+        if (n)
+            quarantine(b, json_array_get(batch, 0), why);
+        return;
+    }
+    for (int h = 0; h < 2; h++) {
+        json_t *half = json_array();
+        for (size_t i = h ? n / 2 : 0; i < (h ? n : n / 2); i++)
+            json_array_append(half, json_array_get(batch, i));
+        send_batch(b, half, from_spool);
+    }
+}
+
 static void batch_done(void *ud, const PGresult *res, const char *err) {
     batch_ctx_t *c = ud;
     tg_billing_t *b = c->b;
@@ -679,6 +766,19 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
         b->replay_inflight--;
     else
         b->live_inflight--;
+    if (err && data_error(res)) {
+        tg_log_warn("billing: Postgres refused a batch of %zu for its data (%s): finding the element",
+                    json_array_size(c->batch), err);
+        split_batch(b, c->batch, c->from_spool, err);
+        int from_spool = c->from_spool;
+        json_decref(c->batch);
+        free(c);
+        if (from_spool)
+            spool_next(b); /* after a quarantine nothing else is in flight: the replay goes on */
+        if (json_array_size(b->queue))
+            flush(b);
+        return;
+    }
     if (err) {
         /* Never dropped: a failed batch goes to the spool (a replayed one is still in the
          * replay file, which is kept and tried again by the timer), and so does everything
@@ -852,6 +952,10 @@ static void enqueue(tg_billing_t *b, json_t *item) {
 }
 
 void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
+    if (s->clamped)
+        b->stats.clamped++;
+    if (s->unreadable)
+        b->stats.estimated++;
     release_attempts(b, s, s->cost);
     enqueue(b, settlement_json(s));
 }
@@ -896,14 +1000,21 @@ void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
     }
 }
 
-void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts) {
-    TG_UNUSED(tenant_id);
-    TG_UNUSED(key_id);
-    TG_UNUSED(attempts);
-    /* In the same stream as the reservation rows (which may not be in Postgres yet). */
+void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
+                        const char *model, int64_t amount) {
+    /* In the same stream as the reservation rows, but batches land in any order: the
+     * element carries the rows, so it writes them (pending) if it comes first. */
+    char amt[32];
+    tg_money_format(amount, amt);
     json_t *o = json_object();
     json_object_set_new(o, "op", json_string("unknown"));
     json_object_set_new(o, "request_id", json_string(request_id));
+    json_object_set_new(o, "tenant_id", json_integer(tenant_id));
+    json_object_set_new(o, "api_key_id", json_integer(key_id));
+    json_object_set_new(o, "attempts", json_integer(attempts));
+    json_object_set_new(o, "amount", json_string(amt));
+    json_object_set_new(o, "model", json_string(model ? model : ""));
+    json_object_set_new(o, "instance", json_string(instance_id));
     enqueue(b, o);
 }
 

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_embed.h"
 #include "tollgate/tg_plugin.h"
@@ -245,7 +246,9 @@ static int lua_to_pgarray(apply_t *a, const char *field, tg_buf_t *out) {
     return TG_OK;
 }
 
-typedef enum { F_TEXT, F_INT, F_NUMERIC, F_TEXTARR, F_CIDRARR, F_JSONB, F_TIMESTAMPTZ, F_BYTEA } ftype_t;
+/* F_MONEY: a numeric column of money (balance, budget, price), from 0 to
+ * TG_MONEY_BALANCE_MAX. */
+typedef enum { F_TEXT, F_INT, F_NUMERIC, F_MONEY, F_TEXTARR, F_CIDRARR, F_JSONB, F_TIMESTAMPTZ, F_BYTEA } ftype_t;
 
 typedef struct {
     const char *lua;   /* key in the state file */
@@ -258,7 +261,8 @@ typedef struct {
 static const char *pgtype(ftype_t t) {
     switch (t) {
     case F_INT: return "integer";
-    case F_NUMERIC: return "numeric";
+    case F_NUMERIC:
+    case F_MONEY: return "numeric";
     case F_TEXTARR: return "text[]";
     case F_CIDRARR: return "cidr[]";
     case F_JSONB: return "jsonb";
@@ -311,20 +315,27 @@ static int read_field(apply_t *a, const field_t *f, char **out) {
             *out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
             json_decref(j);
         }
-    } else if (f->type == F_INT || f->type == F_NUMERIC) {
+    } else if (f->type == F_INT || f->type == F_NUMERIC || f->type == F_MONEY) {
         if (t == LUA_TNUMBER) {
-            char tmp[64];
+            char tmp[400];
             double d = lua_tonumber(L, -1);
             if (f->type == F_INT && d != (double)(long long)d)
                 rc = afail(a, "%s must be a whole number", f->lua);
             else {
-                snprintf(tmp, sizeof(tmp), f->type == F_INT ? "%.0f" : "%.10g", d);
+                /* Money in plain decimals (not 1e+12), so that its range can be checked. */
+                snprintf(tmp, sizeof(tmp), f->type == F_INT ? "%.0f" : f->type == F_MONEY ? "%.10f" : "%.10g", d);
                 *out = strdup(tmp);
             }
-        } else if (t == LUA_TSTRING && f->type == F_NUMERIC) {
+        } else if (t == LUA_TSTRING && f->type != F_INT) {
             *out = strdup(lua_tostring(L, -1)); /* exact decimal as text, e.g. "12.50" */
         } else {
             rc = afail(a, "%s must be a number", f->lua);
+        }
+        if (rc == TG_OK && f->type == F_MONEY && *out && tg_money_check(*out) != TG_OK) {
+            rc = afail(a, "%s must be a decimal amount from 0 to %s (USD, the largest amount tollgate holds)", f->lua,
+                       TG_MONEY_BALANCE_MAX_TEXT);
+            free(*out);
+            *out = NULL;
         }
     } else if (t == LUA_TSTRING) {
         size_t len;
@@ -546,14 +557,14 @@ static int apply_section(apply_t *a, const char *name, const char *table, const 
 
 static const field_t tenant_fields[] = {
     {"name", "name", F_TEXT, 0, NULL},
-    {"budget", "budget", F_NUMERIC, 0, NULL},
+    {"budget", "budget", F_MONEY, 0, NULL},
     {"status", "status", F_TEXT, 0, "active"},
     {"rpm", "rpm", F_INT, 0, NULL},
     {"rpm_burst", "rpm_burst", F_INT, 0, NULL},
     {"tpm", "tpm", F_INT, 0, NULL},
     {"concurrency", "concurrency", F_INT, 0, NULL},
-    {"balance", "balance", F_NUMERIC, 1, NULL},
-    {"balance", "opening_balance", F_NUMERIC, 1, NULL},
+    {"balance", "balance", F_MONEY, 1, NULL},
+    {"balance", "opening_balance", F_MONEY, 1, NULL},
     {NULL, NULL, 0, 0, NULL},
 };
 
@@ -754,7 +765,7 @@ static const field_t key_fields[] = {
     {"rpm_burst", "rpm_burst", F_INT, 0, NULL},
     {"tpm", "tpm", F_INT, 0, NULL},
     {"concurrency", "concurrency", F_INT, 0, NULL},
-    {"budget", "budget", F_NUMERIC, 0, NULL},
+    {"budget", "budget", F_MONEY, 0, NULL},
     {NULL, NULL, 0, 0, NULL},
 };
 
@@ -872,11 +883,11 @@ static int key_extra(apply_t *a, const char **cols, ftype_t *types, int *create_
 
 static const field_t price_fields[] = {
     {"model", "model", F_TEXT, 0, NULL},
-    {"input", "input", F_NUMERIC, 0, NULL},
-    {"output", "output", F_NUMERIC, 0, NULL},
-    {"cache_read", "cache_read", F_NUMERIC, 0, NULL},
-    {"cache_write", "cache_write", F_NUMERIC, 0, NULL},
-    {"reasoning", "reasoning", F_NUMERIC, 0, NULL},
+    {"input", "input", F_MONEY, 0, NULL},
+    {"output", "output", F_MONEY, 0, NULL},
+    {"cache_read", "cache_read", F_MONEY, 0, NULL},
+    {"cache_write", "cache_write", F_MONEY, 0, NULL},
+    {"reasoning", "reasoning", F_MONEY, 0, NULL},
     {NULL, NULL, 0, 0, NULL},
 };
 

@@ -49,6 +49,9 @@
  *                  finishing the chunked body (0 = right after the headers)
  *   hang=1         read the request, never answer (in flight until the client leaves)
  *   usage=0        send no usage at all, stream or not
+ *   usage=2        chat only: usage with absurd counts (prompt and completion tokens
+ *                  9223372036854775807, total the same)
+ *   usage=3        chat only: a usage object whose counts cannot be read (strings)
  *   close_delimited=1  answer without Content-Length or chunked encoding and close the
  *                  connection after the body (HTTP/1.1 allows it: the close ends it)
  *
@@ -567,6 +570,18 @@ static void put_text_part(tg_buf_t *b, int n) {
     BUF_LIT(b, "\",\"annotations\":[]}");
 }
 
+/* Chat's usage member (after a comma), as the usage knob has it (not 0). */
+static void put_chat_usage(tg_buf_t *b, const resp_t *r) {
+    if (r->k.v[K_USAGE] == 2)
+        BUF_LIT(b, "\"usage\":{\"prompt_tokens\":9223372036854775807,\"completion_tokens\":9223372036854775807,"
+                   "\"total_tokens\":9223372036854775807}");
+    else if (r->k.v[K_USAGE] == 3)
+        BUF_LIT(b, "\"usage\":{\"prompt_tokens\":\"many\",\"completion_tokens\":\"lots\",\"total_tokens\":\"?\"}");
+    else
+        tg_buf_printf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%d,\"total_tokens\":%lld}",
+                      (long long)r->in_tok, r->out_n, (long long)r->in_tok + r->out_n);
+}
+
 static void render_chat(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
@@ -576,9 +591,10 @@ static void render_chat(conn_t *c) {
                   (unsigned long long)r->id, r->created, c->model.data);
     put_text(b, r->out_n);
     BUF_LIT(b, "\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]");
-    if (r->k.v[K_USAGE])
-        tg_buf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%d,\"total_tokens\":%lld}",
-                      (long long)r->in_tok, r->out_n, (long long)r->in_tok + r->out_n);
+    if (r->k.v[K_USAGE]) {
+        BUF_LIT(b, ",");
+        put_chat_usage(b, r);
+    }
     BUF_LIT(b, "}");
 }
 
@@ -758,9 +774,9 @@ static void stream_final(conn_t *c) {
                       r->include_usage ? ",\"usage\":null" : "");
         if (r->include_usage && r->k.v[K_USAGE]) {
             put_chat_chunk_head(c, b);
-            tg_buf_printf(b, "\"choices\":[],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%d,"
-                             "\"total_tokens\":%lld}}\n\n",
-                          (long long)r->in_tok, r->out_n, (long long)r->in_tok + r->out_n);
+            BUF_LIT(b, "\"choices\":[],");
+            put_chat_usage(b, r);
+            BUF_LIT(b, "}\n\n");
         }
         BUF_LIT(b, "data: [DONE]\n\n");
     } else if (r->api == API_MESSAGES) {

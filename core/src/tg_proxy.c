@@ -70,7 +70,7 @@ static const char SLOT_RELEASE_LUA[] = "return redis.call('ZREM', KEYS[1], ARGV[
 typedef struct proxy_req_s proxy_req_t;
 /* Which top-level members of the client's body a phase changed: only these are
  * rewritten in the bytes sent upstream (tg_json_set_members). */
-enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4 };
+enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4, DIRTY_WHOLE = 8 /* re-serialise it all */ };
 /* Indexes in phases[] below: phase_admit (run again once a balance is loaded) and
  * phase_select (where a retry resumes). */
 enum { PHASE_ADMIT = 4, PHASE_SELECT = 6 };
@@ -118,7 +118,8 @@ struct proxy_req_s {
     int reserved;                 /* attempts that reserved */
     unsigned unheld;              /* bit a-1: attempt a reserved without a Redis hold */
     int64_t reserved_amount;      /* nano-USD, all attempts */
-    int bound_done;               /* reserved_amount and est_input are computed */
+    int bound_done;               /* reserved_amount and est_input are computed (-1 refused) */
+    int64_t bound_output;         /* the output limit the upstream receives (money_bound) */
     int money_held;               /* the admission reserved attempt 1; not yet recorded */
     int balance_loads;            /* the admission asked for the live balance */
     char tenant_init[32], key_init[32]; /* the loaded balances, for the admission's retry */
@@ -422,7 +423,11 @@ static void on_finish(tg_request_t *req, int aborted) {
         tg_histogram_observe(&m->overhead, total > up ? (total - up) / 1000 : 0);
     }
     if (p->admit) {
-        int64_t actual = (p->usage.known & TG_USAGE_INPUT) && (p->usage.known & TG_USAGE_OUTPUT)
+        /* Counts past 2^40 are not believed (nor summed: they could wrap): unknown. */
+        int64_t actual = (p->usage.known & TG_USAGE_INPUT) && (p->usage.known & TG_USAGE_OUTPUT) &&
+                                 p->usage.input <= TG_USAGE_TOKENS_MAX && p->usage.output <= TG_USAGE_TOKENS_MAX &&
+                                 p->usage.cache_read <= TG_USAGE_TOKENS_MAX &&
+                                 p->usage.cache_write <= TG_USAGE_TOKENS_MAX
                              ? p->usage.input + p->usage.output + p->usage.cache_read + p->usage.cache_write
                              : -1;
         tg_admit_release(p->admit, actual);
@@ -476,13 +481,44 @@ static void on_finish(tg_request_t *req, int aborted) {
                    p->up_err == TG_UPERR_RESET || p->up_err == TG_UPERR_PROTOCOL;
         if (unknown && sent) {
             /* The upstream may have run it: never assume it did not. */
-            tg_billing_unknown(p->pw->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved);
+            tg_billing_unknown(p->pw->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved,
+                               p->model, p->reserved_amount);
         } else {
+            int clamped = 0, unreadable = 0;
+            if (unknown && !aborted && p->upstream_status >= 200 && p->upstream_status < 300 && !p->up_err) {
+                /* A successful answer whose usage could not be read (absent, malformed):
+                 * the provider billed it, so it is never free. Estimated as when the
+                 * client leaves: the input estimate, and as output the content events
+                 * streamed, or for a whole answer the output limit it was sent. */
+                if (!(billed.known & TG_USAGE_INPUT))
+                    billed.input = p->est_input;
+                if (!(billed.known & TG_USAGE_OUTPUT))
+                    billed.output = p->stream ? p->stream_chunks : p->bound_output;
+                billed.known |= TG_USAGE_INPUT | TG_USAGE_OUTPUT;
+                estimated = unreadable = 1;
+                unknown = 0;
+                cost = -1; /* priced below, not by a hook that saw no usage */
+            }
+            tg_price_t price;
+            int priced = p->snap && tg_snapshot_price(p->snap, p->model, &price);
             if (cost < 0) {
-                tg_price_t price;
                 cost = 0;
-                if (!unknown && p->snap && tg_snapshot_price(p->snap, p->model, &price))
+                if (!unknown && priced)
                     cost = tg_price_usage(&price, &billed, p->principal->rate_multiplier_micro);
+            }
+            if (!unknown && (billed.input > TG_USAGE_TOKENS_MAX || billed.output > TG_USAGE_TOKENS_MAX ||
+                             billed.cache_read > TG_USAGE_TOKENS_MAX || billed.cache_write > TG_USAGE_TOKENS_MAX ||
+                             billed.reasoning > TG_USAGE_TOKENS_MAX || cost > TG_MONEY_REQUEST_MAX)) {
+                /* Not believable (a count past 2^40 tokens, a cost past what one request
+                 * may hold): billed at the bound it reserved, marked estimated. */
+                tg_log_warn("request %s: the upstream's usage is not believable (input %lld, output %lld, cost "
+                            "%lld nano-USD): billed at the reserved bound, marked estimated",
+                            req->id, (long long)billed.input, (long long)billed.output, (long long)cost);
+                billed = (tg_usage_t){.input = p->est_input, .output = p->bound_output,
+                                      .known = TG_USAGE_INPUT | TG_USAGE_OUTPUT};
+                cost = priced ? tg_price_usage(&price, &billed, p->principal->rate_multiplier_micro) : 0;
+                cost = TG_MIN(cost, TG_MONEY_REQUEST_MAX);
+                estimated = clamped = 1;
             }
             tg_settlement_t s = {
                 .request_id = req->id,
@@ -494,6 +530,8 @@ static void on_finish(tg_request_t *req, int aborted) {
                 .usage = billed,
                 .cost = cost,
                 .estimated = estimated,
+                .clamped = clamped,
+                .unreadable = unreadable,
                 .attempts = p->reserved,
                 .unheld = p->unheld,
                 .status = aborted && req->status < 400 ? 499 : req->status,
@@ -643,6 +681,9 @@ static int phase_route(proxy_req_t *p) {
                 bs.replayed += x->replayed;
                 bs.reconciled += x->reconciled;
                 bs.unheld += x->unheld;
+                bs.quarantined += x->quarantined;
+                bs.clamped += x->clamped;
+                bs.estimated += x->estimated;
             }
         }
         tg_buf_printf(&b,
@@ -670,7 +711,10 @@ static int phase_route(proxy_req_t *p) {
                       "tollgate_billing_total{event=\"spooled\"} %llu\n"
                       "tollgate_billing_total{event=\"replayed\"} %llu\n"
                       "tollgate_billing_total{event=\"reconciled\"} %llu\n"
-                      "tollgate_billing_total{event=\"unheld\"} %llu\n",
+                      "tollgate_billing_total{event=\"unheld\"} %llu\n"
+                      "tollgate_billing_total{event=\"quarantined\"} %llu\n"
+                      "tollgate_billing_total{event=\"usage_clamped\"} %llu\n"
+                      "tollgate_billing_total{event=\"usage_estimated\"} %llu\n",
                       (unsigned long long)ls.admitted, (unsigned long long)ls.refused_rate,
                       (unsigned long long)ls.refused_tokens, (unsigned long long)ls.refused_concurrency,
                       (unsigned long long)ls.queue_full, (unsigned long long)ls.waited,
@@ -679,7 +723,8 @@ static int phase_route(proxy_req_t *p) {
                       (unsigned long long)bs.refused, (unsigned long long)bs.settled, (unsigned long long)bs.duplicates,
                       (unsigned long long)bs.conflicts, (unsigned long long)bs.batches, (unsigned long long)bs.spooled,
                       (unsigned long long)bs.replayed, (unsigned long long)bs.reconciled,
-                      (unsigned long long)bs.unheld);
+                      (unsigned long long)bs.unheld, (unsigned long long)bs.quarantined,
+                      (unsigned long long)bs.clamped, (unsigned long long)bs.estimated);
         static const char *const kinds[TG_DOWN__COUNT] = {"rate", "tokens", "concurrency", "money"};
         static const char *const pols[3] = {"closed", "open", "local"};
         tg_buf_appends(&b, "# HELP tollgate_limiter_down_limits_total Limits decided without Redis, by limit and policy.\n"
@@ -1112,28 +1157,86 @@ static int money_open(void *ud) {
     return m == TG_FAIL_OPEN;
 }
 
+/* The output limit's spellings. A passthrough sends the body as it came (every one of
+ * them), and a translation reads the one its source protocol knows (chat reads
+ * max_completion_tokens, then max_tokens): so the bound the upstream can act on is the
+ * largest of those present, whatever the protocol. */
+static const char *const limit_fields[] = {"max_tokens", "max_completion_tokens", "max_output_tokens"};
+
+/* A limit field's value as a token count: a positive integer, or a number with no
+ * fraction that is one (1e2); -1 for anything else. */
+static int64_t limit_value(const json_t *v) {
+    if (json_is_integer(v))
+        return json_integer_value(v) >= 1 ? json_integer_value(v) : -1;
+    double d = json_is_real(v) ? json_real_value(v) : 0;
+    return d >= 1 && d < 9.2e18 && d == (double)(int64_t)d ? (int64_t)d : -1;
+}
+
+/* The client's output bound: the largest of the limit fields (and its field in *field),
+ * or -1 when there is none. A limit field that is present but not a positive integer
+ * (nor null) is named in *bad: zero, negative, fractional and string limits are refused,
+ * as the providers refuse them, instead of being read as "no limit". */
+static int64_t client_out_bound(const proxy_req_t *p, const char **field, const char **bad) {
+    int64_t best = -1;
+    *field = NULL;
+    *bad = NULL;
+    for (size_t i = 0; i < sizeof(limit_fields) / sizeof(limit_fields[0]); i++) {
+        json_t *v = json_object_get(p->json, limit_fields[i]);
+        if (!v || json_is_null(v))
+            continue;
+        int64_t n = limit_value(v);
+        if (n < 0)
+            *bad = limit_fields[i];
+        else if (n > best) {
+            best = n;
+            *field = limit_fields[i];
+        }
+    }
+    return best;
+}
+
 /* The reservation's bound, computed once per request (every attempt reserves the same):
- * the priced estimate of the input plus the output limit. The reservation must be a real
- * bound: a request without an output limit gets the configured cap, and the upstream is
- * told so. */
-static void money_bound(proxy_req_t *p) {
+ * the priced estimate of the input plus the output limit the upstream receives. The
+ * reservation must be a real bound: a request without an output limit gets the
+ * configured cap, and the upstream is told so (in the protocol's field, the others
+ * removed so that no translation finds a different one). A bound that cannot be priced
+ * within TG_MONEY_REQUEST_MAX, or a limit that is not an integer, is refused (400).
+ * TG_OK, or TG_DONE when refused (the answer is sent). */
+static int money_bound(proxy_req_t *p) {
     if (p->bound_done)
-        return;
-    p->bound_done = 1;
+        return p->bound_done > 0 ? TG_OK : TG_DONE;
+    p->bound_done = -1;
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     const char *limit_field = p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens";
-    json_t *mt = json_object_get(p->json, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(p->json, limit_field);
-    int64_t max_out = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    const char *field, *bad;
+    int64_t max_out = client_out_bound(p, &field, &bad);
+    char msg[320];
+    if (bad) {
+        snprintf(msg, sizeof(msg), "%s must be a positive integer (the most output tokens the model may produce)",
+                 bad);
+        return fail(p, 400, "invalid_request_error", "invalid_max_tokens", msg);
+    }
+    for (size_t i = 0; i < sizeof(limit_fields) / sizeof(limit_fields[0]); i++) {
+        /* A limit written as a number with no fraction (1e2) goes on as the integer, so
+         * that a translation reads it too (it reads integers only). Rare. */
+        json_t *v = json_object_get(p->json, limit_fields[i]);
+        if (json_is_real(v)) {
+            json_object_set_new(p->json, limit_fields[i], json_integer(limit_value(v)));
+            p->json_dirty |= p->limit_key ? DIRTY_WHOLE : DIRTY_LIMIT;
+            p->limit_key = limit_fields[i];
+        }
+    }
     if (p->proto == TG_PROTO_EMBEDDINGS) {
         max_out = 0;
     } else if (max_out <= 0) {
+        /* No limit in any spelling (or only nulls, which no translation reads). */
         max_out = cfg->billing.default_max_tokens;
         json_object_set_new(p->json, limit_field, json_integer(max_out));
         p->json_dirty |= DIRTY_LIMIT;
         p->limit_key = limit_field;
+        field = limit_field;
     }
+    p->bound_output = max_out;
     /* Input bound: JSON bytes / 3 (over-counts English text, which is ~4 bytes a token). */
     p->est_input = (int64_t)(p->req->body.len / 3) + 1;
     tg_price_t price;
@@ -1153,7 +1256,25 @@ static void money_bound(proxy_req_t *p) {
                         p->req->id, p->model, more);
         }
     }
+    if (amount > TG_MONEY_REQUEST_MAX) {
+        /* Saturated or past what one request may hold: refused before anything is held. */
+        char most[32];
+        tg_money_format(TG_MONEY_REQUEST_MAX, most);
+        if (field)
+            snprintf(msg, sizeof(msg),
+                     "%s (%lld) is too large: the request's maximum cost at this model's price exceeds %s USD, the "
+                     "most one request may reserve; lower %s",
+                     field, (long long)max_out, most, field);
+        else
+            snprintf(msg, sizeof(msg),
+                     "the request is too large: its maximum cost at this model's price exceeds %s USD, the most one "
+                     "request may reserve",
+                     most);
+        return fail(p, 400, "invalid_request_error", "max_tokens_too_large", msg);
+    }
     p->reserved_amount = amount;
+    p->bound_done = 1;
+    return TG_OK;
 }
 
 /* Whether the admission can take the first attempt's reservation too: billing applies,
@@ -1186,16 +1307,17 @@ static int phase_admit(proxy_req_t *p) {
      * client's bound, before billing's default is put in: kept when admitting again
      * after a balance load. */
     if (!p->balance_loads) {
-        json_t *mt = json_object_get(p->json, "max_completion_tokens");
-        if (!json_is_integer(mt))
-            mt = json_object_get(p->json, p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens");
-        int64_t out_bound = json_is_integer(mt) ? json_integer_value(mt) : 1024;
+        const char *field, *bad;
+        int64_t out_bound = client_out_bound(p, &field, &bad);
+        if (out_bound < 0)
+            out_bound = 1024;
         int64_t in_bound = (int64_t)TG_MIN(p->req->body.len / 4, (size_t)INT64_MAX);
         p->est_tokens = in_bound + TG_MIN(TG_MAX(out_bound, 0), INT64_MAX - in_bound);
     }
     tg_limit_money_t m;
     if (money) {
-        money_bound(p);
+        if (money_bound(p) != TG_OK)
+            return TG_DONE;
         tg_reserve_req_t r = reserve_req(p);
         tg_billing_admission_money(p->pw->billing, &r, p->tenant_init, p->key_init, &m);
     }
@@ -1581,7 +1703,8 @@ static int phase_reserve(proxy_req_t *p) {
     proxy_worker_t *pw = p->pw;
     if (!pw->billing || !pr || !pr->key_id || !is_model_route(p->req->route))
         return TG_OK;
-    money_bound(p);
+    if (money_bound(p) != TG_OK)
+        return TG_DONE;
     tg_reserve_req_t r = reserve_req(p);
     if (p->money_held) {
         /* The admission script reserved this (first) attempt: the upstream call is next,
@@ -2036,7 +2159,7 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
     int ok = 1;
     for (int i = 0; i < n; i++)
         ok = ok && vals[i];
-    if (!ok || tg_json_set_members(p->req->body.data, p->req->body.len, keys, vals, n, &out) != TG_OK) {
+    if (!ok || (p->json_dirty & DIRTY_WHOLE) || tg_json_set_members(p->req->body.data, p->req->body.len, keys, vals, n, &out) != TG_OK) {
         tg_buf_free(&out);
         out.data = tg_json_dumps(p->json, JSON_COMPACT);
         out.len = out.data ? strlen(out.data) : 0;

@@ -46,12 +46,32 @@ typedef struct tg_price_s {
     int64_t input, output, cache_read, cache_write, reasoning;
 } tg_price_t;
 
-/** Parses a decimal string ("0.15") as nano-units (150000000). TG_ERROR if malformed. */
+/** The largest amount one request may reserve or be charged: 2^53 nano-USD
+ *  (9007199.254740992 USD), the largest integer the Redis scripts hold exactly (a Lua
+ *  number is a double). A request whose bound prices above it is refused; a cost above
+ *  it is not believed (see tg_price_usage and the README's billing rules). */
+#define TG_MONEY_REQUEST_MAX ((int64_t)1 << 53)
+/** The largest balance, budget, top-up or price (per million tokens): 1,000,000,000 USD
+ *  (10^18 nano-USD). Balances live in Redis and in C as int64 nano-USD: a largest
+ *  balance plus a largest top-up or reservation still fits with room to spare. */
+#define TG_MONEY_BALANCE_MAX ((int64_t)1000000000 * 1000000000)
+#define TG_MONEY_BALANCE_MAX_TEXT "1000000000"
+/** More tokens than this in one field of one request's usage is not believed: 2^40
+ *  (about 1.1 trillion). */
+#define TG_USAGE_TOKENS_MAX ((int64_t)1 << 40)
+
+/** Parses a decimal string ("0.15") as nano-units (150000000). TG_ERROR if malformed or
+ *  outside int64 nano-units (about +-9.2 billion). */
 int tg_money_parse(const char *s, int64_t *nano);
+/** A money input (a balance, budget, top-up or price, as decimal text): TG_OK when it is a
+ *  decimal from 0 to TG_MONEY_BALANCE_MAX (digits past the ninth decimal are cut). */
+int tg_money_check(const char *decimal);
 /** Formats nano-units as a decimal string with 9 fractional digits. */
 void tg_money_format(int64_t nano, char out[32]);
 /** The cost of `u` at price `p` times multiplier (millionths: 1000000 = 1x), rounded
- *  half up to whole nano-USD. Unknown fields count as 0. */
+ *  half up to whole nano-USD. Unknown fields count as 0; negative counts, prices and
+ *  multipliers as 0. Saturates: a cost that int64 cannot hold is INT64_MAX (callers
+ *  compare with TG_MONEY_REQUEST_MAX), never a wrapped or negative number. */
 int64_t tg_price_usage(const tg_price_t *p, const tg_usage_t *u, int64_t multiplier_micro);
 
 typedef struct {
@@ -122,6 +142,8 @@ typedef struct {
     tg_usage_t usage;
     int64_t cost;        /* nano-USD */
     int estimated;       /* usage (partly) estimated: client gone, no usage from upstream */
+    int clamped;         /* the upstream's usage was not believable: billed at the bound (counted) */
+    int unreadable;      /* a 2xx answer without readable usage: estimated (counted) */
     int attempts;
     unsigned unheld;     /* bit a-1: attempt a went ahead without a Redis hold (money open
                             while Redis was down): its cost comes off the live balance */
@@ -144,14 +166,20 @@ void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t
  *  and gives its Redis lock back if this worker holds it. For shutdown. */
 void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms);
 /** Usage is unknown (upstream timed out after the request was sent): the reservations
- *  become pending_reconciliation and keep holding the money. */
-void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts);
+ *  of attempts 1..attempts become pending_reconciliation and keep holding the money.
+ *  `amount` (each attempt's, nano-USD) and `model` are what the rows hold, written by
+ *  this element when it reaches Postgres before them. */
+void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
+                        const char *model, int64_t amount);
 /** Adds a top-up to the tenant's live balance in Redis (after Postgres committed it). */
 void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano);
 
 typedef struct {
     uint64_t reserved, refused, settled, duplicates, conflicts, batches, spooled, replayed, reconciled;
     uint64_t unheld; /* admitted without a hold: Redis down and money open */
+    uint64_t quarantined; /* batch elements Postgres refused on their own (quarantine file) */
+    uint64_t clamped;     /* settlements whose usage or cost was not believable: billed at the bound */
+    uint64_t estimated;   /* 2xx answers whose usage could not be read: billed by estimate */
 } tg_billing_stats_t;
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b);
 
