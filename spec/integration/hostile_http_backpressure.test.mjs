@@ -4,10 +4,11 @@
 // whole resumed nothing: the response stopped after ~256 KB and the client waited until
 // it gave up. Each response kind is read by a raw socket at about 2 MB/s after a stall
 // (what `curl --limit-rate 2M` does), and the whole body must arrive intact: passed
-// through and translated, stream and not, chat, Messages and embeddings.
+// through and translated, stream and not, chat, Messages, Responses and embeddings.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
+import tls from 'node:tls';
 
 import { HOST, mockText, parseResponse, rawRequest, sseContent, startGateway, startMock, stopAll } from './lib/harness.mjs';
 
@@ -15,12 +16,14 @@ let mock;
 let gwOpenAI; // an OpenAI-kind upstream
 let gwAnthropic; // an Anthropic-kind upstream
 let gwSmall; // an OpenAI-kind upstream with a 64 KB write buffer
+let gwTls; // an OpenAI-kind upstream, read through the TLS listener
 
 before(async () => {
   mock = await startMock();
   gwOpenAI = await startGateway({ workers: 1 }, { mock });
   gwAnthropic = await startGateway({ workers: 1, upstream: { provider: 'anthropic' } }, { mock });
   gwSmall = await startGateway({ workers: 1, limits: { max_write_buffer: 65536 } }, { mock });
+  gwTls = await startGateway({ workers: 1 }, { mock, tls: true });
 });
 
 after(stopAll);
@@ -30,9 +33,9 @@ after(stopAll);
  * bytes per second until one whole response is parsed, the peer closes, or `timeout` ms
  * pass. Resolves with {res (parsed or null), bytes received, closed}.
  */
-function slowRead(port, req, { stallMs = 400, rate = 2 * 1024 * 1024, timeout = 30000 } = {}) {
+function slowRead(port, req, { stallMs = 400, rate = 2 * 1024 * 1024, timeout = 30000, ca } = {}) {
   return new Promise((resolve) => {
-    const sock = net.connect(port, HOST);
+    const sock = ca ? tls.connect({ port, host: HOST, ca, servername: HOST }) : net.connect(port, HOST);
     let buf = Buffer.alloc(0);
     let done = false;
     let closed = false;
@@ -50,7 +53,7 @@ function slowRead(port, req, { stallMs = 400, rate = 2 * 1024 * 1024, timeout = 
       resolve({ res, bytes: buf.length, closed });
     };
     const deadline = setTimeout(finish, timeout);
-    sock.on('connect', () => {
+    sock.on(ca ? 'secureConnect' : 'connect', () => {
       sock.write(req);
       sock.pause();
       setTimeout(() => sock.resume(), stallMs);
@@ -97,6 +100,23 @@ function sameText(got, want, what) {
   let i = 0;
   while (i < got.length && got[i] === want[i]) i++;
   assert.fail(`${what}: got ${got.length} chars, want ${want.length}; first difference at ${i}: ${JSON.stringify(got.slice(i, i + 40))}`);
+}
+
+/** The text of a Responses event stream (response.output_text.delta events). */
+function responsesStreamText(text) {
+  let out = '';
+  for (const line of text.split('\n')) {
+    const m = /^data: ?(.*)$/.exec(line.replace(/\r$/, ''));
+    if (!m) continue;
+    const ev = JSON.parse(m[1]);
+    if (ev.type === 'response.output_text.delta') out += ev.delta ?? '';
+  }
+  return out;
+}
+
+/** The text of a non-stream Responses answer. */
+function responsesText(json) {
+  return json.output.filter((o) => o.type === 'message').flatMap((o) => o.content).map((c) => c.text ?? '').join('');
 }
 
 function assertComplete(got, what) {
@@ -175,4 +195,29 @@ test('Messages client -> Anthropic-kind account (passed through), non-stream and
   }));
   assertComplete(st, 'messages stream passthrough');
   sameText(messagesStreamText(st.res.text), mockText(STREAM), 'text');
+});
+
+for (const [kind, how, gwOf] of [['OpenAI', 'passed through', () => gwOpenAI], ['Anthropic', 'translated', () => gwAnthropic]]) {
+  test(`Responses client -> ${kind}-kind account (${how}), non-stream and stream, slow reader`, async () => {
+    const gw = gwOf();
+    const got = await slowRead(gw.port, post(gw, '/v1/responses', {
+      model: 'gpt-4o-mini', max_output_tokens: BIG, input: `long [mock chunks=${BIG}]`,
+    }));
+    assertComplete(got, `responses -> ${kind}`);
+    sameText(responsesText(got.res.json), mockText(BIG), 'text');
+
+    const st = await slowRead(gw.port, post(gw, '/v1/responses', {
+      model: 'gpt-4o-mini', max_output_tokens: STREAM, stream: true, input: `long [mock chunks=${STREAM}]`,
+    }));
+    assertComplete(st, `responses stream -> ${kind}`);
+    sameText(responsesStreamText(st.res.text), mockText(STREAM), 'text');
+  });
+}
+
+test('non-stream chat over the TLS listener reaches a slow reader whole', async () => {
+  const got = await slowRead(gwTls.tlsPort, post(gwTls, '/v1/chat/completions', {
+    model: 'gpt-4o-mini', messages: [{ role: 'user', content: `long [mock chunks=${BIG}]` }],
+  }), { ca: gwTls.ca });
+  assertComplete(got, 'chat over TLS');
+  sameText(got.res.json.choices[0].message.content, mockText(BIG), 'text');
 });
