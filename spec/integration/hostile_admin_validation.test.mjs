@@ -17,6 +17,7 @@ import {
 const MODEL = 'gpt-4o-mini';
 const KEY = plainKey('hv');
 const RAW_KEY = plainKey('raw');
+const LIMITED_KEY = plainKey('lim');
 const CRED = 'sk-upstream-good';
 let db;
 let mock;
@@ -31,6 +32,7 @@ function baseState() {
     keys: [
       { name: 'k', tenant: 'acme', group: 'main', key: KEY },
       { name: 'raw-k', tenant: 'acme', group: 'raw', key: RAW_KEY },
+      { name: 'limited', tenant: 'acme', group: 'main', key: LIMITED_KEY, rpm: 1, rpm_burst: 1 },
     ],
   };
 }
@@ -176,4 +178,23 @@ test('values written straight into the database are refused at load: never sent 
   assert.equal(ok.status, 200, ok.text);
   assertNoInjected(await lastHeaders(), 'the clean account');
   await gw2.stop();
+});
+
+test('a limiter refusal on /v1/messages is an Anthropic error the SDK parses; on chat an OpenAI one', async () => {
+  const { default: Anthropic } = await import('@anthropic-ai/sdk');
+  const client = new Anthropic({ apiKey: LIMITED_KEY, baseURL: gw.url, maxRetries: 0, timeout: 15000 });
+  const body = { model: MODEL, max_tokens: 16, messages: [{ role: 'user', content: 'hi [mock chunks=1]' }] };
+  const first = await client.messages.create(body);
+  assert.equal(first.type, 'message');
+  await assert.rejects(client.messages.create(body), (e) => {
+    assert.ok(e instanceof Anthropic.RateLimitError, `got ${e?.constructor?.name}: ${e?.message}`);
+    assert.equal(e.error?.type, 'error');
+    assert.equal(e.error?.error?.type, 'rate_limit_error');
+    assert.match(String(e.headers?.get?.('retry-after') ?? e.headers?.['retry-after']), /^[0-9]+$/);
+    return true;
+  });
+  const raw = await chat(gw, LIMITED_KEY, chatReq(MODEL));
+  assert.equal(raw.status, 429, raw.text);
+  assert.equal(raw.json?.type, undefined);
+  assert.equal(typeof raw.json?.error?.code, 'string', raw.text);
 });
