@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
+#include "tollgate/tg_money.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_tls.h"
 #include "tollgate/tg_valid.h"

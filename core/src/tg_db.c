@@ -20,9 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_embed.h"
+#include "tollgate/tg_money.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_valid.h"
 

@@ -1,9 +1,9 @@
 /*
- * Unit tests of the money arithmetic (core/src/tg_billing.c): parsing amounts and
- * pricing usage never wrap. A cost int64 cannot hold saturates at INT64_MAX (the callers
+ * Unit tests of the money arithmetic (core/src/tg_money.c): parsing, checking and
+ * formatting amounts, and pricing usage, which never wraps. A cost int64 cannot hold saturates at INT64_MAX (the callers
  * refuse or clamp it against TG_MONEY_REQUEST_MAX); it is never negative or small.
  */
-#include "tollgate/tg_billing.h"
+#include "tollgate/tg_money.h"
 
 #include "tg_test.h"
 
@@ -69,4 +69,80 @@ TG_TEST(money, parse_refuses_out_of_range) {
     ASSERT(tg_money_parse("1000000000", &n) == TG_OK && n == TG_MONEY_BALANCE_MAX);
     ASSERT(tg_money_parse("0.000000001", &n) == TG_OK && n == 1);
     ASSERT(tg_money_parse("-2.5", &n) == TG_OK && n == -2500000000LL);
+}
+
+TG_TEST(money, parse_refuses_malformed) {
+    int64_t n = 7;
+    const char *bad[] = {"", "-", ".", "1.2.3", "1e3", " 1", "1 ", "+1", "0x10", "1,5", "--1", "abc"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ASSERT(tg_money_parse(bad[i], &n) == TG_ERROR);
+    ASSERT_EQ_INT(n, 7); /* untouched on error */
+    ASSERT(tg_money_parse("0", &n) == TG_OK && n == 0);
+    ASSERT(tg_money_parse(".5", &n) == TG_OK && n == 500000000);
+    ASSERT(tg_money_parse("3.", &n) == TG_OK && n == 3000000000LL);
+    /* Digits past the ninth decimal are cut, not rounded. */
+    ASSERT(tg_money_parse("0.0000000019", &n) == TG_OK && n == 1);
+    ASSERT(tg_money_parse("0.15", &n) == TG_OK && n == 150000000);
+}
+
+TG_TEST(money, check_is_zero_to_the_largest_balance) {
+    ASSERT(tg_money_check("0") == TG_OK);
+    ASSERT(tg_money_check("12.5") == TG_OK);
+    ASSERT(tg_money_check(TG_MONEY_BALANCE_MAX_TEXT) == TG_OK);
+    ASSERT(tg_money_check("1000000000.000000001") == TG_ERROR);
+    ASSERT(tg_money_check("-0.000000001") == TG_ERROR);
+    ASSERT(tg_money_check("ten") == TG_ERROR);
+    ASSERT(tg_money_check(NULL) == TG_ERROR);
+}
+
+TG_TEST(money, format_round_trips) {
+    char out[32];
+    tg_money_format(150000000, out);
+    ASSERT_EQ_STR(out, "0.150000000");
+    tg_money_format(0, out);
+    ASSERT_EQ_STR(out, "0.000000000");
+    tg_money_format(-1, out);
+    ASSERT_EQ_STR(out, "-0.000000001");
+    tg_money_format(INT64_MAX, out);
+    ASSERT_EQ_STR(out, "9223372036.854775807");
+    tg_money_format(INT64_MIN, out);
+    ASSERT_EQ_STR(out, "-9223372036.854775808");
+    int64_t vals[] = {1, 999999999, 1000000000, -2500000000LL, TG_MONEY_REQUEST_MAX, TG_MONEY_BALANCE_MAX, INT64_MAX};
+    for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+        int64_t back = 0;
+        tg_money_format(vals[i], out);
+        ASSERT(tg_money_parse(out, &back) == TG_OK);
+        ASSERT_EQ_INT(back, vals[i]);
+    }
+}
+
+TG_TEST(money, price_rounds_half_up_and_applies_the_multiplier) {
+    /* 1 token at 1.5 nano-USD per token (1,500,000 per million) is 1.5: rounds to 2; at
+     * 1.4, to 1. */
+    tg_price_t p = {.input = 1500000};
+    tg_usage_t u = {.input = 1, .known = TG_USAGE_INPUT};
+    ASSERT_EQ_INT(tg_price_usage(&p, &u, 1000000), 2);
+    p.input = 1400000;
+    ASSERT_EQ_INT(tg_price_usage(&p, &u, 1000000), 1);
+    /* 1000 input tokens at 1 USD per million, 2.5x: 2,500,000 nano-USD; 0.5x: 500,000. */
+    tg_price_t q = {.input = 1000000000};
+    tg_usage_t v = {.input = 1000, .known = TG_USAGE_INPUT};
+    ASSERT_EQ_INT(tg_price_usage(&q, &v, 2500000), 2500000);
+    ASSERT_EQ_INT(tg_price_usage(&q, &v, 500000), 500000);
+    ASSERT_EQ_INT(tg_price_usage(&q, &v, 0), 0);
+}
+
+TG_TEST(money, price_counts_only_known_fields) {
+    tg_price_t p = {.input = 1000000000, .output = 2000000000, .cache_read = 100000000, .cache_write = 1250000000,
+                    .reasoning = 3000000000LL};
+    tg_usage_t u = {.input = 1000, .output = 500, .cache_read = 2000, .cache_write = 400, .reasoning = 100};
+    ASSERT_EQ_INT(tg_price_usage(&p, &u, 1000000), 0); /* nothing known */
+    u.known = TG_USAGE_CACHE_READ | TG_USAGE_CACHE_WRITE;
+    ASSERT_EQ_INT(tg_price_usage(&p, &u, 1000000), 2000 * 100 + 400 * 1250);
+    /* Output with reasoning: 400 tokens at the output price, 100 at the reasoning price. */
+    u.known = TG_USAGE_INPUT | TG_USAGE_OUTPUT | TG_USAGE_REASONING;
+    ASSERT_EQ_INT(tg_price_usage(&p, &u, 1000000), 1000 * 1000 + 400 * 2000 + 100 * 3000);
+    /* Reasoning not known: all output at the output price. */
+    u.known = TG_USAGE_OUTPUT;
+    ASSERT_EQ_INT(tg_price_usage(&p, &u, 1000000), 500 * 2000);
 }
