@@ -1401,25 +1401,12 @@ static void reconcile_cb(uv_timer_t *t) {
 
 #include <hiredis/hiredis.h>
 
-static redisContext *redis_connect_sync(const char *url) {
-    if (!url)
-        return NULL;
-    struct timeval tv = {2, 0};
-    redisContext *c = NULL;
-    if (!strncmp(url, "unix://", 7)) {
-        c = redisConnectUnixWithTimeout(url + 7, tv);
-    } else if (!strncmp(url, "redis://", 8)) {
-        char host[256] = "127.0.0.1";
-        int port = 6379;
-        const char *hp = strrchr(url + 8, '@') ? strrchr(url + 8, '@') + 1 : url + 8;
-        sscanf(hp, "%255[^:/]:%d", host, &port);
-        c = redisConnectWithTimeout(host, port, tv);
-    }
-    if (c && c->err) {
-        redisFree(c);
-        return NULL;
-    }
-    return c;
+/* The Redis of `url` set up like the workers' (password, database), or NULL with the
+ * reason in err (no password in it) when it is configured but cannot be reached or
+ * refuses the setup: a ledger command never quietly skips a Redis it could not log in to. */
+static redisContext *ledger_redis(const char *url, char err[400]) {
+    err[0] = '\0';
+    return url ? tg_redis_connect_sync(url, 2000, err, 400) : NULL;
 }
 
 static int check(PGconn *c, const char *what, const char *sql, int *problems) {
@@ -1481,9 +1468,10 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN billing_dedup d ON d.request_id = "
           "r.request_id WHERE r.state <> 'reconciled'",
           &problems);
-    redisContext *rc = redis_connect_sync(redis_url);
+    char rerr[400];
+    redisContext *rc = ledger_redis(redis_url, rerr);
     if (redis_url && !rc) {
-        printf("PROBLEM Redis: cannot connect to %s to compare reserved totals\n", redis_url);
+        printf("PROBLEM Redis: cannot connect to compare reserved totals: %s\n", rerr);
         problems++;
     }
     if (rc) {
@@ -1530,7 +1518,10 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
         PQfinish(c);
         return 2;
     }
-    redisContext *rc = redis_connect_sync(redis_url);
+    char rerr[400];
+    redisContext *rc = ledger_redis(redis_url, rerr);
+    if (redis_url && !rc)
+        fprintf(stderr, "ledger reconcile: Redis: %s: the holds of the requests settled here stay there\n", rerr);
     char ms[16];
     snprintf(ms, sizeof(ms), "%d", older_than_ms);
     /* An operator's explicit pass: every instance counts as gone (run it when the

@@ -92,8 +92,7 @@ typedef struct {
 
 struct tg_redis_s {
     uv_loop_t *loop;
-    char *host, *path, *user, *pass;
-    int port, db;
+    tg_redis_url_t url;
     int timeout_ms, connect_timeout_ms, stall_ms;
     tg__redis_conn_t cmd, sub;
     tg__redis_script_t *scripts;
@@ -154,10 +153,7 @@ static void redis_free(tg_redis_t *r) {
         free(r->subs[i].channel);
     free(r->scripts);
     free(r->subs);
-    free(r->host);
-    free(r->path);
-    free(r->user);
-    free(r->pass);
+    tg_redis_url_free(&r->url);
     free(r);
 }
 
@@ -420,6 +416,31 @@ static void conn_on_cleanup(void *privdata) {
 
 static const char k_auth[] = "AUTH", k_select[] = "SELECT", k_setname[] = "CLIENT SETNAME";
 
+/* A connection's setup commands before anything else: AUTH when the URL has a password,
+ * SELECT when it names a database other than 0 (not on a Pub/Sub connection: channels
+ * are not per database). Each command's `what` is k_auth or k_select. */
+typedef struct {
+    const char *what;
+    int argc;
+    const char *argv[3];
+    char db[16];
+} setup_cmd_t;
+
+static int setup_cmds(const tg_redis_url_t *u, int select, setup_cmd_t out[2]) {
+    int n = 0;
+    if (u->pass) {
+        out[n] = (setup_cmd_t){k_auth, u->user ? 3 : 2, {"AUTH", u->user ? u->user : u->pass, u->pass}, ""};
+        n++;
+    }
+    if (u->db > 0 && select) {
+        setup_cmd_t *c = &out[n++];
+        *c = (setup_cmd_t){k_select, 2, {"SELECT", NULL, NULL}, ""};
+        snprintf(c->db, sizeof(c->db), "%d", u->db);
+        c->argv[1] = c->db;
+    }
+    return n;
+}
+
 static void conn_on_connect(const redisAsyncContext *ac, int status) {
     tg__redis_conn_t *c = ac->data;
     if (status != REDIS_OK) {
@@ -474,7 +495,7 @@ static void conn_subscribe(tg__redis_conn_t *c, const char *channel) {
 static void conn_connect(tg__redis_conn_t *c) {
     tg_redis_t *r = c->r;
     char why[128];
-    redisAsyncContext *ac = r->path ? redisAsyncConnectUnix(r->path) : redisAsyncConnect(r->host, r->port);
+    redisAsyncContext *ac = r->url.path ? redisAsyncConnectUnix(r->url.path) : redisAsyncConnect(r->url.host, r->url.port);
     if (!ac) {
         conn_log_failure(c, "out of memory");
         c->tried = 1;
@@ -496,7 +517,7 @@ static void conn_connect(tg__redis_conn_t *c) {
         conn_retry(c);
         return;
     }
-    if (!r->path)
+    if (!r->url.path)
         redisEnableKeepAlive(&ac->c);
     ac->data = c;
     ac->ev.cleanup = conn_on_cleanup;
@@ -510,16 +531,10 @@ static void conn_connect(tg__redis_conn_t *c) {
 
     /* Pipelined ahead of everything else on this connection; SETNAME comes last and its
      * reply makes the connection ready. */
-    if (r->pass) {
-        const char *argv[3] = {"AUTH", r->user ? r->user : r->pass, r->pass};
-        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)k_auth, r->user ? 3 : 2, argv, NULL);
-    }
-    if (r->db > 0 && !c->is_sub) {
-        char db[16];
-        snprintf(db, sizeof(db), "%d", r->db);
-        const char *argv[2] = {"SELECT", db};
-        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)k_select, 2, argv, NULL);
-    }
+    setup_cmd_t setup[2];
+    int nsetup = setup_cmds(&r->url, !c->is_sub, setup);
+    for (int i = 0; i < nsetup; i++)
+        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)setup[i].what, setup[i].argc, setup[i].argv, NULL);
     /* Named, so CLIENT LIST tells which gateway process owns which connection. */
     char name[64];
     snprintf(name, sizeof(name), "tollgate:%d:%s", (int)getpid(), c->is_sub ? "sub" : "cmd");
@@ -664,11 +679,11 @@ static void redis_on_idle(uv_idle_t *h) {
 
 /* ---- the client ----------------------------------------------------------------- */
 
-static int parse_url(tg_redis_t *r, const char *url) {
+static int url_parse(tg_redis_url_t *u, const char *url) {
     if (strncmp(url, "unix://", 7) == 0) {
         if (url[7] != '/')
             return -1;
-        r->path = strdup(url + 7);
+        u->path = strdup(url + 7);
         return 0;
     }
     if (strncmp(url, "redis://", 8) != 0)
@@ -683,10 +698,10 @@ static int parse_url(tg_redis_t *r, const char *url) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         if (colon) {
             if (colon > p)
-                r->user = strndup(p, (size_t)(colon - p));
-            r->pass = strndup(colon + 1, (size_t)(at - colon - 1));
+                u->user = strndup(p, (size_t)(colon - p));
+            u->pass = strndup(colon + 1, (size_t)(at - colon - 1));
         } else {
-            r->pass = strndup(p, (size_t)(at - p));
+            u->pass = strndup(p, (size_t)(at - p));
         }
         p = at + 1;
     }
@@ -695,15 +710,14 @@ static int parse_url(tg_redis_t *r, const char *url) {
         const char *rb = memchr(p, ']', (size_t)(end - p));
         if (!rb)
             return -1;
-        r->host = strndup(p + 1, (size_t)(rb - p - 1));
+        u->host = strndup(p + 1, (size_t)(rb - p - 1));
         hend = rb + 1;
     } else {
         hend = memchr(p, ':', (size_t)(end - p));
         if (!hend)
             hend = end;
-        r->host = strndup(p, (size_t)(hend - p));
+        u->host = strndup(p, (size_t)(hend - p));
     }
-    r->port = 6379;
     if (hend < end) {
         if (*hend != ':')
             return -1;
@@ -711,16 +725,73 @@ static int parse_url(tg_redis_t *r, const char *url) {
         long port = strtol(hend + 1, &e, 10);
         if (e != end || port <= 0 || port > 65535)
             return -1;
-        r->port = (int)port;
+        u->port = (int)port;
     }
     if (*end == '/' && end[1]) {
         char *e;
         long db = strtol(end + 1, &e, 10);
         if (*e || db < 0 || db > 1000000)
             return -1;
-        r->db = (int)db;
+        u->db = (int)db;
     }
-    return r->host && *r->host ? 0 : -1;
+    return u->host && *u->host ? 0 : -1;
+}
+
+int tg_redis_url_parse(const char *url, tg_redis_url_t *u) {
+    memset(u, 0, sizeof(*u));
+    u->port = 6379;
+    if (url && url_parse(u, url) == 0)
+        return TG_OK;
+    tg_redis_url_free(u);
+    return TG_ERROR;
+}
+
+void tg_redis_url_free(tg_redis_url_t *u) {
+    free(u->host);
+    free(u->path);
+    free(u->user);
+    free(u->pass);
+    memset(u, 0, sizeof(*u));
+}
+
+redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, size_t errlen) {
+    tg_redis_url_t u;
+    if (tg_redis_url_parse(url, &u) != TG_OK) {
+        snprintf(err, errlen, "bad URL (expected redis://[[user]:password@]host[:port][/db] or unix:///path/to.sock)");
+        return NULL;
+    }
+    /* Where, for the messages: never the password. */
+    char where[300];
+    if (u.path)
+        snprintf(where, sizeof(where), "%.280s", u.path);
+    else
+        snprintf(where, sizeof(where), "%.256s:%d/%d", u.host, u.port, u.db);
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    redisContext *c = u.path ? redisConnectUnixWithTimeout(u.path, tv) : redisConnectWithTimeout(u.host, u.port, tv);
+    if (!c || c->err) {
+        snprintf(err, errlen, "%s: %s", where, c ? c->errstr : "out of memory");
+        goto fail;
+    }
+    redisSetTimeout(c, tv);
+    setup_cmd_t setup[2];
+    int n = setup_cmds(&u, 1, setup);
+    for (int i = 0; i < n; i++) {
+        redisReply *rep = redisCommandArgv(c, setup[i].argc, setup[i].argv, NULL);
+        int ok = rep && rep->type != REDIS_REPLY_ERROR;
+        if (!ok)
+            snprintf(err, errlen, "%s: %s failed: %s", where, setup[i].what, rep ? rep->str : c->errstr);
+        if (rep)
+            freeReplyObject(rep);
+        if (!ok)
+            goto fail;
+    }
+    tg_redis_url_free(&u);
+    return c;
+fail:
+    if (c)
+        redisFree(c);
+    tg_redis_url_free(&u);
+    return NULL;
 }
 
 static void conn_init(tg_redis_t *r, tg__redis_conn_t *c, const char *name, int is_sub) {
@@ -739,7 +810,7 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     tg_redis_t *r = calloc(1, sizeof(*r));
     if (!r)
         abort();
-    if (parse_url(r, url) < 0) {
+    if (tg_redis_url_parse(url, &r->url) != TG_OK) {
         tg_log_error("redis: bad URL \"%s\": expected redis://[[user]:password@]host[:port][/db] or "
                      "unix:///path/to.sock",
                      url);

@@ -9,24 +9,16 @@
 #include <hiredis/hiredis.h>
 
 #include "tg_test.h"
+#include "tollgate/tg_redis.h"
 
-/* url: unix:///path/to.sock or redis://host[:port]. Fails the test if it cannot connect. */
+/* url: any URL the gateway takes (tg_redis_url_parse). Fails the test if it cannot
+ * connect. */
 static inline redisContext *side_connect(const char *url) {
-    redisContext *c;
-    if (strncmp(url, "unix://", 7) == 0) {
-        c = redisConnectUnix(url + 7);
-    } else {
-        char host[256];
-        int port = 6379;
-        snprintf(host, sizeof(host), "%s", url + strlen("redis://"));
-        char *colon = strrchr(host, ':');
-        if (colon) {
-            *colon = '\0';
-            port = atoi(colon + 1);
-        }
-        c = redisConnect(host, port);
-    }
-    ASSERT(c && !c->err);
+    char err[400];
+    redisContext *c = tg_redis_connect_sync(url, 5000, err, sizeof(err));
+    if (!c)
+        fprintf(stderr, "side connection: %s\n", err);
+    ASSERT(c);
     return c;
 }
 

@@ -54,6 +54,30 @@ typedef struct {
     uint64_t script_loads; /* NOSCRIPT answered by loading the script */
 } tg_redis_stats_t;
 
+/** A Redis URL taken apart: "redis://[[user]:password@]host[:port][/db]" (host may be a
+ *  bracketed IPv6 literal; "redis://secret@host" is a password alone) or
+ *  "unix:///path/to.sock". The strings are owned by the struct (tg_redis_url_free). */
+typedef struct {
+    char *host;        /* NULL for a socket */
+    char *path;        /* the socket's path, NULL for TCP */
+    char *user, *pass; /* NULL when not given */
+    int port;          /* 6379 when not given */
+    int db;            /* 0 when not given */
+} tg_redis_url_t;
+
+/** The one parser of Redis URLs (the client, `tollgate ledger`). TG_OK, or TG_ERROR for
+ *  anything else (*u then holds nothing to free). */
+int tg_redis_url_parse(const char *url, tg_redis_url_t *u);
+void tg_redis_url_free(tg_redis_url_t *u);
+
+/**
+ * A blocking hiredis connection for one-shot commands (`tollgate ledger`), set up as the
+ * client's are: AUTH with the URL's password (and user), SELECT its database. Each
+ * step, and every later command, waits at most timeout_ms. Returns the context (the
+ * caller frees it with redisFree), or NULL with the reason in err.
+ */
+redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, size_t errlen);
+
 /**
  * Creates the client and starts connecting. `url` is "redis://[[user]:password@]host
  * [:port][/db]" or "unix:///path/to.sock". Each connection starts with AUTH (when a
