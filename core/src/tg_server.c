@@ -726,6 +726,27 @@ static void early_finish(tg_request_t *req, int aborted) {
     tg_buf_free(&b);
 }
 
+/*
+ * An answer the server gives itself, in the error shape of the API that was called:
+ * Anthropic's on /v1/messages (an SDK reads its error type from it), OpenAI's elsewhere.
+ */
+static void server_error(tg_request_t *r, int status, const char *code, const char *msg) {
+    const char *u = r->url.data;
+    if (u && strncmp(u, "/v1/messages", 12) == 0 && (u[12] == '\0' || u[12] == '?' || u[12] == '/')) {
+        tg_buf_t b;
+        tg_buf_init(&b);
+        tg_buf_appends(&b, "{\"type\":\"error\",\"error\":{\"type\":\"");
+        tg_buf_appends(&b, status == 413 ? "request_too_large" : "invalid_request_error");
+        tg_buf_appends(&b, "\",\"message\":\"");
+        tg_buf_append_json_escaped(&b, msg, strlen(msg));
+        tg_buf_appends(&b, "\"}}");
+        tg_response_send(r, status, "application/json", NULL, b.data, b.len);
+        tg_buf_free(&b);
+        return;
+    }
+    tg_response_error(r, status, "invalid_request_error", code, msg);
+}
+
 /* Answers a request that failed to parse, then closes the connection. */
 static void parse_error(tg_conn_t *c, int status, const char *code, const char *msg) {
     if (c->fuzz) {
@@ -741,7 +762,7 @@ static void parse_error(tg_conn_t *c, int status, const char *code, const char *
     r->keep_alive = 0;
     r->finish_cb = early_finish;
     c->early_code = code;
-    tg_response_error(r, status, "invalid_request_error", code, msg);
+    server_error(r, status, code, msg);
 }
 
 static void process_input(tg_conn_t *c) {
@@ -888,8 +909,7 @@ static void timer_cb(uv_timer_t *t) {
             c->req->keep_alive = 0;
             c->req->finish_cb = early_finish;
             c->early_code = "request_timeout";
-            tg_response_error(c->req, 408, "invalid_request_error", "request_timeout",
-                              "the request was not received in time");
+            server_error(c->req, 408, "request_timeout", "the request was not received in time");
         } else {
             conn_close(c);
         }

@@ -83,6 +83,23 @@ test('the openai SDK sending a body over the limit gets a 413 APIError, not a co
   assert.equal(stats.total, 0, 'nothing reached the upstream');
 });
 
+test('the Anthropic SDK sending a body over the limit gets a 413 request_too_large APIError', async () => {
+  const { default: Anthropic, APIError, APIConnectionError } = await import('@anthropic-ai/sdk');
+  const client = new Anthropic({ apiKey: CLIENT_KEY, baseURL: gw.url, maxRetries: 0, timeout: 30000 });
+  let err;
+  try {
+    await client.messages.create({ model: 'mock-claude', max_tokens: 10, messages: [{ role: 'user', content: 'x'.repeat(4 << 20) }] });
+  } catch (e) {
+    err = e;
+  }
+  assert.ok(err, 'the request failed');
+  assert.ok(!(err instanceof APIConnectionError), `got a connection error: ${err.message}`);
+  assert.ok(err instanceof APIError, String(err));
+  assert.equal(err.status, 413);
+  assert.equal(err.error?.type, 'error', 'the Anthropic error shape');
+  assert.equal(err.error?.error?.type, 'request_too_large');
+});
+
 test('raw socket: 1 MB and 8 MB bodies sent whole get the 413 in full, then a FIN, no reset', async () => {
   for (const size of [1 << 20, 8 << 20]) {
     const body = bigChat(size);
