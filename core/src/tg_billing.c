@@ -1077,6 +1077,37 @@ void tg_billing_destroy(tg_billing_t *b) {
 
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b) { return &b->stats; }
 
+static void billing_collect(const void *const *stats, int n, tg_buf_t *out) {
+    tg_billing_stats_t s;
+    tg_metrics_sum_u64(stats, n, TG_METRICS_NFIELDS(tg_billing_stats_t), (uint64_t *)&s);
+    tg_buf_printf(out,
+                  "# HELP tollgate_billing_total Reservations and settlements.\n"
+                  "# TYPE tollgate_billing_total counter\n"
+                  "tollgate_billing_total{event=\"reserved\"} %llu\n"
+                  "tollgate_billing_total{event=\"refused\"} %llu\n"
+                  "tollgate_billing_total{event=\"settled\"} %llu\n"
+                  "tollgate_billing_total{event=\"duplicate\"} %llu\n"
+                  "tollgate_billing_total{event=\"conflict\"} %llu\n"
+                  "tollgate_billing_total{event=\"batch\"} %llu\n"
+                  "tollgate_billing_total{event=\"spooled\"} %llu\n"
+                  "tollgate_billing_total{event=\"replayed\"} %llu\n"
+                  "tollgate_billing_total{event=\"reconciled\"} %llu\n"
+                  "tollgate_billing_total{event=\"unheld\"} %llu\n"
+                  "tollgate_billing_total{event=\"quarantined\"} %llu\n"
+                  "tollgate_billing_total{event=\"usage_clamped\"} %llu\n"
+                  "tollgate_billing_total{event=\"usage_estimated\"} %llu\n",
+                  (unsigned long long)s.reserved, (unsigned long long)s.refused, (unsigned long long)s.settled,
+                  (unsigned long long)s.duplicates, (unsigned long long)s.conflicts, (unsigned long long)s.batches,
+                  (unsigned long long)s.spooled, (unsigned long long)s.replayed, (unsigned long long)s.reconciled,
+                  (unsigned long long)s.unheld, (unsigned long long)s.quarantined, (unsigned long long)s.clamped,
+                  (unsigned long long)s.estimated);
+}
+
+void tg_billing_metrics(tg_metrics_t *m, const tg_billing_t *b) {
+    if (b)
+        tg_metrics_collector_add(m, billing_collect, &b->stats);
+}
+
 /*
  * The reconciler: one per deployment, elected with a Redis lock (SET NX PX, renewed by
  * its holder). Each pass settles the reservations whose usage will never be reported:

@@ -1201,6 +1201,50 @@ void tg_limits_destroy(tg_limits_t *l) {
 
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l) { return &l->stats; }
 
+static void limits_collect(const void *const *stats, int n, tg_buf_t *out) {
+    tg_limits_stats_t s;
+    tg_metrics_sum_u64(stats, n, TG_METRICS_NFIELDS(tg_limits_stats_t), (uint64_t *)&s);
+    tg_buf_printf(out,
+                  "# HELP tollgate_admission_total Admission decisions.\n"
+                  "# TYPE tollgate_admission_total counter\n"
+                  "tollgate_admission_total{result=\"admitted\"} %llu\n"
+                  "tollgate_admission_total{result=\"refused_rate\"} %llu\n"
+                  "tollgate_admission_total{result=\"refused_tokens\"} %llu\n"
+                  "tollgate_admission_total{result=\"refused_concurrency\"} %llu\n"
+                  "tollgate_admission_total{result=\"queue_full\"} %llu\n"
+                  "tollgate_admission_total{result=\"waited\"} %llu\n"
+                  "# HELP tollgate_limiter_down_total Admissions decided without Redis, by policy.\n"
+                  "# TYPE tollgate_limiter_down_total counter\n"
+                  "tollgate_limiter_down_total{policy=\"open\"} %llu\n"
+                  "tollgate_limiter_down_total{policy=\"local\"} %llu\n"
+                  "tollgate_limiter_down_total{policy=\"closed\"} %llu\n",
+                  (unsigned long long)s.admitted, (unsigned long long)s.refused_rate,
+                  (unsigned long long)s.refused_tokens, (unsigned long long)s.refused_concurrency,
+                  (unsigned long long)s.queue_full, (unsigned long long)s.waited,
+                  (unsigned long long)s.redis_down_open, (unsigned long long)s.redis_down_local,
+                  (unsigned long long)s.redis_down_closed);
+    static const char *const kinds[TG_DOWN__COUNT] = {"rate", "tokens", "concurrency", "money"};
+    static const char *const pols[3] = {"closed", "open", "local"};
+    tg_buf_appends(out, "# HELP tollgate_limiter_down_limits_total Limits decided without Redis, by limit and policy.\n"
+                        "# TYPE tollgate_limiter_down_limits_total counter\n");
+    for (int k = 0; k < TG_DOWN__COUNT; k++)
+        for (int pol = 0; pol < 3; pol++)
+            tg_buf_printf(out, "tollgate_limiter_down_limits_total{limit=\"%s\",policy=\"%s\"} %llu\n", kinds[k],
+                          pols[pol], (unsigned long long)s.down[k][pol]);
+    tg_buf_printf(out,
+                  "# HELP tollgate_limiter_lease_total Lease events: added back by a renewal (Redis lost "
+                  "them), releases sent again after no answer.\n"
+                  "# TYPE tollgate_limiter_lease_total counter\n"
+                  "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n"
+                  "tollgate_limiter_lease_total{event=\"release_retried\"} %llu\n",
+                  (unsigned long long)s.leases_reacquired, (unsigned long long)s.release_retries);
+}
+
+void tg_limits_metrics(tg_metrics_t *m, const tg_limits_t *l) {
+    if (l)
+        tg_metrics_collector_add(m, limits_collect, &l->stats);
+}
+
 void tg_limits_count_down(tg_limits_t *l, int kind, tg_fail_policy_t policy) {
     if (kind >= 0 && kind < TG_DOWN__COUNT && policy >= TG_FAIL_CLOSED && policy <= TG_FAIL_LOCAL)
         l->stats.down[kind][policy]++;

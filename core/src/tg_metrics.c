@@ -1,6 +1,8 @@
 /*
  * Counters and histograms in Prometheus text exposition format (see tg_metrics.h).
  */
+#include <stdlib.h>
+
 #include "tollgate/tg_metrics.h"
 
 static const int status_codes[TG_METRICS_NSTATUS - 1] = {200, 400, 401, 402, 403, 404, 405, 408, 413,
@@ -34,6 +36,8 @@ void tg_histogram_observe(tg_histogram_t *h, uint64_t us) {
     atomic_fetch_add_explicit(&h->count, 1, RELAXED);
     atomic_fetch_add_explicit(&h->sum_us, us, RELAXED);
 }
+
+static void render_collectors(tg_metrics_t *const *w, int n, tg_buf_t *out);
 
 static void render_hist(tg_metrics_t *const *w, int n, size_t off, const char *name,
                         const char *help, tg_buf_t *out) {
@@ -117,4 +121,58 @@ void tg_metrics_render(tg_metrics_t *const *w, int n, tg_buf_t *out) {
                   "tollgate_tokens_total{kind=\"input\"} %llu\ntollgate_tokens_total{kind=\"output\"} %llu\n",
                   (unsigned long long)SUM_FIELD(w, n, tokens_input, uint64_t),
                   (unsigned long long)SUM_FIELD(w, n, tokens_output, uint64_t));
+    render_collectors(w, n, out);
+}
+
+void tg_metrics_collector_add(tg_metrics_t *m, tg_metrics_collect_fn fn, const void *inst) {
+    if (!inst)
+        return;
+    if (m->ncollectors >= TG_METRICS_COLLECTORS_MAX)
+        abort();
+    m->collectors[m->ncollectors].fn = fn;
+    m->collectors[m->ncollectors].inst = inst;
+    m->ncollectors++;
+}
+
+void tg_metrics_collectors_clear(tg_metrics_t *m) { m->ncollectors = 0; }
+
+void tg_metrics_sum_u64(const void *const *stats, int n, size_t nfields, uint64_t *sum) {
+    memset(sum, 0, nfields * sizeof(*sum));
+    for (int i = 0; i < n; i++) {
+        const uint64_t *f = stats[i];
+        if (!f)
+            continue;
+        for (size_t k = 0; k < nfields; k++)
+            sum[k] += __atomic_load_n(&f[k], __ATOMIC_RELAXED);
+    }
+}
+
+/* The instance worker `w` registered with `fn`, or NULL. */
+static const void *collector_inst(const tg_metrics_t *w, tg_metrics_collect_fn fn) {
+    for (int j = 0; j < w->ncollectors; j++)
+        if (w->collectors[j].fn == fn)
+            return w->collectors[j].inst;
+    return NULL;
+}
+
+/* Each collector once, in the order the workers registered them, with every worker's
+ * instance (a worker may lack a subsystem: NULL there). */
+static void render_collectors(tg_metrics_t *const *w, int n, tg_buf_t *out) {
+    const void **inst = calloc((size_t)(n > 0 ? n : 1), sizeof(*inst));
+    if (!inst)
+        abort();
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < w[i]->ncollectors; j++) {
+            tg_metrics_collect_fn fn = w[i]->collectors[j].fn;
+            int seen = 0;
+            for (int k = 0; k < i && !seen; k++)
+                seen = collector_inst(w[k], fn) != NULL;
+            if (seen)
+                continue;
+            for (int k = 0; k < n; k++)
+                inst[k] = collector_inst(w[k], fn);
+            fn(inst, n, out);
+        }
+    }
+    free(inst);
 }

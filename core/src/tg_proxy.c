@@ -210,6 +210,11 @@ int tg_proxy_worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
         };
         pw->billing = tg_billing_create(&w->loop, w->state, &bc);
     }
+    /* Each subsystem's counters on /metrics (every worker registers the same ones). */
+    tg_state_metrics(&w->metrics, w->state);
+    tg_limits_metrics(&w->metrics, pw->limits);
+    tg_billing_metrics(&w->metrics, pw->billing);
+    tg_redis_metrics(&w->metrics, tg_state_redis(w->state));
     w->proxy = pw;
     if (!pw->plugins) {
         snprintf(errbuf, errlen, "worker %d: the plugin runtime could not be built, refusing to serve without its "
@@ -224,6 +229,7 @@ void tg_proxy_worker_close(tg_worker_t *w) {
     proxy_worker_t *pw = w->proxy;
     if (!pw)
         return;
+    tg_metrics_collectors_clear(&w->metrics);
     /* Order matters: the account loader's query is cancelled, then the database and
      * Redis clients go (their pending callbacks run with errors: billing spools what it
      * carried), then billing, which still owns its queue and spool. */
@@ -611,147 +617,6 @@ static int phase_route(proxy_req_t *p) {
         tg_buf_init(&b);
         tg_gateway_t *gw = req->worker->gw;
         tg_metrics_render(gw->metrics, gw->nworkers, &b);
-        /* The key cache's counters (each worker writes its own; read without locks). */
-        uint64_t hits = 0, misses = 0, lookups = 0, neg = 0;
-        for (int i = 0; i < gw->nworkers; i++) {
-            const tg_state_stats_t *ss = gw->workers[i]->state ? tg_state_stats(gw->workers[i]->state) : NULL;
-            if (!ss)
-                continue;
-            hits += __atomic_load_n(&ss->hits, __ATOMIC_RELAXED);
-            misses += __atomic_load_n(&ss->misses, __ATOMIC_RELAXED);
-            lookups += __atomic_load_n(&ss->db_lookups, __ATOMIC_RELAXED);
-            neg += __atomic_load_n(&ss->negative_hits, __ATOMIC_RELAXED);
-        }
-        tg_buf_printf(&b,
-                      "# HELP tollgate_auth_cache_total API-key cache lookups by result.\n"
-                      "# TYPE tollgate_auth_cache_total counter\n"
-                      "tollgate_auth_cache_total{result=\"hit\"} %llu\ntollgate_auth_cache_total{result=\"miss\"} %llu\n"
-                      "tollgate_auth_cache_total{result=\"negative_hit\"} %llu\n"
-                      "# HELP tollgate_auth_db_lookups_total Key lookups that reached Postgres.\n"
-                      "# TYPE tollgate_auth_db_lookups_total counter\ntollgate_auth_db_lookups_total %llu\n",
-                      (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)neg,
-                      (unsigned long long)lookups);
-        /* Admission, billing: per-worker counters, summed. */
-        tg_limits_stats_t ls = {0};
-        tg_billing_stats_t bs = {0};
-        tg_redis_stats_t rs = {0};
-        for (int i = 0; i < gw->nworkers; i++) {
-            proxy_worker_t *wp = gw->workers[i]->proxy;
-            if (!wp)
-                continue;
-            if (wp->limits) {
-                const tg_limits_stats_t *x = tg_limits_stats(wp->limits);
-                ls.admitted += x->admitted;
-                ls.refused_rate += x->refused_rate;
-                ls.refused_tokens += x->refused_tokens;
-                ls.refused_concurrency += x->refused_concurrency;
-                ls.queue_full += x->queue_full;
-                ls.waited += x->waited;
-                ls.redis_down_open += x->redis_down_open;
-                ls.redis_down_local += x->redis_down_local;
-                ls.redis_down_closed += x->redis_down_closed;
-                ls.round_trips += x->round_trips;
-                for (int k = 0; k < TG_DOWN__COUNT; k++)
-                    for (int pol = 0; pol < 3; pol++)
-                        ls.down[k][pol] += x->down[k][pol];
-                ls.leases_reacquired += x->leases_reacquired;
-                ls.release_retries += x->release_retries;
-            }
-            tg_redis_t *rc = gw->workers[i]->state ? tg_state_redis(gw->workers[i]->state) : NULL;
-            if (rc) {
-                /* Read from another worker's thread: counters only, a torn read at worst
-                 * lags by one event (as for the admission counters above). */
-                const tg_redis_stats_t *x = tg_redis_stats(rc);
-                rs.commands += x->commands;
-                rs.failed_fast += x->failed_fast;
-                rs.timeouts += x->timeouts;
-                rs.disconnects += x->disconnects;
-                rs.connects += x->connects;
-                rs.script_loads += x->script_loads;
-            }
-            if (wp->billing) {
-                const tg_billing_stats_t *x = tg_billing_stats(wp->billing);
-                bs.reserved += x->reserved;
-                bs.refused += x->refused;
-                bs.settled += x->settled;
-                bs.duplicates += x->duplicates;
-                bs.conflicts += x->conflicts;
-                bs.batches += x->batches;
-                bs.spooled += x->spooled;
-                bs.replayed += x->replayed;
-                bs.reconciled += x->reconciled;
-                bs.unheld += x->unheld;
-                bs.quarantined += x->quarantined;
-                bs.clamped += x->clamped;
-                bs.estimated += x->estimated;
-            }
-        }
-        tg_buf_printf(&b,
-                      "# HELP tollgate_admission_total Admission decisions.\n"
-                      "# TYPE tollgate_admission_total counter\n"
-                      "tollgate_admission_total{result=\"admitted\"} %llu\n"
-                      "tollgate_admission_total{result=\"refused_rate\"} %llu\n"
-                      "tollgate_admission_total{result=\"refused_tokens\"} %llu\n"
-                      "tollgate_admission_total{result=\"refused_concurrency\"} %llu\n"
-                      "tollgate_admission_total{result=\"queue_full\"} %llu\n"
-                      "tollgate_admission_total{result=\"waited\"} %llu\n"
-                      "# HELP tollgate_limiter_down_total Admissions decided without Redis, by policy.\n"
-                      "# TYPE tollgate_limiter_down_total counter\n"
-                      "tollgate_limiter_down_total{policy=\"open\"} %llu\n"
-                      "tollgate_limiter_down_total{policy=\"local\"} %llu\n"
-                      "tollgate_limiter_down_total{policy=\"closed\"} %llu\n"
-                      "# HELP tollgate_billing_total Reservations and settlements.\n"
-                      "# TYPE tollgate_billing_total counter\n"
-                      "tollgate_billing_total{event=\"reserved\"} %llu\n"
-                      "tollgate_billing_total{event=\"refused\"} %llu\n"
-                      "tollgate_billing_total{event=\"settled\"} %llu\n"
-                      "tollgate_billing_total{event=\"duplicate\"} %llu\n"
-                      "tollgate_billing_total{event=\"conflict\"} %llu\n"
-                      "tollgate_billing_total{event=\"batch\"} %llu\n"
-                      "tollgate_billing_total{event=\"spooled\"} %llu\n"
-                      "tollgate_billing_total{event=\"replayed\"} %llu\n"
-                      "tollgate_billing_total{event=\"reconciled\"} %llu\n"
-                      "tollgate_billing_total{event=\"unheld\"} %llu\n"
-                      "tollgate_billing_total{event=\"quarantined\"} %llu\n"
-                      "tollgate_billing_total{event=\"usage_clamped\"} %llu\n"
-                      "tollgate_billing_total{event=\"usage_estimated\"} %llu\n",
-                      (unsigned long long)ls.admitted, (unsigned long long)ls.refused_rate,
-                      (unsigned long long)ls.refused_tokens, (unsigned long long)ls.refused_concurrency,
-                      (unsigned long long)ls.queue_full, (unsigned long long)ls.waited,
-                      (unsigned long long)ls.redis_down_open, (unsigned long long)ls.redis_down_local,
-                      (unsigned long long)ls.redis_down_closed, (unsigned long long)bs.reserved,
-                      (unsigned long long)bs.refused, (unsigned long long)bs.settled, (unsigned long long)bs.duplicates,
-                      (unsigned long long)bs.conflicts, (unsigned long long)bs.batches, (unsigned long long)bs.spooled,
-                      (unsigned long long)bs.replayed, (unsigned long long)bs.reconciled,
-                      (unsigned long long)bs.unheld, (unsigned long long)bs.quarantined,
-                      (unsigned long long)bs.clamped, (unsigned long long)bs.estimated);
-        static const char *const kinds[TG_DOWN__COUNT] = {"rate", "tokens", "concurrency", "money"};
-        static const char *const pols[3] = {"closed", "open", "local"};
-        tg_buf_appends(&b, "# HELP tollgate_limiter_down_limits_total Limits decided without Redis, by limit and policy.\n"
-                           "# TYPE tollgate_limiter_down_limits_total counter\n");
-        for (int k = 0; k < TG_DOWN__COUNT; k++)
-            for (int pol = 0; pol < 3; pol++)
-                tg_buf_printf(&b, "tollgate_limiter_down_limits_total{limit=\"%s\",policy=\"%s\"} %llu\n", kinds[k],
-                              pols[pol], (unsigned long long)ls.down[k][pol]);
-        tg_buf_printf(&b,
-                      "# HELP tollgate_redis_total The workers' Redis clients: commands, failures, connections.\n"
-                      "# TYPE tollgate_redis_total counter\n"
-                      "tollgate_redis_total{event=\"command\"} %llu\n"
-                      "tollgate_redis_total{event=\"failed_fast\"} %llu\n"
-                      "tollgate_redis_total{event=\"timeout\"} %llu\n"
-                      "tollgate_redis_total{event=\"disconnect\"} %llu\n"
-                      "tollgate_redis_total{event=\"connect\"} %llu\n"
-                      "tollgate_redis_total{event=\"script_load\"} %llu\n",
-                      (unsigned long long)rs.commands, (unsigned long long)rs.failed_fast,
-                      (unsigned long long)rs.timeouts, (unsigned long long)rs.disconnects,
-                      (unsigned long long)rs.connects, (unsigned long long)rs.script_loads);
-        tg_buf_printf(&b,
-                      "# HELP tollgate_limiter_lease_total Lease events: added back by a renewal (Redis lost "
-                      "them), releases sent again after no answer.\n"
-                      "# TYPE tollgate_limiter_lease_total counter\n"
-                      "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n"
-                      "tollgate_limiter_lease_total{event=\"release_retried\"} %llu\n",
-                      (unsigned long long)ls.leases_reacquired, (unsigned long long)ls.release_retries);
         tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
         tg_buf_free(&b);
         return TG_DONE;

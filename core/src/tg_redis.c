@@ -1075,3 +1075,25 @@ tg_redis_req_t *tg_redis_publish(tg_redis_t *r, const char *channel, const char 
 }
 
 const tg_redis_stats_t *tg_redis_stats(const tg_redis_t *r) { return &r->stats; }
+
+static void redis_collect(const void *const *stats, int n, tg_buf_t *out) {
+    tg_redis_stats_t s;
+    tg_metrics_sum_u64(stats, n, TG_METRICS_NFIELDS(tg_redis_stats_t), (uint64_t *)&s);
+    tg_buf_printf(out,
+                  "# HELP tollgate_redis_total The workers' Redis clients: commands, failures, connections.\n"
+                  "# TYPE tollgate_redis_total counter\n"
+                  "tollgate_redis_total{event=\"command\"} %llu\n"
+                  "tollgate_redis_total{event=\"failed_fast\"} %llu\n"
+                  "tollgate_redis_total{event=\"timeout\"} %llu\n"
+                  "tollgate_redis_total{event=\"disconnect\"} %llu\n"
+                  "tollgate_redis_total{event=\"connect\"} %llu\n"
+                  "tollgate_redis_total{event=\"script_load\"} %llu\n",
+                  (unsigned long long)s.commands, (unsigned long long)s.failed_fast, (unsigned long long)s.timeouts,
+                  (unsigned long long)s.disconnects, (unsigned long long)s.connects,
+                  (unsigned long long)s.script_loads);
+}
+
+void tg_redis_metrics(tg_metrics_t *m, const tg_redis_t *r) {
+    if (r)
+        tg_metrics_collector_add(m, redis_collect, &r->stats);
+}

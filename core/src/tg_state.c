@@ -259,6 +259,25 @@ tg_pg_t *tg_state_pg(tg_state_t *st) { return st->pg; }
 tg_redis_t *tg_state_redis(tg_state_t *st) { return st->redis; }
 const tg_state_stats_t *tg_state_stats(const tg_state_t *st) { return &st->stats; }
 
+static void state_collect(const void *const *stats, int n, tg_buf_t *out) {
+    tg_state_stats_t s;
+    tg_metrics_sum_u64(stats, n, TG_METRICS_NFIELDS(tg_state_stats_t), (uint64_t *)&s);
+    tg_buf_printf(out,
+                  "# HELP tollgate_auth_cache_total API-key cache lookups by result.\n"
+                  "# TYPE tollgate_auth_cache_total counter\n"
+                  "tollgate_auth_cache_total{result=\"hit\"} %llu\ntollgate_auth_cache_total{result=\"miss\"} %llu\n"
+                  "tollgate_auth_cache_total{result=\"negative_hit\"} %llu\n"
+                  "# HELP tollgate_auth_db_lookups_total Key lookups that reached Postgres.\n"
+                  "# TYPE tollgate_auth_db_lookups_total counter\ntollgate_auth_db_lookups_total %llu\n",
+                  (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.negative_hits,
+                  (unsigned long long)s.db_lookups);
+}
+
+void tg_state_metrics(tg_metrics_t *m, const tg_state_t *st) {
+    if (st)
+        tg_metrics_collector_add(m, state_collect, &st->stats);
+}
+
 static char **json_strings(const char *text, int *n) {
     *n = 0;
     json_t *j = json_loads(text, 0, NULL);

@@ -150,6 +150,8 @@ typedef struct {
     uint64_t estimated;   /* 2xx answers whose usage could not be read: billed by estimate */
 } tg_billing_stats_t;
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b);
+/** Registers billing's collector (tollgate_billing_total) on a worker's metrics; NULL b: none. */
+void tg_billing_metrics(tg_metrics_t *m, const tg_billing_t *b);
 
 /** `tollgate ledger verify -c CFG`: checks the invariants; prints each problem; exit 0/1. */
 int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url);

@@ -149,6 +149,9 @@ typedef struct {
     uint64_t release_retries;   /* releases sent again after no answer */
 } tg_limits_stats_t;
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l);
+/** Registers admission's collector (tollgate_admission_*, tollgate_limiter_*) on a
+ *  worker's metrics; NULL l: none. */
+void tg_limits_metrics(tg_metrics_t *m, const tg_limits_t *l);
 /** Counts a Redis-down decision made elsewhere (billing's money limit). */
 void tg_limits_count_down(tg_limits_t *l, int kind, tg_fail_policy_t policy);
 

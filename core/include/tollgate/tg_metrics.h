@@ -1,6 +1,12 @@
 /*
  * Prometheus metrics. Each worker owns one tg_metrics_t and is its only writer (relaxed
  * atomics, no locks, no shared cache lines); GET /metrics sums every worker's copy.
+ *
+ * A subsystem with counters of its own (the key cache, admission, Redis, billing) is a
+ * collector (as h2o's status handlers): the worker that builds it registers it on its
+ * tg_metrics_t with the subsystem's render function, and /metrics calls each function
+ * once with every worker's instance. Counters are written by their worker's thread only
+ * and read from any thread with relaxed atomic loads.
  */
 #ifndef TOLLGATE_TG_METRICS_H
 #define TOLLGATE_TG_METRICS_H
@@ -31,6 +37,14 @@ typedef struct {
     _Atomic uint64_t sum_us;
 } tg_histogram_t;
 
+/**
+ * Renders one subsystem's families: `inst[i]` is worker i's instance as registered (NULL
+ * for a worker without it), `n` the number of workers.
+ */
+typedef void (*tg_metrics_collect_fn)(const void *const *inst, int n, tg_buf_t *out);
+
+#define TG_METRICS_COLLECTORS_MAX 16
+
 typedef struct {
     _Atomic uint64_t requests[TG_ROUTE__COUNT][TG_METRICS_NSTATUS];
     tg_histogram_t duration;  /* whole request, first byte in to last byte out */
@@ -43,12 +57,37 @@ typedef struct {
     _Atomic int64_t inflight;          /* requests in progress */
     _Atomic uint64_t tokens_input;
     _Atomic uint64_t tokens_output;
+    /* Registered while the worker is built, before any request (tg_metrics_collector_add). */
+    struct {
+        tg_metrics_collect_fn fn;
+        const void *inst;
+    } collectors[TG_METRICS_COLLECTORS_MAX];
+    int ncollectors;
 } tg_metrics_t;
 
 const char *tg_route_name(tg_route_t r);
 void tg_metrics_count_request(tg_metrics_t *m, tg_route_t route, int status);
 void tg_histogram_observe(tg_histogram_t *h, uint64_t us);
-/** Renders the sum of `n` workers' metrics in Prometheus text format into `out`. */
+/**
+ * Renders the sum of `n` workers' metrics in Prometheus text format into `out`: the
+ * worker's own families, then each registered collector's, in registration order.
+ */
 void tg_metrics_render(tg_metrics_t *const *workers, int n, tg_buf_t *out);
+/**
+ * Registers `inst` (not owned; it must outlive the worker's requests) with its render
+ * function on the worker's metrics. Call while the worker is built, before it serves.
+ * A NULL `inst` registers nothing. Aborts past TG_METRICS_COLLECTORS_MAX.
+ */
+void tg_metrics_collector_add(tg_metrics_t *m, tg_metrics_collect_fn fn, const void *inst);
+/** Forgets every collector of the worker (before its subsystems are destroyed). */
+void tg_metrics_collectors_clear(tg_metrics_t *m);
+/**
+ * Sums counters across workers with relaxed atomic loads: each non-NULL `stats[i]` points
+ * at `nfields` uint64_t counters laid out as an array (a stats struct of uint64_t fields
+ * only); `sum` gets `nfields` totals.
+ */
+void tg_metrics_sum_u64(const void *const *stats, int n, size_t nfields, uint64_t *sum);
+/** The number of uint64_t counters in a stats struct made of uint64_t fields only. */
+#define TG_METRICS_NFIELDS(type) (sizeof(type) / sizeof(uint64_t))
 
 #endif

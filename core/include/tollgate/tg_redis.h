@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_metrics.h"
 
 typedef struct tg_redis_s tg_redis_t;
 typedef struct tg_redis_req_s tg_redis_req_t;
@@ -147,5 +148,7 @@ void tg_redis_flush(tg_redis_t *r);
 
 /** The client's counters. */
 const tg_redis_stats_t *tg_redis_stats(const tg_redis_t *r);
+/** Registers the client's collector (tollgate_redis_total) on a worker's metrics; NULL r: none. */
+void tg_redis_metrics(tg_metrics_t *m, const tg_redis_t *r);
 
 #endif

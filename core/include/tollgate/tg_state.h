@@ -19,6 +19,7 @@
 
 #include "tollgate/tg_common.h"
 #include "tollgate/tg_config.h"
+#include "tollgate/tg_metrics.h"
 
 typedef struct tg_state_s tg_state_t;
 typedef struct tg_auth_wait_s tg_auth_wait_t;
@@ -97,6 +98,8 @@ typedef struct {
     uint64_t hits, misses, db_lookups, negative_hits, invalidations;
 } tg_state_stats_t;
 const tg_state_stats_t *tg_state_stats(const tg_state_t *st);
+/** Registers the key cache's collector (tollgate_auth_*) on a worker's metrics; NULL st: none. */
+void tg_state_metrics(tg_metrics_t *m, const tg_state_t *st);
 
 /** Parses "10.0.0.0/8" or an address; returns 0 or TG_ERROR. */
 int tg_cidr_parse(const char *s, tg_cidr_t *out);
