@@ -47,4 +47,10 @@ return {
     pool_idle_ms = 30000,           -- idle keep-alive connections are kept this long
     max_idle_conns = 256,           -- per worker
   },
+
+  -- How an OpenAI chat upstream gets the output cap the gateway sends (billing's
+  -- default, or a translated max_tokens): max_completion_tokens, which every current
+  -- OpenAI model takes and the o-series and gpt-5 family require; or max_tokens for the
+  -- models listed here (names, or prefixes ending in '*': older OpenAI-compatible servers).
+  -- max_tokens_models = { "legacy-*" },
 }

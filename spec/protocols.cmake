@@ -53,6 +53,12 @@ if(TG_NODE)
   add_test(NAME integration.fidelity_sdk COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/fidelity_sdk.test.mjs)
   set_tests_properties(integration.fidelity_sdk PROPERTIES
     ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "fidelity;protocols;integration" TIMEOUT 180)
+  add_test(NAME integration.fidelity_billing
+    COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+            ${TG_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/integration/fidelity_billing.test.mjs)
+  set_tests_properties(integration.fidelity_billing PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "fidelity;protocols;billing;integration" TIMEOUT 240
+    SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
   add_test(NAME integration.protocols_errors COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/protocols_errors.test.mjs)
   set_tests_properties(integration.protocols_errors PROPERTIES
     ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "protocols;integration" TIMEOUT 120)

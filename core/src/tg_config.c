@@ -253,6 +253,31 @@ static int load_keys(cfg_ctx *c, tg_config_t *cfg) {
     return TG_OK;
 }
 
+static int load_max_tokens_models(cfg_ctx *c, tg_config_t *cfg) {
+    lua_getfield(c->L, -1, "max_tokens_models");
+    if (lua_isnil(c->L, -1)) {
+        lua_pop(c->L, 1);
+        return TG_OK;
+    }
+    if (!lua_istable(c->L, -1)) {
+        lua_pop(c->L, 1);
+        return fail(c, "max_tokens_models", "must be a list of model names (a trailing * matches a prefix)");
+    }
+    size_t n = lua_objlen(c->L, -1);
+    cfg->max_tokens_models = calloc(n + 1, sizeof(char *));
+    for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(c->L, -1, (int)i);
+        if (lua_type(c->L, -1) != LUA_TSTRING || lua_objlen(c->L, -1) == 0) {
+            lua_pop(c->L, 2);
+            return fail(c, "max_tokens_models", "entry %zu must be a non-empty string", i);
+        }
+        cfg->max_tokens_models[cfg->nmax_tokens_models++] = strdup(lua_tostring(c->L, -1));
+        lua_pop(c->L, 1);
+    }
+    lua_pop(c->L, 1);
+    return TG_OK;
+}
+
 static int sub_table(cfg_ctx *c, const char *key, int (*fn)(cfg_ctx *, void *), void *arg) {
     lua_getfield(c->L, -1, key);
     int rc = TG_OK;
@@ -413,7 +438,8 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
-                                       "limits", "upstream", "limiter", "plugins", "billing", "routing", NULL};
+                                       "limits", "upstream", "limiter", "plugins", "billing", "routing",
+                                       "max_tokens_models", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -444,6 +470,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: get_str(&c, "log_level", &cfg->log_level);
         rc = rc ?: get_bool(&c, "access_log", &cfg->access_log);
         rc = rc ?: load_keys(&c, cfg);
+        rc = rc ?: load_max_tokens_models(&c, cfg);
         rc = rc ?: sub_table(&c, "limits", limits_fn, &cfg->limits);
         rc = rc ?: sub_table(&c, "upstream", upstream_fn, &cfg->upstream);
         rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
@@ -485,6 +512,9 @@ void tg_config_free(tg_config_t *cfg) {
     for (size_t i = 0; i < cfg->nkeys; i++)
         free(cfg->keys[i]);
     free(cfg->keys);
+    for (size_t i = 0; i < cfg->nmax_tokens_models; i++)
+        free(cfg->max_tokens_models[i]);
+    free(cfg->max_tokens_models);
     free(cfg->upstream.url);
     free(cfg->upstream.api_key);
     free(cfg->upstream.provider);

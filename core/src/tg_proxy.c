@@ -110,6 +110,7 @@ struct proxy_req_s {
     const char *credential;
     unsigned json_dirty;          /* top-level members changed since the parse (DIRTY_*) */
     const char *limit_key;        /* the output-cap member phase_reserve set */
+    int cap_added;                /* limit_key holds billing's default (the client set none) */
     tg_admit_t *admit;            /* held while admitted; released at the end */
     int64_t est_tokens;
     int ctx_on;                   /* ctx holds a plugin generation */
@@ -1099,6 +1100,7 @@ static int money_bound(proxy_req_t *p) {
         json_object_set_new(p->json, limit_field, json_integer(max_out));
         p->json_dirty |= DIRTY_LIMIT;
         p->limit_key = limit_field;
+        p->cap_added = 1;
         field = limit_field;
     }
     p->bound_output = max_out;
@@ -2035,6 +2037,52 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
     return out.data;
 }
 
+/* Whether the upstream model is listed in max_tokens_models (a name, or a prefix that
+ * ends in '*'). */
+static int model_takes_max_tokens(const tg_config_t *cfg, const char *model) {
+    for (size_t i = 0; model && i < cfg->nmax_tokens_models; i++) {
+        const char *m = cfg->max_tokens_models[i];
+        size_t n = strlen(m);
+        if (n && m[n - 1] == '*' ? !strncmp(model, m, n - 1) : !strcmp(model, m))
+            return 1;
+    }
+    return 0;
+}
+
+/* The one place that decides how the output cap reaches the upstream. An OpenAI chat
+ * upstream gets it as max_completion_tokens (every current OpenAI chat model takes it;
+ * the o-series and the gpt-5 family refuse max_tokens), or as max_tokens for a model in
+ * max_tokens_models (older OpenAI-compatible servers); the other protocols have one
+ * spelling. A cap the gateway wrote (billing's default, phase_reserve) or translated is
+ * spelled so, its value (the bound reserved) unchanged; a cap the client spelled itself
+ * in a pass-through is the client's choice and goes as sent. `doc` is the translated
+ * body, or p->json for a pass-through. */
+static void output_cap(proxy_req_t *p, json_t *doc, int translated) {
+    if (p->up_proto != TG_PROTO_OPENAI_CHAT)
+        return;
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    const char *want = model_takes_max_tokens(cfg, json_string_value(json_object_get(doc, "model")))
+                           ? "max_tokens"
+                           : "max_completion_tokens";
+    const char *have = translated ? "max_completion_tokens" /* the encoder's spelling */
+                                  : p->cap_added ? p->limit_key : NULL;
+    json_t *v = have ? json_object_get(doc, have) : NULL;
+    if (!v || !strcmp(have, want))
+        return;
+    json_incref(v);
+    json_object_del(doc, have);
+    json_object_set_new(doc, want, v);
+    if (!translated) {
+        /* The client's bytes may hold the old member (a null the default replaced):
+         * then the body is written whole, without it. */
+        char quoted[32];
+        int qn = snprintf(quoted, sizeof(quoted), "\"%s\"", have);
+        if (memmem(p->req->body.data ? p->req->body.data : "", p->req->body.len, quoted, (size_t)qn))
+            p->json_dirty |= DIRTY_WHOLE;
+        p->limit_key = want;
+    }
+}
+
 static int phase_upstream(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_upstream_t *u = p->up;
@@ -2070,10 +2118,14 @@ static int phase_upstream(proxy_req_t *p) {
             if (tg_translate_request(p->proto, p->up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
                 TG_OK)
                 return fail(p, 400, "invalid_request_error", "untranslatable_request", err);
+            output_cap(p, out, 1);
             body = tg_json_dumps(out, JSON_COMPACT);
             json_decref(out);
-        } else if (p->json_dirty) {
-            body = patched_body(p, &body_len);
+        } else {
+            if (p->cap_added)
+                output_cap(p, p->json, 0);
+            if (p->json_dirty)
+                body = patched_body(p, &body_len);
         }
         if (body && !body_len)
             body_len = strlen(body);

@@ -132,3 +132,24 @@ TG_TEST(config, hostport) {
     ASSERT_EQ_INT(tg_config_parse_hostport("127.0.0.1", &h, &port), TG_ERROR);
     ASSERT_EQ_INT(tg_config_parse_hostport(":80", &h, &port), TG_ERROR);
 }
+
+/* max_tokens_models (issue #15): a list of model names or prefixes; anything else names the key. */
+TG_TEST(fidelity, config_max_tokens_models) {
+    tg_config_t cfg;
+    char err[256];
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, max_tokens_models = { 'legacy-*', 'gpt-3.5-turbo' } }",
+                       &cfg, err),
+                  0);
+    ASSERT_EQ_INT(cfg.nmax_tokens_models, 2);
+    ASSERT_EQ_STR(cfg.max_tokens_models[0], "legacy-*");
+    tg_config_free(&cfg);
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' } }", &cfg, err), 0);
+    ASSERT_EQ_INT(cfg.nmax_tokens_models, 0);
+    tg_config_free(&cfg);
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, max_tokens_models = 'legacy' }", &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "max_tokens_models"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, max_tokens_models = { 'a', 5 } }", &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "max_tokens_models") && strstr(err, "entry 2"));
+}

@@ -81,6 +81,10 @@ typedef struct {
     } billing;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;
+    /* Models (names, or prefixes ending in '*') whose OpenAI chat upstream takes the
+     * output cap as max_tokens; every other one gets max_completion_tokens. */
+    char **max_tokens_models;
+    size_t nmax_tokens_models;
     tg_limits_config_t limits;
     tg_upstream_config_t upstream;
 } tg_config_t;

@@ -41,7 +41,8 @@
  *     Responses refusal part) is carried as its text;
  *   - max_tokens / max_completion_tokens / max_output_tokens (Anthropic requires one:
  *     TG_TRANSLATE_DEFAULT_MAX_TOKENS when the client sent none; a chat upstream gets
- *     max_completion_tokens), temperature (clamped to 1 for Anthropic), top_p,
+ *     max_completion_tokens, which the gateway respells max_tokens for the models of
+ *     its max_tokens_models setting), temperature (clamped to 1 for Anthropic), top_p,
  *     stop / stop_sequences (at most 4 for a chat upstream, as OpenAI allows; more is
  *     refused), user <-> metadata.user_id, response_format <-> text.format
  *     (chat <-> Responses), reasoning_effort <-> reasoning.effort (chat <-> Responses);
