@@ -170,7 +170,9 @@ test('no max_tokens: the configured cap (4096) is reserved and sent upstream; a 
   assert.equal(r.status, 200, r.text);
   assert.doesNotMatch(r.text, /"usage":\{/, 'the client did not ask for usage, so it sees none');
   const upstream = JSON.parse((await mock.last()).body);
-  assert.equal(upstream.max_tokens, 4096, 'the upstream was told the cap that was reserved');
+  // (an OpenAI chat account takes it as max_completion_tokens: issue #15, item 8)
+  assert.equal(upstream.max_completion_tokens, 4096, 'the upstream was told the cap that was reserved');
+  assert.equal(upstream.max_tokens, undefined);
 
   const id = r.headers['x-request-id'];
   const row = await waitUsageRow(bill, id);
