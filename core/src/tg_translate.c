@@ -112,6 +112,8 @@ int tg__data_url(const char *url, tg_str_t *media, tg_str_t *data) {
 }
 
 json_t *tg__join_text(const json_t *content, const char *sep) {
+    if (tg_json_is_big(content, NULL, NULL))
+        return NULL; /* a number, not text */
     if (json_is_string(content))
         return json_incref((json_t *)content);
     if (!json_is_array(content))
@@ -122,7 +124,7 @@ json_t *tg__join_text(const json_t *content, const char *sep) {
     json_t *part;
     json_array_foreach(content, i, part) {
         const json_t *t = part;
-        if (!json_is_string(part)) {
+        if (!json_is_string(part) || tg_json_is_big(part, NULL, NULL)) {
             const char *type = tg__str(part, "type");
             t = json_object_get(part, "text");
             if (!type || !json_is_string(t) ||
