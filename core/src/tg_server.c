@@ -1151,17 +1151,24 @@ static void close_walk_cb(uv_handle_t *h, void *arg) {
         uv_close(h, NULL);
 }
 
-static void worker_main(void *arg) {
-    tg_worker_t *w = arg;
-    /* Runs until draining ends: every connection closed, or the shutdown timeout. */
-    uv_run(&w->loop, UV_RUN_DEFAULT);
-    tg_proxy_worker_close(w);
+/* A worker's end: its proxy state (when it has one), log buffer, spares, then every
+ * handle of its loop. */
+static void worker_teardown(tg_worker_t *w, int with_proxy) {
+    if (with_proxy)
+        tg_proxy_worker_close(w);
     prepare_cb(&w->prepare);
     tg_buf_free(&w->logbuf);
     spare_free_all(w);
     uv_walk(&w->loop, close_walk_cb, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);
+}
+
+static void worker_main(void *arg) {
+    tg_worker_t *w = arg;
+    /* Runs until draining ends: every connection closed, or the shutdown timeout. */
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    worker_teardown(w, 1);
 }
 
 tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
@@ -1222,8 +1229,10 @@ tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
             w->nlisteners++;
         }
         if (tg_proxy_worker_init(w, err, errlen) != TG_OK) {
-            for (int k = 0; k < i; k++)
-                tg_proxy_worker_close(gw->workers[k]);
+            /* Undo every worker made so far (this one's proxy state is already gone),
+             * as worker_main does at its end, so nothing is left behind. */
+            for (int k = 0; k <= i; k++)
+                worker_teardown(gw->workers[k], k < i);
             goto fail;
         }
     }

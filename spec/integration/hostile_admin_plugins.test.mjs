@@ -129,12 +129,15 @@ test('auth refusals follow the route: Anthropic on /v1/messages, OpenAI elsewher
   assertOpenAIShape(c, 401, 'invalid_api_key');
 });
 
-// Builds once: the first Lua state that loads it (the startup check) starts before one
-// second of the process's CPU time and spends it; every later build (each worker's)
-// starts after and fails, the way a plugin whose load depends on its surroundings does.
+// Builds twice: the first Lua state that loads it (the startup check) starts before one
+// second of the process's CPU time and spends up to 1.1 s, the second (worker 0's) up to
+// 1.6 s; every later build (worker 1's) starts after 1.5 s and fails, the way a plugin
+// whose load depends on its surroundings does. So worker 0 is built and must be undone.
 const FRAGILE = `
-if os.clock() >= 1.0 then error("cannot be built after the first load") end
-while os.clock() < 1.1 do end
+local c = os.clock()
+if c >= 1.5 then error("cannot be built after the second load") end
+local stop = c >= 1.0 and 1.6 or 1.1
+while os.clock() < stop do end
 return {
   name = "fragile", priority = 1, version = "1", fail_closed = true,
   on_request = function(ctx)
@@ -152,7 +155,7 @@ test('a worker whose plugin runtime cannot be built stops the gateway from start
     workers: 2,
     keys: [CLIENT_KEY],
     upstream: { url: `${mock.url}/v1`, api_key: 'sk-upstream-1' },
-    plugins: { dirs: [dir], enabled: [{ name: 'fragile' }], max_hook_ms: 1000 },
+    plugins: { dirs: [dir], enabled: [{ name: 'fragile' }], max_hook_ms: 1000, watch: true },
   };
   const cfgPath = path.join(dir, 'tollgate.lua');
   fs.writeFileSync(cfgPath, `return ${toLua(config)}\n`);
@@ -181,6 +184,6 @@ test('a worker whose plugin runtime cannot be built stops the gateway from start
   assert.equal(exit.code, 2, proc.tail());
   await proc.closed;
   const text = proc.lines.stderr.join('\n');
-  assert.match(text, /plugin runtime could not be built/, proc.tail());
-  assert.match(text, /plugins\.fragile: .*cannot be built after the first load/, proc.tail());
+  assert.match(text, /worker 1: the plugin runtime could not be built/, proc.tail());
+  assert.match(text, /plugins\.fragile: .*cannot be built after the second load/, proc.tail());
 });
