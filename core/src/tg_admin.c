@@ -9,6 +9,7 @@
 #include "tollgate/tg_admin.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <libpq-fe.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -314,6 +315,19 @@ static int is_decimal(const char *s) {
     return digits > 0;
 }
 
+/* Whether a decimal has a non-zero digit past the 9th after the point: less than one
+ * nano-USD, which the live balance (integer nano-USD) cannot hold, so Postgres and Redis
+ * would disagree from then on. */
+static int sub_nano(const char *s) {
+    const char *d = strchr(s, '.');
+    if (!d)
+        return 0;
+    for (int i = 0; *++d; i++)
+        if (i >= 9 && *d != '0')
+            return 1;
+    return 0;
+}
+
 /* ---- SQL building -------------------------------------------------------------------- */
 
 static void select_json(const resource_t *r, tg_buf_t *b) {
@@ -527,8 +541,10 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
             case C_MONEY:
                 /* Past TG_MONEY_BALANCE_MAX the gateway could not hold it (was: accepted,
                  * then every request of the tenant 503). */
-                ok = json_is_number(v) ? json_number_value(v) >= 0 && json_number_value(v) <= 1e9
+                ok = json_is_number(v) ? json_number_value(v) >= 0 && json_number_value(v) <= 1e9 &&
+                                             fabs(json_number_value(v) * 1e9 - nearbyint(json_number_value(v) * 1e9)) < 1e-3
                                        : json_is_string(v) && is_decimal(json_string_value(v)) &&
+                                             !sub_nano(json_string_value(v)) &&
                                              tg_money_check(json_string_value(v)) == TG_OK;
                 break;
             case C_TEXTARR: {
@@ -848,8 +864,9 @@ static void topup(actx_t *a, const char *id) {
         snprintf(amt, sizeof(amt), "%.10f", json_number_value(amount)); /* plain digits, so the range is checked */
     else if (json_is_number(amount))
         snprintf(amt, sizeof(amt), "%s", TG_MONEY_BALANCE_MAX_TEXT "0"); /* past the largest: refused below */
-    if (!is_decimal(amt) || amt[0] == '-' || strspn(amt, "0.") == strlen(amt)) {
-        reply_error(req, 400, "invalid_request", "amount must be a positive decimal number, e.g. \"25.00\"");
+    if (!is_decimal(amt) || amt[0] == '-' || strspn(amt, "0.") == strlen(amt) || sub_nano(amt)) {
+        reply_error(req, 400, "invalid_request",
+                    "amount must be a positive decimal number of at most 9 decimal places, e.g. \"25.00\"");
         json_decref(body);
         return;
     }

@@ -64,16 +64,16 @@ for (const r of ROUTES) {
 const NUMS = [
   // [what, field, value, expected status(es), todo]
   ['max_tokens 1e309', 'max_tokens', '1e309', 400],
-  ['max_tokens -1', 'max_tokens', '-1', 400, 'D2 reservation bypass: a negative max_tokens is admitted (reserves less than nothing)'],
-  ['max_tokens -0', 'max_tokens', '-0', 400, 'D2 reservation bypass: max_tokens -0 is admitted'],
-  ['max_tokens 0', 'max_tokens', '0', 400, 'D2 reservation bypass: max_tokens 0 is admitted, the answer is not capped'],
+  ['max_tokens -1', 'max_tokens', '-1', 400],
+  ['max_tokens -0', 'max_tokens', '-0', 400],
+  ['max_tokens 0', 'max_tokens', '0', 400],
   ['max_tokens 2^63', 'max_tokens', '9223372036854775808', [400, 402]],
   ['max_tokens 2^64+1', 'max_tokens', '18446744073709551617', [400, 402]],
-  ['max_tokens 2^53+1', 'max_tokens', '9007199254740993', [400, 402], 'D1 money overflow/saturation: a 2^53 bound is admitted against a 1,000 USD balance'],
-  ['max_tokens 1.5', 'max_tokens', '1.5', 400, 'D2 reservation bypass: a fractional max_tokens is admitted'],
-  ['max_tokens "100" (a string)', 'max_tokens', '"100"', 400, 'D2 reservation bypass: a string max_tokens is admitted'],
+  ['max_tokens 2^53+1', 'max_tokens', '9007199254740993', [400, 402]],
+  ['max_tokens 1.5', 'max_tokens', '1.5', 400],
+  ['max_tokens "100" (a string)', 'max_tokens', '"100"', 400],
   ['max_tokens 1e2 (exponent)', 'max_tokens', '1e2', 200],
-  ['max_completion_tokens 2^63-1', 'max_completion_tokens', '9223372036854775807', [400, 402], 'D1 money overflow/saturation: a 2^63-1 bound is admitted'],
+  ['max_completion_tokens 2^63-1', 'max_completion_tokens', '9223372036854775807', [400, 402]],
   ['temperature 1e309', 'temperature', '1e309', 400],
   ['temperature -1e308', 'temperature', '-1e308', [200, 400]],
   ['top_p 2', 'top_p', '2', [200, 400]],
@@ -95,13 +95,13 @@ const numCase = (route, p, shape, good, [what, field, v, status, todo]) => ({
 for (const n of NUMS) cases.push(numCase('chat', '/v1/chat/completions', 'openai', chat, n));
 for (const n of [
   ['max_tokens 2^63', 'max_tokens', '9223372036854775808', [400, 402]],
-  ['max_tokens -1', 'max_tokens', '-1', 400, 'D2 reservation bypass: a negative max_tokens is admitted'],
+  ['max_tokens -1', 'max_tokens', '-1', 400],
   ['max_tokens 1e309', 'max_tokens', '1e309', 400],
   ['temperature "x"', 'temperature', '"x"', [200, 400]],
 ]) cases.push(numCase('messages', '/v1/messages', 'anthropic', anth, n));
 for (const n of [
   ['max_output_tokens 2^63', 'max_output_tokens', '9223372036854775808', [400, 402]],
-  ['max_output_tokens -5', 'max_output_tokens', '-5', 400, 'D2 reservation bypass: a negative max_output_tokens is admitted'],
+  ['max_output_tokens -5', 'max_output_tokens', '-5', 400],
   ['max_output_tokens 1e309', 'max_output_tokens', '1e309', 400],
 ]) cases.push(numCase('responses', '/v1/responses', 'openai', resp, n));
 
@@ -124,7 +124,6 @@ const INJECT = [
 for (const r of ROUTES.slice(0, 3)) {
   for (const [what, model] of INJECT) {
     cases.push({
-      ...(/[\r\n]/.test(model) ? { todo: 'D10 log escaping of CR/LF: the model is quoted raw into a stderr line (an unpriced-model warning)' } : {}),
       ...httpCase(`${r.route}: ${what}`, 'POST', r.path, { ...r.good('inject [mock chunks=1]'), model }, { status: [200, 400, 403, 404], shape: r.shape }),
       check: async (o, SS) => {
         assert.equal(o.res.headers['x-injected'], undefined, 'no injected response header');
