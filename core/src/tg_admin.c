@@ -541,11 +541,15 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
             case C_MONEY:
                 /* Past TG_MONEY_BALANCE_MAX the gateway could not hold it (was: accepted,
                  * then every request of the tenant 503). */
-                ok = json_is_number(v) ? json_number_value(v) >= 0 && json_number_value(v) <= 1e9 &&
-                                             fabs(json_number_value(v) * 1e9 - nearbyint(json_number_value(v) * 1e9)) < 1e-3
+                ok = json_is_number(v) ? json_number_value(v) >= 0 && json_number_value(v) <= 1e9
                                        : json_is_string(v) && is_decimal(json_string_value(v)) &&
-                                             !sub_nano(json_string_value(v)) &&
                                              tg_money_check(json_string_value(v)) == TG_OK;
+                /* A balance or budget is held in whole nano-USD (a price is per million
+                 * tokens and may be finer). */
+                if (ok && strcmp(r->path, "prices")) {
+                    double x = json_is_number(v) ? json_number_value(v) : 0;
+                    ok = json_is_number(v) ? fabs(x * 1e9 - nearbyint(x * 1e9)) < 1e-3 : !sub_nano(json_string_value(v));
+                }
                 break;
             case C_TEXTARR: {
                 ok = json_is_array(v) && json_array_size(v) <= 10000;
