@@ -11,6 +11,9 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 int tg_log_level = TG_LOG_INFO;
 
@@ -153,6 +156,35 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
     return len;
 }
 
+/* The length of the printable-ASCII run at s. Every access-log line passes here, so the
+ * common case is checked 16 bytes at a time (SSE2: a byte below 0x20 or at/above 0x80
+ * is below 0x20 as a signed byte; 0x7f separately), else 8 at a time (a word is skipped
+ * when none of its bytes is >= 0x80, < 0x20 or 0x7f; a borrow can only flag a byte too
+ * many, which the byte loop then settles). */
+static size_t ascii_run(const unsigned char *s, size_t n) {
+    size_t i = 0;
+#ifdef __SSE2__
+    const __m128i lo = _mm_set1_epi8(0x20), del = _mm_set1_epi8(0x7f);
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+        if (_mm_movemask_epi8(_mm_or_si128(_mm_cmplt_epi8(v, lo), _mm_cmpeq_epi8(v, del))))
+            break;
+    }
+#else
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w, d;
+        memcpy(&w, s + i, 8);
+        d = w ^ (0x7f * ones);
+        if ((w & highs) | ((w - 0x20 * ones) & ~w & highs) | ((d - ones) & ~d & highs))
+            break;
+    }
+#endif
+    while (i < n && s[i] >= 0x20 && s[i] < 0x7f)
+        i++;
+    return i;
+}
+
 void tg_buf_append_log_safe(tg_buf_t *b, const char *s, size_t n, int json) {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *u = (const unsigned char *)s;
@@ -160,8 +192,14 @@ void tg_buf_append_log_safe(tg_buf_t *b, const char *s, size_t n, int json) {
     while (i < n) {
         /* The clean run (printable ASCII and valid UTF-8) is copied in one piece. */
         size_t start = i, len;
-        while (i < n && u[i] >= 0x20 && u[i] != 0x7f && (len = utf8_seq(u + i, n - i)) > 0)
-            i += len;
+        for (;;) {
+            i += ascii_run(u + i, n - i);
+            if (i < n && u[i] >= 0x80 && (len = utf8_seq(u + i, n - i)) > 0) {
+                i += len;
+                continue;
+            }
+            break;
+        }
         if (i > start)
             tg_buf_append(b, s + start, i - start);
         if (i >= n)
