@@ -54,7 +54,7 @@ describe("tg_cdef", function()
     end)
 
     it("declares every tg_ffi_ function that tg_ffi.c defines", function()
-        local src = read("core/src/tg_ffi.c")
+        local src = read("core/src/policy/tg_ffi.c")
         for name in src:gmatch("\n[%w_ %*]-(tg_ffi_[%w_]+)%(") do
             if name ~= "tg_ffi_hook_name" and name ~= "tg_ffi_strerror" then
                 has(cdef, name .. "(")
