@@ -128,6 +128,7 @@ test('tollgate apply refuses the same values, naming the field, and writes nothi
     ['base_url', (s) => { s.accounts[0].base_url = 'http://user@127.0.0.1/v1'; }],
     ['credential', (s) => { s.accounts[0].credential = `${CRED}${INJECT}`; }],
     ['model_map', (s) => { s.accounts[0].model_map = { a: `b${INJECT}` }; }],
+    ['model_map', (s) => { s.accounts[0].model_map = { [`a${INJECT}`]: 'b' }; }],
     ['models', (s) => { s.accounts[0].models = [`m${INJECT}`]; }],
     ['name', (s) => { s.tenants[0].name = `acme${INJECT}`; }],
   ];

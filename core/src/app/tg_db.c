@@ -309,7 +309,11 @@ static int read_field(apply_t *a, const field_t *f, char **out) {
         if (!j)
             rc = afail(a, "%s must be a table of strings, numbers and booleans", f->lua);
         else if (why) {
-            rc = k ? afail(a, "%s[\"%.64s\"] %s", f->lua, k, why) : afail(a, "%s %s", f->lua, why);
+            /* The key as printable text: it may be the very control character refused. */
+            char shown[65] = "";
+            for (size_t i = 0; k && k[i] && i + 1 < sizeof(shown); i++)
+                shown[i] = (unsigned char)k[i] < 0x20 || k[i] == 0x7f ? '?' : k[i];
+            rc = k ? afail(a, "%s[\"%s\"] %s", f->lua, shown, why) : afail(a, "%s %s", f->lua, why);
             json_decref(j);
         } else {
             *out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
