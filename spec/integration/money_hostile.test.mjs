@@ -20,7 +20,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { sleep, startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
-import { adminClient, applyState, chat, metrics, request } from './lib/db.mjs';
+import { adminClient, applyState, chat, metrics, redisCli, request } from './lib/db.mjs';
 import {
   MODEL,
   billedSetup,
@@ -234,6 +234,10 @@ test('a poisoned element in the spool is quarantined, counted, and the settlemen
   const poison = { op: 'reserve', request_id: 'poisoned', attempt: 1, tenant_id: bill.tenantId, api_key_id: bill.keyId,
     amount: '-9223372036.854775808', model: MODEL, instance: 'gone' };
   fs.writeFileSync(path.join(g2dir, 'settlements-w0.jsonl'), `${JSON.stringify([poison, ...good])}\n${JSON.stringify(good)}\n`);
+  // And in the shared Redis, a dead gateway's hold of a key this Postgres does not know
+  // (another deployment): not recorded (its row would be refused at every pass).
+  const foreign = '{t:987654321}:holds';
+  await redisCli(bill.redis, 'HSET', foreign, 'foreign-req:1', `987654321|dead-instance|${Date.now() - 60000}|1000|${MODEL}`);
   const g2 = await startBilledGateway(bill, { workers: 1 }, { mock, spoolDir: g2dir });
   await waitUsageRow(bill, rid, 15000);
   await waitFor(async () => (await metrics(g2))['tollgate_billing_total{event="quarantined"}'] === 1,
@@ -244,6 +248,12 @@ test('a poisoned element in the spool is quarantined, counted, and the settlemen
   assert.match(q[0].error, /amount|check/);
   await waitFor(() => !fs.existsSync(path.join(g2dir, 'settlements-w0.jsonl.replay')), { timeout: 10000, what: 'the replay file done' });
   assert.equal((await usageRows(bill, rid)).length, 1, 'billed once');
+  // A few reconciler passes (every 500 ms; whichever gateway holds the lock scans).
+  await sleep(3000);
+  let q2 = 0;
+  for (const g of [gw, gwBroke, g2]) q2 += (await metrics(g))['tollgate_billing_total{event="quarantined"}'];
+  assert.equal(q2, 1, 'the foreign hold is left alone');
+  await redisCli(bill.redis, 'DEL', foreign);
   // Its live requests settle as usual.
   const r = await chat(g2, bill.key, chatBody('after the poison [mock chunks=2]', { maxTokens: 10 }));
   assert.equal(r.status, 200);

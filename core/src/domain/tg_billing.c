@@ -1182,7 +1182,10 @@ static const char ORPHANS_SQL[] =
     "EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = c.rid), "
     "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid AND u.attempts = c.att), 0) "
     "FROM jsonb_to_recordset($1::jsonb) AS c(rid text, att int, key_id bigint, ms bigint, amount bigint, model text, "
-    "instance text)";
+    "instance text) "
+    /* A hold of a key this Postgres does not know (another deployment on the same Redis)
+     * is not ours to record: its row would be refused (quarantined) at every pass. */
+    "WHERE EXISTS (SELECT 1 FROM api_keys k WHERE k.id = c.key_id)";
 
 typedef struct {
     tg_billing_t *b;
