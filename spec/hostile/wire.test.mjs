@@ -331,6 +331,23 @@ const cases = [
       return { res: null };
     },
   },
+  // The server's own answers (parser 400, 408, 413, 431) on /v1/messages are Anthropic's.
+  rawCase('messages: Content-Length + Transfer-Encoding is an Anthropic 400', (S2) => Buffer.from(`POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: ${S2.key}\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n`), { status: 400, shape: 'anthropic', close: true }),
+  rawCase('messages: a declared body over the limit is an Anthropic 413', (S2) => Buffer.from(`POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: ${S2.key}\r\ncontent-length: ${LIMITS.max_body_bytes + 1}\r\n\r\n`), { status: 413, shape: 'anthropic', close: true }),
+  rawCase('messages: headers over the limit are an Anthropic 431', (S2) => Buffer.from(`POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: ${S2.key}\r\nx-big: ${'v'.repeat(20000)}\r\n\r\n`), { status: 431, shape: 'anthropic', close: true }),
+  {
+    name: 'messages: a body trickled past body_timeout_ms is an Anthropic 408',
+    status: 408, shape: 'anthropic', close: true,
+    run: async (S2) => {
+      const b = JSON.stringify(anth('slow'));
+      const c = await RawConn.open(S2.gw.port);
+      await c.write(`POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: ${S2.key}\r\ncontent-type: application/json\r\ncontent-length: ${b.length}\r\n\r\n${b.slice(0, 5)}`);
+      const res = await c.response(LIMITS.body_timeout_ms + 3000);
+      const closed = await c.waitClose(1500);
+      c.destroy();
+      return { res, closed };
+    },
+  },
   rawCase('messages: wrong key on a raw socket is Anthropic-shaped', () => raw('POST', '/v1/messages', { headers: { 'x-api-key': 'nope' }, body: anth() }), { status: 401, shape: 'anthropic' }),
   rawCase('messages: bad JSON on a raw socket is Anthropic-shaped', (S2) => raw('POST', '/v1/messages', { headers: { 'x-api-key': S2.key }, body: '{"model":' }), { status: 400, shape: 'anthropic' }),
 ];
