@@ -5,7 +5,7 @@
 #                   real gateway (Postgres, Redis, billing, plugins) each; a case checks
 #                   status, error shape, the access log, that the worker still serves,
 #                   and each file ends with `tollgate ledger verify` (spec/hostile/lib.mjs).
-#   chaos.short     spec/chaos/run.sh in its short form (40 s of load): three gateways
+#   chaos.short     spec/chaos/run.sh in its short form (30 s of load): three gateways
 #                   under mixed load while instances, Redis and Postgres are killed and
 #                   restarted; its own private Postgres and Redis.
 #
@@ -37,7 +37,7 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/chaos/run.sh)
   # It starts its own Postgres and Redis (it restarts them), not spec/run.sh's.
   add_test(NAME chaos.short COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/chaos/run.sh)
   set_tests_properties(chaos.short PROPERTIES
-    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_CHAOS_SECONDS=40"
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_CHAOS_SECONDS=30"
     LABELS "hostile;integration"
     TIMEOUT 240
     SKIP_RETURN_CODE 77

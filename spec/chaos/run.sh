@@ -6,7 +6,7 @@
 # (after the reconciler's pass) and every bound of the README's Limits and Billing
 # sections holds. Everything it starts is stopped by PID at the end.
 #
-#   spec/chaos/run.sh                       the short form (60 s of load; ctest chaos.short)
+#   spec/chaos/run.sh                       60 s of load (ctest chaos.short runs 30 s)
 #   TG_CHAOS_SECONDS=600 spec/chaos/run.sh  the long form, for humans
 #   TG_CHAOS_CLIENTS=N                      concurrent clients (default 24)
 #   TG_BIN=path                             the binary (default build/tollgate)
