@@ -6,6 +6,7 @@
  * Responses are built by Postgres too (json_build_object), so NUMERIC money never passes
  * through a C double.
  */
+#include "tollgate/tg_access_log.h"
 #include "tollgate/tg_admin.h"
 
 #include <jansson.h>
@@ -212,20 +213,8 @@ static void admin_finish(tg_request_t *req, int aborted) {
     actx_t *a = req->handler_data;
     if (!a)
         return;
-    if (req->worker->gw->cfg->access_log) {
-        char line[512];
-        int n = snprintf(line, sizeof(line),
-                         "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"admin\",\"method\":\"%s\",\"path\":\"",
-                         (unsigned long long)tg_wall_ms(), req->id, llhttp_method_name((llhttp_method_t)req->method));
-        tg_buf_t b;
-        tg_buf_init(&b);
-        tg_buf_append(&b, line, (size_t)n);
-        tg_buf_append_json_escaped(&b, a->path, strlen(a->path));
-        tg_buf_printf(&b, "\",\"status\":%d,\"total_ms\":%.3f%s}", aborted && req->status < 400 ? 499 : req->status,
-                      (double)(tg_now_ns() - req->start_ns) / 1e6, aborted ? ",\"error\":\"client_disconnected\"" : "");
-        tg_worker_log(req->worker, b.data, b.len);
-        tg_buf_free(&b);
-    }
+    tg_access_line_t line = {.route = "admin", .path = a->path, .path_len = strlen(a->path)};
+    tg_access_log(req, aborted, &line);
     req->handler_data = NULL;
     actx_free(a);
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_access_log.h"
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_admin.h"
 #include "tollgate/tg_billing.h"
@@ -71,43 +72,74 @@ typedef struct proxy_req_s proxy_req_t;
 /* Which top-level members of the client's body a phase changed: only these are
  * rewritten in the bytes sent upstream (tg_json_set_members). */
 enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4, DIRTY_WHOLE = 8 /* re-serialise it all */ };
-/* Indexes in phases[] below: phase_admit (run again once a balance is loaded) and
- * phase_select (where a retry resumes). */
-enum { PHASE_ADMIT = 4, PHASE_SELECT = 6 };
+/* The pipeline's phases, in order; phases[] at the end of the file maps each to its
+ * function. A phase that waits resumes the pipeline where it left off (proxy_run); a
+ * balance load admits again from PH_ADMIT, a retry starts over from PH_SELECT. */
+typedef enum {
+    PH_ROUTE,
+    PH_AUTH,
+    PH_PARSE,
+    PH_PLUGINS,
+    PH_ADMIT,
+    PH_STICKY,
+    PH_SELECT,
+    PH_SLOT,
+    PH_RESERVE,
+    PH_UPSTREAM,
+    PH__COUNT
+} phase_t;
 typedef int (*phase_fn)(proxy_req_t *p);
+
+/*
+ * One upstream attempt: the account it goes to and everything its answer set. A retry
+ * frees what the attempt owns and zeroes it (attempt_reset), so nothing of a failed
+ * attempt reaches the next one by accident.
+ */
+typedef struct {
+    const tg_account_t *account;  /* NULL: the static upstream */
+    tg_upstream_t *up;
+    const char *credential;
+    tg_proto_t up_proto;          /* what the upstream speaks (p->proto: what the client speaks) */
+    tg_upcall_t *call;            /* the call in flight */
+    tg_health_entry_t *health;    /* of the account, while the call runs */
+    int upstream_status;
+    int up_err;                   /* tg_uperr_t of a failed upstream call, 0 none */
+    uint64_t first_byte_ns;
+    uint64_t first_token_ns;      /* the first content event of a stream */
+    int64_t stream_chunks;        /* content events streamed to the client */
+    tg_usage_t usage;
+    int strip_usage_chunk;        /* the client did not ask for the usage chunk we requested */
+    tg_sse_parser_t sse;          /* owned while sse_on */
+    int sse_on;
+    tg_xlate_t *xlate;            /* stream translator when the protocols differ (owned) */
+    int buffer_whole;             /* a translated non-stream or error answer: sent at the end */
+    int body_copy_over;           /* the answer outgrew body_copy */
+    int paused;                   /* the upstream read is paused for a slow client */
+    int deferred;                 /* the error answer is deferred: a retry may replace it */
+    int deferred_status;
+    char deferred_ctype[128];
+    char deferred_extra[1024];
+} attempt_t;
 
 struct proxy_req_s {
     struct proxy_req_s *next_spare; /* in the worker's spare list */
     tg_request_t *req;
     proxy_worker_t *pw;
-    int phase;
+    phase_t phase;                /* the next phase to run */
     const char *path;      /* path without query */
-    tg_upcall_t *call;
     json_t *json;          /* parsed request body */
     tg_buf_t upstream_req; /* bytes sent upstream */
     char model[128];
     int stream;
-    int strip_usage_chunk; /* the client did not ask for the usage chunk we requested */
-    int strip_usage_orig;  /* as decided from the request (reset on retry) */
-    tg_proto_t up_proto;   /* what the upstream speaks (p->proto: what the client speaks) */
-    tg_xlate_t *xlate;     /* stream translator when the two differ */
-    int buffer_whole;      /* a translated non-stream or error answer: sent at the end */
-    int upstream_status;
+    int strip_usage_orig;  /* the client did not ask for the usage chunk (each attempt's start) */
     tg_proto_t proto;
-    tg_sse_parser_t sse;
-    int sse_on;
-    tg_usage_t usage;
-    tg_buf_t body_copy;
-    int body_copy_over;
-    int paused;
-    uint64_t upstream_start_ns, first_byte_ns, upstream_end_ns;
+    tg_buf_t body_copy;           /* the attempt's answer, when read whole (kept across attempts) */
+    tg_buf_t deferred_body;       /* the attempt's deferred error body (kept across attempts) */
+    uint64_t upstream_start_ns, upstream_end_ns; /* the last attempt's call */
     const char *error;     /* short reason for the access log */
     tg_principal_t *principal;
     tg_auth_wait_t *auth_wait;
     tg_snapshot_t *snap;          /* kept while the account is in use */
-    const tg_account_t *account;  /* NULL: the static upstream */
-    tg_upstream_t *up;
-    const char *credential;
     unsigned json_dirty;          /* top-level members changed since the parse (DIRTY_*) */
     const char *limit_key;        /* the output-cap member phase_reserve set */
     int cap_added;                /* limit_key holds billing's default (the client set none) */
@@ -125,11 +157,9 @@ struct proxy_req_s {
     int balance_loads;            /* the admission asked for the live balance */
     char tenant_init[32], key_init[32]; /* the loaded balances, for the admission's retry */
     int64_t est_input;
-    int64_t stream_chunks;        /* content events streamed to the client */
-    uint64_t first_token_ns;      /* the first content event of a stream */
-    int up_err;                   /* tg_uperr_t of a failed upstream call, 0 none */
     /* Routing and retries. */
     int attempt;                  /* 1-based */
+    attempt_t at;                 /* the current attempt's state */
     int64_t tried[8];             /* accounts already tried */
     int ntried;
     int retry_other;              /* the next attempt must use another account if any */
@@ -138,12 +168,6 @@ struct proxy_req_s {
     uv_timer_t *slot_timer;       /* renews the slot lease while the call runs */
     int64_t slot_account;         /* holds a slot lease on this account */
     uint64_t slot_wait_since;     /* every account was full since (ms), 0 not waiting */
-    tg_health_entry_t *health;    /* of the current account, while a call runs */
-    int held;                     /* this attempt's error response is held back for a retry */
-    int held_status;
-    char held_ctype[128];
-    char held_extra[1024];
-    tg_buf_t held_body;
     uv_timer_t *retry_timer;
     char sticky_key[96];          /* Redis key of the sticky binding, "" none */
     int64_t sticky_account;       /* bound account (0 none) */
@@ -160,7 +184,7 @@ struct proxy_req_s {
 static void proxy_run(proxy_req_t *p);
 
 /* Time to first token: the first content event of a stream, else the first body byte. */
-#define TTFT_NS(p) ((p)->first_token_ns ? (p)->first_token_ns : (p)->first_byte_ns)
+#define TTFT_NS(p) ((p)->at.first_token_ns ? (p)->at.first_token_ns : (p)->at.first_byte_ns)
 
 /* ---- per-worker state --------------------------------------------------------------- */
 
@@ -304,6 +328,23 @@ static void preq_recycle(proxy_req_t *p) {
     TG_POISON(p, sizeof(*p));
 }
 
+/* Frees what an attempt owns (its stream parser and translator). */
+static void attempt_free(attempt_t *at) {
+    if (at->sse_on)
+        tg_sse_free(&at->sse);
+    tg_xlate_destroy(at->xlate);
+}
+
+/* A retry: the failed attempt's state goes, the next starts from zero (its answer
+ * buffers keep their memory). The call has ended and the account's health is settled. */
+static void attempt_reset(proxy_req_t *p) {
+    attempt_free(&p->at);
+    memset(&p->at, 0, sizeof(p->at));
+    p->at.strip_usage_chunk = p->strip_usage_orig;
+    tg_buf_reset(&p->body_copy);
+    tg_buf_reset(&p->deferred_body);
+}
+
 static void preq_free(proxy_req_t *p) {
     tg_state_auth_cancel(p->auth_wait);
     if (p->slot_rq)
@@ -317,7 +358,7 @@ static void preq_free(proxy_req_t *p) {
         uv_timer_stop(p->retry_timer);
         uv_close((uv_handle_t *)p->retry_timer, (uv_close_cb)free);
     }
-    tg_buf_free(&p->held_body);
+    tg_buf_free(&p->deferred_body);
     tg_reserve_detach(p->reserve);
     if (p->admit)
         tg_admit_cancel(p->admit);
@@ -332,28 +373,26 @@ static void preq_free(proxy_req_t *p) {
     if (p->json)
         json_decref(p->json);
     tg_buf_free(&p->upstream_req);
-    if (p->sse_on)
-        tg_sse_free(&p->sse);
-    tg_xlate_destroy(p->xlate);
+    attempt_free(&p->at);
     preq_recycle(p);
 }
 
 static void health_detach(proxy_req_t *p) {
     /* The client left: not the account's fault, so no EWMA change. */
-    if (p->health) {
-        if (p->health->inflight > 0)
-            p->health->inflight--;
-        p->health->probing = 0;
-        p->health = NULL;
+    if (p->at.health) {
+        if (p->at.health->inflight > 0)
+            p->at.health->inflight--;
+        p->at.health->probing = 0;
+        p->at.health = NULL;
     }
 }
 
 static void on_abort(tg_request_t *req) {
     proxy_req_t *p = req->handler_data;
     health_detach(p);
-    if (p->call) {
-        tg_upcall_abort(p->call);
-        p->call = NULL;
+    if (p->at.call) {
+        tg_upcall_abort(p->at.call);
+        p->at.call = NULL;
         p->upstream_end_ns = tg_now_ns();
     }
     p->error = "client_disconnected";
@@ -361,64 +400,52 @@ static void on_abort(tg_request_t *req) {
 
 static void on_drain(tg_request_t *req) {
     proxy_req_t *p = req->handler_data;
-    if (p->paused && p->call) {
-        p->paused = 0;
-        tg_upcall_resume(p->call);
+    if (p->at.paused && p->at.call) {
+        p->at.paused = 0;
+        tg_upcall_resume(p->at.call);
     }
 }
 
-static void access_log(proxy_req_t *p, tg_request_t *req, int aborted, uint64_t now) {
-    tg_buf_t b;
-    tg_buf_init(&b);
-    double total_ms = (double)(now - req->start_ns) / 1e6;
-    tg_buf_printf(&b, "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"%s\",\"method\":\"%s\",\"path\":\"",
-                  (unsigned long long)tg_wall_ms(), req->id, tg_route_name(req->route),
-                  llhttp_method_name((llhttp_method_t)req->method));
-    tg_buf_append_json_escaped(&b, p->path ? p->path : "", p->path ? strlen(p->path) : 0);
-    tg_buf_printf(&b, "\",\"status\":%d,\"client_ip\":\"%s\"", aborted && req->status < 400 ? 499 : req->status,
-                  req->client_ip);
-    if (p->upstream_start_ns && p->up)
-        tg_buf_printf(&b, ",\"upstream\":\"%s\",\"upstream_status\":%d", tg_upstream_name(p->up),
-                      p->upstream_status);
+/* The data plane's members of the access-log line (tg_access_log writes the rest). */
+static void access_log_more(void *ud, tg_buf_t *b, uint64_t now) {
+    proxy_req_t *p = ud;
+    tg_request_t *req = p->req;
+    if (p->upstream_start_ns && p->at.up)
+        tg_buf_printf(b, ",\"upstream\":\"%s\",\"upstream_status\":%d", tg_upstream_name(p->at.up),
+                      p->at.upstream_status);
     else
-        tg_buf_appends(&b, ",\"upstream\":null,\"upstream_status\":null");
-    if (p->account)
-        tg_buf_printf(&b, ",\"account_id\":%lld", (long long)p->account->id);
+        tg_buf_appends(b, ",\"upstream\":null,\"upstream_status\":null");
+    if (p->at.account)
+        tg_buf_printf(b, ",\"account_id\":%lld", (long long)p->at.account->id);
     if (p->principal && p->principal->key_id)
-        tg_buf_printf(&b, ",\"key_id\":%lld,\"tenant_id\":%lld", (long long)p->principal->key_id,
+        tg_buf_printf(b, ",\"key_id\":%lld,\"tenant_id\":%lld", (long long)p->principal->key_id,
                       (long long)p->principal->tenant_id);
     if (p->model[0]) {
-        tg_buf_appends(&b, ",\"model\":\"");
-        tg_buf_append_json_escaped(&b, p->model, strlen(p->model));
-        tg_buf_printf(&b, "\",\"stream\":%s", p->stream ? "true" : "false");
+        tg_buf_appends(b, ",\"model\":\"");
+        tg_buf_append_json_escaped(b, p->model, strlen(p->model));
+        tg_buf_printf(b, "\",\"stream\":%s", p->stream ? "true" : "false");
     }
-    tg_buf_printf(&b, ",\"bytes_in\":%llu,\"bytes_out\":%llu", (unsigned long long)req->bytes_in,
-                  (unsigned long long)req->bytes_out);
     if (TTFT_NS(p))
-        tg_buf_printf(&b, ",\"ttft_ms\":%.3f", (double)(TTFT_NS(p) - req->start_ns) / 1e6);
+        tg_buf_printf(b, ",\"ttft_ms\":%.3f", (double)(TTFT_NS(p) - req->start_ns) / 1e6);
     else
-        tg_buf_appends(&b, ",\"ttft_ms\":null");
+        tg_buf_appends(b, ",\"ttft_ms\":null");
+    double total_ms = (double)(now - req->start_ns) / 1e6;
     uint64_t up_ns = p->upstream_start_ns ? (p->upstream_end_ns ? p->upstream_end_ns : now) - p->upstream_start_ns : 0;
-    tg_buf_printf(&b, ",\"upstream_ms\":%.3f,\"total_ms\":%.3f,\"overhead_ms\":%.3f,\"usage\":",
-                  (double)up_ns / 1e6, total_ms, total_ms - (double)up_ns / 1e6);
-    tg_usage_append_json(&p->usage, &b);
+    tg_buf_printf(b, ",\"upstream_ms\":%.3f,\"overhead_ms\":%.3f,\"usage\":", (double)up_ns / 1e6,
+                  total_ms - (double)up_ns / 1e6);
+    tg_usage_append_json(&p->at.usage, b);
     if (p->traceparent[0])
-        tg_buf_printf(&b, ",\"traceparent\":\"%s\"", p->traceparent);
+        tg_buf_printf(b, ",\"traceparent\":\"%s\"", p->traceparent);
     if (p->ctx_on)
-        tg_plugins_log_json(&p->ctx, &b);
-    if (p->error)
-        tg_buf_printf(&b, ",\"error\":\"%s\"", p->error);
-    tg_buf_appends(&b, "}");
-    tg_worker_log(req->worker, b.data, b.len);
-    tg_buf_free(&b);
+        tg_plugins_log_json(&p->ctx, b);
 }
 
 static void on_finish(tg_request_t *req, int aborted) {
     proxy_req_t *p = req->handler_data;
     health_detach(p);
-    if (p->call) {
-        tg_upcall_abort(p->call);
-        p->call = NULL;
+    if (p->at.call) {
+        tg_upcall_abort(p->at.call);
+        p->at.call = NULL;
     }
     uint64_t now = tg_now_ns();
     tg_metrics_t *m = &req->worker->metrics;
@@ -431,47 +458,47 @@ static void on_finish(tg_request_t *req, int aborted) {
     }
     if (p->admit) {
         /* Counts past 2^40 are not believed (nor summed: they could wrap): unknown. */
-        int64_t actual = (p->usage.known & TG_USAGE_INPUT) && (p->usage.known & TG_USAGE_OUTPUT) &&
-                                 p->usage.input <= TG_USAGE_TOKENS_MAX && p->usage.output <= TG_USAGE_TOKENS_MAX &&
-                                 p->usage.cache_read <= TG_USAGE_TOKENS_MAX &&
-                                 p->usage.cache_write <= TG_USAGE_TOKENS_MAX
-                             ? p->usage.input + p->usage.output + p->usage.cache_read + p->usage.cache_write
+        int64_t actual = (p->at.usage.known & TG_USAGE_INPUT) && (p->at.usage.known & TG_USAGE_OUTPUT) &&
+                                 p->at.usage.input <= TG_USAGE_TOKENS_MAX && p->at.usage.output <= TG_USAGE_TOKENS_MAX &&
+                                 p->at.usage.cache_read <= TG_USAGE_TOKENS_MAX &&
+                                 p->at.usage.cache_write <= TG_USAGE_TOKENS_MAX
+                             ? p->at.usage.input + p->at.usage.output + p->at.usage.cache_read + p->at.usage.cache_write
                              : -1;
         tg_admit_release(p->admit, actual);
         p->admit = NULL;
     }
-    if (p->usage.known & TG_USAGE_INPUT)
-        atomic_fetch_add_explicit(&m->tokens_input, (uint64_t)p->usage.input, memory_order_relaxed);
-    if (p->usage.known & TG_USAGE_OUTPUT)
-        atomic_fetch_add_explicit(&m->tokens_output, (uint64_t)p->usage.output, memory_order_relaxed);
+    if (p->at.usage.known & TG_USAGE_INPUT)
+        atomic_fetch_add_explicit(&m->tokens_input, (uint64_t)p->at.usage.input, memory_order_relaxed);
+    if (p->at.usage.known & TG_USAGE_OUTPUT)
+        atomic_fetch_add_explicit(&m->tokens_output, (uint64_t)p->at.usage.output, memory_order_relaxed);
     int64_t cost = -1;
     int estimated = 0;
-    tg_usage_t billed = p->usage;
+    tg_usage_t billed = p->at.usage;
     if (p->reserved) {
         /* What the client got is what is billed: the upstream's numbers, or an estimate
          * from what was streamed when the client left before the upstream reported. */
-        int known = (p->usage.known & TG_USAGE_INPUT) && (p->usage.known & TG_USAGE_OUTPUT);
+        int known = (p->at.usage.known & TG_USAGE_INPUT) && (p->at.usage.known & TG_USAGE_OUTPUT);
         if (!known && aborted) {
             if (!(billed.known & TG_USAGE_INPUT))
                 billed.input = p->est_input;
             if (!(billed.known & TG_USAGE_OUTPUT))
-                billed.output = p->stream_chunks;
+                billed.output = p->at.stream_chunks;
             billed.known |= TG_USAGE_INPUT | TG_USAGE_OUTPUT;
             estimated = 1;
         }
     }
     if (p->ctx_on) {
         tg_hookctx_t *c = &p->ctx;
-        c->usage_input = p->usage.input;
-        c->usage_output = p->usage.output;
-        c->usage_cache_read = p->usage.cache_read;
-        c->usage_cache_write = p->usage.cache_write;
-        c->usage_reasoning = p->usage.reasoning;
-        c->usage_known = p->usage.known;
+        c->usage_input = p->at.usage.input;
+        c->usage_output = p->at.usage.output;
+        c->usage_cache_read = p->at.usage.cache_read;
+        c->usage_cache_write = p->at.usage.cache_write;
+        c->usage_reasoning = p->at.usage.reasoning;
+        c->usage_known = p->at.usage.known;
         c->status = aborted && req->status < 400 ? 499 : req->status;
         c->ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1;
         c->total_ms = (double)(now - req->start_ns) / 1e6;
-        if (p->usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE)) {
+        if (p->at.usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE)) {
             c->usage_input = billed.input;
             c->usage_output = billed.output;
             c->usage_known = billed.known;
@@ -484,15 +511,15 @@ static void on_finish(tg_request_t *req, int aborted) {
     }
     if (p->reserved && p->pw->billing) {
         int unknown = !((billed.known & TG_USAGE_INPUT) && (billed.known & TG_USAGE_OUTPUT));
-        int sent = p->up_err == TG_UPERR_TIMEOUT_FIRST_BYTE || p->up_err == TG_UPERR_TIMEOUT_IDLE ||
-                   p->up_err == TG_UPERR_RESET || p->up_err == TG_UPERR_PROTOCOL;
+        int sent = p->at.up_err == TG_UPERR_TIMEOUT_FIRST_BYTE || p->at.up_err == TG_UPERR_TIMEOUT_IDLE ||
+                   p->at.up_err == TG_UPERR_RESET || p->at.up_err == TG_UPERR_PROTOCOL;
         if (unknown && sent) {
             /* The upstream may have run it: never assume it did not. */
             tg_billing_unknown(p->pw->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved,
                                p->model, p->reserved_amount);
         } else {
             int clamped = 0, unreadable = 0;
-            if (unknown && !aborted && p->upstream_status >= 200 && p->upstream_status < 300 && !p->up_err) {
+            if (unknown && !aborted && p->at.upstream_status >= 200 && p->at.upstream_status < 300 && !p->at.up_err) {
                 /* A successful answer whose usage could not be read (absent, malformed):
                  * the provider billed it, so it is never free. Estimated as when the
                  * client leaves: the input estimate, and as output the content events
@@ -500,7 +527,7 @@ static void on_finish(tg_request_t *req, int aborted) {
                 if (!(billed.known & TG_USAGE_INPUT))
                     billed.input = p->est_input;
                 if (!(billed.known & TG_USAGE_OUTPUT))
-                    billed.output = p->stream ? p->stream_chunks : p->bound_output;
+                    billed.output = p->stream ? p->at.stream_chunks : p->bound_output;
                 billed.known |= TG_USAGE_INPUT | TG_USAGE_OUTPUT;
                 estimated = unreadable = 1;
                 unknown = 0;
@@ -532,7 +559,7 @@ static void on_finish(tg_request_t *req, int aborted) {
                 .tenant_id = p->principal->tenant_id,
                 .key_id = p->principal->key_id,
                 .group_id = p->principal->group_id,
-                .account_id = p->account ? p->account->id : 0,
+                .account_id = p->at.account ? p->at.account->id : 0,
                 .model = p->model,
                 .usage = billed,
                 .cost = cost,
@@ -548,8 +575,15 @@ static void on_finish(tg_request_t *req, int aborted) {
             tg_billing_settle(p->pw->billing, &s);
         }
     }
-    if (req->worker->gw->cfg->access_log && req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS)
-        access_log(p, req, aborted, now);
+    if (req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS) {
+        tg_access_line_t line = {.path = p->path ? p->path : "",
+                                 .path_len = p->path ? strlen(p->path) : 0,
+                                 .now_ns = now,
+                                 .error = p->error,
+                                 .more = access_log_more,
+                                 .ud = p};
+        tg_access_log(req, aborted, &line);
+    }
     req->handler_data = NULL;
     preq_free(p);
 }
@@ -823,7 +857,7 @@ static int phase_parse(proxy_req_t *p) {
             json_object_set_new(p->json, "stream_options", so);
         }
         if (!json_is_true(json_object_get(so, "include_usage"))) {
-            p->strip_usage_chunk = p->strip_usage_orig = 1;
+            p->at.strip_usage_chunk = p->strip_usage_orig = 1;
             json_object_set_new(so, "include_usage", json_true());
             p->json_dirty |= DIRTY_STREAM_OPTIONS;
         }
@@ -921,7 +955,7 @@ static void balance_loaded(void *ud, int status, const char *code, const char *m
     }
     snprintf(p->tenant_init, sizeof(p->tenant_init), "%s", tenant);
     snprintf(p->key_init, sizeof(p->key_init), "%s", key);
-    p->phase = PHASE_ADMIT; /* the script wrote nothing (its marker is gone): admit again */
+    p->phase = PH_ADMIT; /* the script wrote nothing (its marker is gone): admit again */
     proxy_run(p);
 }
 
@@ -1113,12 +1147,12 @@ static int money_bound(proxy_req_t *p) {
         amount = tg_price_usage(&price, &bound, p->principal->rate_multiplier_micro);
     } else {
         /* A client can repeat this at will: one line per model per minute on each worker,
-         * counting the ones held back. */
-        uint64_t held;
-        if (tg_log_level >= TG_LOG_WARN && tg_log_allow(p->model, strlen(p->model), tg_now_ms(), &held)) {
+         * counting the ones not written. */
+        uint64_t skipped;
+        if (tg_log_level >= TG_LOG_WARN && tg_log_allow(p->model, strlen(p->model), tg_now_ms(), &skipped)) {
             char more[64] = "";
-            if (held)
-                snprintf(more, sizeof(more), "; %llu more since the last such line", (unsigned long long)held);
+            if (skipped)
+                snprintf(more, sizeof(more), "; %llu more since the last such line", (unsigned long long)skipped);
             tg_log_warn("request %s: model \"%s\" has no price: metered at 0 (add it under prices)%s",
                         p->req->id, p->model, more);
         }
@@ -1295,10 +1329,10 @@ static int phase_sticky(proxy_req_t *p) {
 
 static void sticky_bind(proxy_req_t *p) {
     tg_redis_t *redis = tg_state_redis(p->req->worker->state);
-    if (!p->sticky_key[0] || !p->account || !redis)
+    if (!p->sticky_key[0] || !p->at.account || !redis)
         return;
     char id[24];
-    snprintf(id, sizeof(id), "%lld", (long long)p->account->id);
+    snprintf(id, sizeof(id), "%lld", (long long)p->at.account->id);
     const char *argv[5] = {"SET", p->sticky_key, id, "EX", "3600"};
     tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
 }
@@ -1319,7 +1353,7 @@ static void retry_timer_cb(uv_timer_t *t) {
 
 /* Resumes the pipeline at `phase` after delay_ms (a retry's backoff, a wait for the
  * account snapshot or for a free slot). One timer per request, made on first use. */
-static int run_phase_later(proxy_req_t *p, int phase, uint64_t delay_ms) {
+static int run_phase_later(proxy_req_t *p, phase_t phase, uint64_t delay_ms) {
     if (!p->retry_timer) {
         p->retry_timer = malloc(sizeof(uv_timer_t));
         if (!p->retry_timer)
@@ -1350,12 +1384,12 @@ static int phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
     if (!pr || !pr->group_id || !pw->accounts) {
-        p->up = pw->upstream;
-        p->credential = p->req->worker->gw->cfg->upstream.api_key;
-        p->up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider);
-        if (p->proto == TG_PROTO_EMBEDDINGS && p->up_proto != TG_PROTO_EMBEDDINGS)
+        p->at.up = pw->upstream;
+        p->at.credential = p->req->worker->gw->cfg->upstream.api_key;
+        p->at.up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider);
+        if (p->proto == TG_PROTO_EMBEDDINGS && p->at.up_proto != TG_PROTO_EMBEDDINGS)
             return fail(p, 400, "invalid_request_error", "unsupported", "embeddings need an OpenAI upstream");
-        if (!p->up)
+        if (!p->at.up)
             return fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
         return TG_OK;
     }
@@ -1368,7 +1402,7 @@ static int phase_select(proxy_req_t *p) {
     if (!p->snap) {
         /* Just started: the first snapshot is on its way; wait for it (up to 3 s). */
         if (tg_now_ns() - p->req->start_ns < 3000000000ull) {
-            return run_phase_later(p, PHASE_SELECT, 20);
+            return run_phase_later(p, PH_SELECT, 20);
         }
         return fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
     }
@@ -1422,11 +1456,11 @@ static int phase_select(proxy_req_t *p) {
 /* ---- phase: slot -------------------------------------------------------------------- */
 
 static void use_account(proxy_req_t *p, const tg_account_t *acc) {
-    p->account = acc;
+    p->at.account = acc;
     tg_health_get(p->pw->health, acc->id)->picks += 1;
-    p->up_proto = upstream_proto(p, acc->provider);
-    p->up = acc->upstream;
-    p->credential = acc->credential;
+    p->at.up_proto = upstream_proto(p, acc->provider);
+    p->at.up = acc->upstream;
+    p->at.credential = acc->credential;
     if (p->json) {
         const char *mapped = tg_account_map_model(acc, p->model);
         json_object_set_new(p->json, "model", json_string(mapped));
@@ -1537,7 +1571,7 @@ static int slot_try(proxy_req_t *p) {
         if (n > 0)
             p->norder = n;
         p->next_order = 0;
-        return run_phase_later(p, PHASE_SELECT + 1 /* phase_slot */, 20 + r % 30);
+        return run_phase_later(p, PH_SLOT, 20 + r % 30);
     }
     return fail_ex(p, 429, "rate_limit_error", "accounts_busy",
                    "every upstream account of this group is at its concurrency limit; retry shortly",
@@ -1593,21 +1627,21 @@ static void sse_event(void *ud, const char *event, size_t event_len, const char 
     if (data_len && (memmem(data, data_len, "\"content\"", 9) || memmem(data, data_len, "text_delta", 10) ||
                      memmem(data, data_len, "output_text.delta", 17))) {
         /* Time to first token: the first event that carries content. */
-        if (!p->stream_chunks++)
-            p->first_token_ns = tg_now_ns();
+        if (!p->at.stream_chunks++)
+            p->at.first_token_ns = tg_now_ns();
     }
     if (data_len && memmem(data, data_len, "usage", 5))
-        usage_found = tg_usage_merge_json(&p->usage, p->up_proto, data, data_len) == 1;
-    if (p->xlate) {
+        usage_found = tg_usage_merge_json(&p->at.usage, p->at.up_proto, data, data_len) == 1;
+    if (p->at.xlate) {
         tg_buf_t out;
         tg_buf_init(&out);
-        tg_xlate_event(p->xlate, event, event_len, data, data_len, &out);
+        tg_xlate_event(p->at.xlate, event, event_len, data, data_len, &out);
         if (out.len)
             tg_response_body(p->req, out.data, out.len);
         tg_buf_free(&out);
         return;
     }
-    if (!p->strip_usage_chunk)
+    if (!p->at.strip_usage_chunk)
         return;
     /* Re-emit the event unless it is the usage-only chunk the client did not ask for. */
     if (usage_found && data_len && memmem(data, data_len, "\"choices\":[]", 12))
@@ -1644,7 +1678,7 @@ static int retryable_status(int st) { return st == 429 || st == 529 || st == 401
 static int can_retry(const proxy_req_t *p) {
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     uint64_t elapsed = (tg_now_ns() - p->req->start_ns) / 1000000;
-    return p->account && !p->req->resp_started && is_model_route(p->req->route) &&
+    return p->at.account && !p->req->resp_started && is_model_route(p->req->route) &&
            p->attempt < cfg->routing.max_attempts &&
            elapsed < (uint64_t)cfg->routing.deadline_ms;
 }
@@ -1668,17 +1702,17 @@ static void cooldown_persisted(void *ud, const PGresult *res, const char *err) {
 
 /* Cools the account here and, through Postgres, everywhere (extends, never shortens). */
 static void cool_account(proxy_req_t *p, int64_t ms) {
-    if (!p->account || ms <= 0)
+    if (!p->at.account || ms <= 0)
         return;
     int64_t now = (int64_t)tg_wall_ms();
-    int64_t until = tg_health_cool(tg_health_get(p->pw->health, p->account->id), now, ms);
-    tg_log_info("request %s: account %s cools down for %lld ms (upstream %d)", p->req->id, p->account->name,
-                (long long)(until - now), p->upstream_status);
+    int64_t until = tg_health_cool(tg_health_get(p->pw->health, p->at.account->id), now, ms);
+    tg_log_info("request %s: account %s cools down for %lld ms (upstream %d)", p->req->id, p->at.account->name,
+                (long long)(until - now), p->at.upstream_status);
     tg_pg_t *pg = tg_state_pg(p->req->worker->state);
     if (!pg)
         return;
     char id[24], ts[32];
-    snprintf(id, sizeof(id), "%lld", (long long)p->account->id);
+    snprintf(id, sizeof(id), "%lld", (long long)p->at.account->id);
     snprintf(ts, sizeof(ts), "%lld", (long long)until);
     const char *params[2] = {id, ts};
     tg_pg_query(pg,
@@ -1697,9 +1731,9 @@ static void cool_account(proxy_req_t *p, int64_t ms) {
 static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms) {
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     /* Health and cooldown first: they apply whether or not we retry. */
-    if (p->health) {
-        tg_health_end(p->health, 0, -1);
-        p->health = NULL;
+    if (p->at.health) {
+        tg_health_end(p->at.health, 0, -1);
+        p->at.health = NULL;
     }
     if (status == 429)
         cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_429_ms);
@@ -1707,10 +1741,10 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_529_ms);
     else if (status == 401 || status == 403)
         cool_account(p, cfg->routing.cooldown_auth_ms);
-    else if (p->account && tg_health_get(p->pw->health, p->account->id)->err_ewma >= 0.5)
+    else if (p->at.account && tg_health_get(p->pw->health, p->at.account->id)->err_ewma >= 0.5)
         cool_account(p, cfg->routing.cooldown_5xx_ms);
     /* The static upstream of the config file is a single target: no retries there. */
-    if (!p->account || !can_retry(p))
+    if (!p->at.account || !can_retry(p))
         return 0;
     {
         /* Nothing left to retry on: the client gets this answer (with its Retry-After). */
@@ -1756,65 +1790,46 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
                                    p->attempt);
     /* Reset this attempt's upstream state and go back to account selection. */
-    if (p->account && p->ntried < 8)
-        p->tried[p->ntried++] = p->account->id;
+    if (p->at.account && p->ntried < 8)
+        p->tried[p->ntried++] = p->at.account->id;
     slot_release(p);
     p->retry_other = action == TG_RETRY_OTHER;
     p->attempt++;
-    p->account = NULL;
-    p->up = NULL;
-    p->first_byte_ns = 0;
-    p->first_token_ns = 0;
-    p->stream_chunks = 0;
-    p->upstream_status = 0;
-    p->up_err = 0;
-    memset(&p->usage, 0, sizeof(p->usage));
-    if (p->sse_on) {
-        tg_sse_free(&p->sse);
-        p->sse_on = 0;
-    }
-    p->strip_usage_chunk = p->strip_usage_orig;
-    tg_xlate_destroy(p->xlate);
-    p->xlate = NULL;
-    p->buffer_whole = 0;
-    tg_buf_reset(&p->body_copy);
-    p->body_copy_over = 0;
-    p->held = 0;
-    tg_buf_reset(&p->held_body);
+    attempt_reset(p);
     tg_log_info("request %s: attempt %d after upstream %d/%d in %lld ms (%s)", p->req->id, p->attempt, status, failure,
                 (long long)delay, action == TG_RETRY_SAME ? "same account" : "another account");
-    run_phase_later(p, PHASE_SELECT, (uint64_t)delay);
+    run_phase_later(p, PH_SELECT, (uint64_t)delay);
     return 1;
 }
 
 static void up_head(void *ud, const tg_uphead_t *head) {
     proxy_req_t *p = ud;
-    p->upstream_status = head->status;
+    p->at.upstream_status = head->status;
     if (retryable_status(head->status) && can_retry(p)) {
-        /* Held back: if a retry follows, the client never sees this attempt. */
-        p->held = 1;
-        p->held_status = head->status;
-        snprintf(p->held_ctype, sizeof(p->held_ctype), "%s", head->content_type ? head->content_type : "application/json");
-        int n = snprintf(p->held_extra, sizeof(p->held_extra), "%s", head->extra_headers ? head->extra_headers : "");
-        if (head->retry_after && n >= 0 && (size_t)n < sizeof(p->held_extra))
-            snprintf(p->held_extra + n, sizeof(p->held_extra) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
+        /* Deferred: if a retry follows, the client never sees this attempt. */
+        p->at.deferred = 1;
+        p->at.deferred_status = head->status;
+        snprintf(p->at.deferred_ctype, sizeof(p->at.deferred_ctype), "%s", head->content_type ? head->content_type : "application/json");
+        int n = snprintf(p->at.deferred_extra, sizeof(p->at.deferred_extra), "%s", head->extra_headers ? head->extra_headers : "");
+        if (head->retry_after && n >= 0 && (size_t)n < sizeof(p->at.deferred_extra))
+            snprintf(p->at.deferred_extra + n, sizeof(p->at.deferred_extra) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
         return;
     }
     int is_sse = head->content_type && strncasecmp(head->content_type, "text/event-stream", 17) == 0;
-    int translating = p->up_proto != p->proto;
+    int translating = p->at.up_proto != p->proto;
     if (is_sse && head->status == 200) {
-        tg_sse_init(&p->sse, SSE_EVENT_MAX, sse_event, p);
-        p->sse_on = 1;
+        tg_sse_init(&p->at.sse, SSE_EVENT_MAX, sse_event, p);
+        p->at.sse_on = 1;
         if (translating) {
-            p->xlate = tg_xlate_create(p->up_proto, p->proto, p->model, p->req->id);
-            if (p->xlate && p->proto == TG_PROTO_OPENAI_CHAT)
-                tg_xlate_set_usage_chunk(p->xlate, !p->strip_usage_orig);
+            p->at.xlate = tg_xlate_create(p->at.up_proto, p->proto, p->model, p->req->id);
+            if (p->at.xlate && p->proto == TG_PROTO_OPENAI_CHAT)
+                tg_xlate_set_usage_chunk(p->at.xlate, !p->strip_usage_orig);
         }
     } else {
-        p->strip_usage_chunk = 0;
+        p->at.strip_usage_chunk = 0;
         if (translating || (head->status >= 400 && p->proto == TG_PROTO_ANTHROPIC)) {
             /* A translated answer or error is sent whole at the end, in the client's shape. */
-            p->buffer_whole = 1;
+            p->at.buffer_whole = 1;
             return;
         }
     }
@@ -1839,35 +1854,35 @@ static void up_head(void *ud, const tg_uphead_t *head) {
      * chunk framing); streams and translated answers are chunked. */
     int64_t length = !is_sse && !translating ? head->content_length : -1;
     tg_response_start(p->req, head->status,
-                      p->xlate ? "text/event-stream" : head->content_type ? head->content_type : "application/json",
+                      p->at.xlate ? "text/event-stream" : head->content_type ? head->content_type : "application/json",
                       extra, length);
 }
 
 static void up_body(void *ud, const char *data, size_t n) {
     proxy_req_t *p = ud;
-    if (p->held) {
-        if (p->held_body.len + n <= 65536)
-            tg_buf_append(&p->held_body, data, n);
+    if (p->at.deferred) {
+        if (p->deferred_body.len + n <= 65536)
+            tg_buf_append(&p->deferred_body, data, n);
         return;
     }
-    if (!p->first_byte_ns)
-        p->first_byte_ns = tg_now_ns();
-    if (p->buffer_whole) {
+    if (!p->at.first_byte_ns)
+        p->at.first_byte_ns = tg_now_ns();
+    if (p->at.buffer_whole) {
         if (p->body_copy.len + n <= BODY_COPY_MAX)
             tg_buf_append(&p->body_copy, data, n);
         else
-            p->body_copy_over = 1;
+            p->at.body_copy_over = 1;
         return;
     }
-    if (p->sse_on) {
-        tg_sse_feed(&p->sse, data, n);
-        if (!p->strip_usage_chunk && !p->xlate)
+    if (p->at.sse_on) {
+        tg_sse_feed(&p->at.sse, data, n);
+        if (!p->at.strip_usage_chunk && !p->at.xlate)
             tg_response_body(p->req, data, n);
     } else {
         tg_response_body(p->req, data, n);
-        if (!p->body_copy_over) {
+        if (!p->at.body_copy_over) {
             if (p->body_copy.len + n > BODY_COPY_MAX) {
-                p->body_copy_over = 1;
+                p->at.body_copy_over = 1;
                 tg_buf_free(&p->body_copy);
             } else {
                 tg_buf_append(&p->body_copy, data, n);
@@ -1875,60 +1890,60 @@ static void up_body(void *ud, const char *data, size_t n) {
         }
     }
     /* Back-pressure: a slow client pauses the upstream instead of growing our buffers. */
-    if (p->call && !p->paused &&
+    if (p->at.call && !p->at.paused &&
         tg_request_write_queue(p->req) > p->req->worker->gw->cfg->limits.max_write_buffer) {
-        p->paused = 1;
-        tg_upcall_pause(p->call);
+        p->at.paused = 1;
+        tg_upcall_pause(p->at.call);
     }
 }
 
 static void up_done(void *ud) {
     proxy_req_t *p = ud;
-    p->call = NULL;
+    p->at.call = NULL;
     p->upstream_end_ns = tg_now_ns();
-    if (p->held) {
-        const char *ra = strstr(p->held_extra, "Retry-After: ");
+    if (p->at.deferred) {
+        const char *ra = strstr(p->at.deferred_extra, "Retry-After: ");
         int64_t retry_after = ra ? parse_retry_after_ms(ra + 13) : -1;
         p->error = "upstream_error";
-        int status = p->held_status;
+        int status = p->at.deferred_status;
         if (maybe_retry(p, status, TG_UPFAIL_STATUS, retry_after))
             return;
         /* Giving up: the client gets this attempt's answer (in its own protocol's shape). */
-        p->held = 0;
-        if (p->up_proto != p->proto || p->proto == TG_PROTO_ANTHROPIC) {
+        p->at.deferred = 0;
+        if (p->at.up_proto != p->proto || p->proto == TG_PROTO_ANTHROPIC) {
             tg_buf_t out;
             tg_buf_init(&out);
-            tg_translate_error(p->proto, status, p->held_body.data ? p->held_body.data : "", p->held_body.len, &out);
-            tg_response_start(p->req, status, "application/json", p->held_extra, (int64_t)out.len);
+            tg_translate_error(p->proto, status, p->deferred_body.data ? p->deferred_body.data : "", p->deferred_body.len, &out);
+            tg_response_start(p->req, status, "application/json", p->at.deferred_extra, (int64_t)out.len);
             tg_response_body(p->req, out.data, out.len);
             tg_buf_free(&out);
         } else {
-            tg_response_start(p->req, status, p->held_ctype, p->held_extra, (int64_t)p->held_body.len);
-            tg_response_body(p->req, p->held_body.data, p->held_body.len);
+            tg_response_start(p->req, status, p->at.deferred_ctype, p->at.deferred_extra, (int64_t)p->deferred_body.len);
+            tg_response_body(p->req, p->deferred_body.data, p->deferred_body.len);
         }
         tg_response_end(p->req);
         return;
     }
-    if (p->health) {
-        int ok = p->upstream_status < 500 && p->upstream_status != 429;
+    if (p->at.health) {
+        int ok = p->at.upstream_status < 500 && p->at.upstream_status != 429;
         double ttft = TTFT_NS(p) ? (double)(TTFT_NS(p) - p->upstream_start_ns) / 1e6 : -1;
-        tg_health_end(p->health, ok, ttft);
-        p->health = NULL;
+        tg_health_end(p->at.health, ok, ttft);
+        p->at.health = NULL;
     }
-    if (p->upstream_status == 200)
+    if (p->at.upstream_status == 200)
         sticky_bind(p);
-    if (!p->first_byte_ns)
-        p->first_byte_ns = p->upstream_end_ns;
-    if (!p->sse_on && p->body_copy.len && p->upstream_status < 300)
-        tg_usage_merge_json(&p->usage, p->up_proto, p->body_copy.data, p->body_copy.len);
-    if (p->buffer_whole) {
+    if (!p->at.first_byte_ns)
+        p->at.first_byte_ns = p->upstream_end_ns;
+    if (!p->at.sse_on && p->body_copy.len && p->at.upstream_status < 300)
+        tg_usage_merge_json(&p->at.usage, p->at.up_proto, p->body_copy.data, p->body_copy.len);
+    if (p->at.buffer_whole) {
         tg_buf_t out;
         tg_buf_init(&out);
-        int status = p->upstream_status;
-        if (p->body_copy_over) {
+        int status = p->at.upstream_status;
+        if (p->at.body_copy_over) {
             fail(p, 502, "upstream_error", "upstream_error", "the upstream's answer is too large to translate");
         } else if (status < 300) {
-            if (tg_translate_response(p->up_proto, p->proto, p->body_copy.data ? p->body_copy.data : "", p->body_copy.len,
+            if (tg_translate_response(p->at.up_proto, p->proto, p->body_copy.data ? p->body_copy.data : "", p->body_copy.len,
                                       p->model, &out) == TG_OK)
                 tg_response_send(p->req, status, "application/json", NULL, out.data, out.len);
             else
@@ -1940,10 +1955,10 @@ static void up_done(void *ud) {
         tg_buf_free(&out);
         return;
     }
-    if (p->xlate) {
+    if (p->at.xlate) {
         tg_buf_t out;
         tg_buf_init(&out);
-        tg_xlate_finish(p->xlate, &out);
+        tg_xlate_finish(p->at.xlate, &out);
         if (out.len)
             tg_response_body(p->req, out.data, out.len);
         tg_buf_free(&out);
@@ -1954,23 +1969,23 @@ static void up_done(void *ud) {
 static void up_error(void *ud, tg_uperr_t err, const char *msg) {
     proxy_req_t *p = ud;
     tg_request_t *req = p->req;
-    p->call = NULL;
-    p->up_err = (int)err;
+    p->at.call = NULL;
+    p->at.up_err = (int)err;
     p->upstream_end_ns = tg_now_ns();
     atomic_fetch_add_explicit(&req->worker->metrics.upstream_errors, 1, memory_order_relaxed);
-    tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->up), msg);
+    tg_log_warn("request %s: upstream %s: %s", req->id, tg_upstream_name(p->at.up), msg);
     if (!req->resp_started) {
         int failure = err == TG_UPERR_CONNECT              ? TG_UPFAIL_CONNECT
                       : err == TG_UPERR_TIMEOUT_CONNECT    ? TG_UPFAIL_TIMEOUT_CONNECT
                       : err == TG_UPERR_TIMEOUT_FIRST_BYTE ? TG_UPFAIL_TIMEOUT_FIRST_BYTE
                       : err == TG_UPERR_TIMEOUT_IDLE       ? TG_UPFAIL_TIMEOUT_IDLE
                                                            : TG_UPFAIL_RESET;
-        p->held = 0;
+        p->at.deferred = 0;
         if (maybe_retry(p, 0, failure, -1))
             return;
-    } else if (p->health) {
-        tg_health_end(p->health, 0, -1);
-        p->health = NULL;
+    } else if (p->at.health) {
+        tg_health_end(p->at.health, 0, -1);
+        p->at.health = NULL;
     }
     if (req->resp_started) {
         p->error = "upstream_reset";
@@ -2058,7 +2073,7 @@ static int model_takes_max_tokens(const tg_config_t *cfg, const char *model) {
  * in a pass-through is the client's choice and goes as sent. `doc` is the translated
  * body, or p->json for a pass-through. */
 static void output_cap(proxy_req_t *p, json_t *doc, int translated) {
-    if (p->up_proto != TG_PROTO_OPENAI_CHAT)
+    if (p->at.up_proto != TG_PROTO_OPENAI_CHAT)
         return;
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     const char *want = model_takes_max_tokens(cfg, json_string_value(json_object_get(doc, "model")))
@@ -2085,14 +2100,14 @@ static void output_cap(proxy_req_t *p, json_t *doc, int translated) {
 
 static int phase_upstream(proxy_req_t *p) {
     tg_request_t *req = p->req;
-    tg_upstream_t *u = p->up;
+    tg_upstream_t *u = p->at.up;
     /* The credential becomes a header line: one with CR, LF or another control byte is
      * never sent (the admin API, apply, the config and the account loader refuse it
      * first; this is the last line). The URL's parts were checked by tg_upstream_create. */
-    if (p->credential && tg_valid_no_ctl(p->credential, strlen(p->credential))) {
+    if (p->at.credential && tg_valid_no_ctl(p->at.credential, strlen(p->at.credential))) {
         atomic_fetch_add_explicit(&req->worker->metrics.upstream_refused, 1, memory_order_relaxed);
         tg_log_error("request %s: account %lld: the credential holds a control character; the request is not sent",
-                     req->id, p->account ? (long long)p->account->id : 0LL);
+                     req->id, p->at.account ? (long long)p->at.account->id : 0LL);
         return fail(p, 502, "server_error", "upstream_request_refused",
                     "the gateway refused to send this request upstream: its account's credential holds characters "
                     "not allowed in an HTTP header");
@@ -2108,14 +2123,14 @@ static int phase_upstream(proxy_req_t *p) {
     const char *suffix = "/models";
     if (is_model_route(req->route)) {
         method = "POST";
-        suffix = tg_translate_path(p->up_proto);
-        if (p->up_proto != p->proto) {
+        suffix = tg_translate_path(p->at.up_proto);
+        if (p->at.up_proto != p->proto) {
             /* Another protocol upstream: the request is translated (the model already
              * mapped for the account is in p->json). */
             json_t *out = NULL;
             char err[256];
             json_t *m = json_object_get(p->json, "model");
-            if (tg_translate_request(p->proto, p->up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
+            if (tg_translate_request(p->proto, p->at.up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
                 TG_OK)
                 return fail(p, 400, "invalid_request_error", "untranslatable_request", err);
             output_cap(p, out, 1);
@@ -2139,13 +2154,13 @@ static int phase_upstream(proxy_req_t *p) {
     tg_buf_appends(b, suffix);
     tg_buf_appends(b, " HTTP/1.1\r\nHost: ");
     tg_buf_appends(b, tg_upstream_host_header(u));
-    if (p->credential && p->up_proto == TG_PROTO_ANTHROPIC) {
+    if (p->at.credential && p->at.up_proto == TG_PROTO_ANTHROPIC) {
         tg_buf_appends(b, "\r\nx-api-key: ");
-        tg_buf_appends(b, p->credential);
+        tg_buf_appends(b, p->at.credential);
         tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");
-    } else if (p->credential) {
+    } else if (p->at.credential) {
         tg_buf_appends(b, "\r\nAuthorization: Bearer ");
-        tg_buf_appends(b, p->credential);
+        tg_buf_appends(b, p->at.credential);
     }
     tg_buf_appends(b, "\r\nx-request-id: ");
     tg_buf_appends(b, req->id);
@@ -2166,22 +2181,25 @@ static int phase_upstream(proxy_req_t *p) {
     }
     free(body);
     p->upstream_start_ns = tg_now_ns();
-    if (p->account) {
-        p->health = tg_health_get(p->pw->health, p->account->id);
-        tg_health_begin(p->health);
+    if (p->at.account) {
+        p->at.health = tg_health_get(p->pw->health, p->at.account->id);
+        tg_health_begin(p->at.health);
     }
-    p->call = tg_upcall_start(u, b, &up_cbs, p);
+    p->at.call = tg_upcall_start(u, b, &up_cbs, p);
     return TG_AGAIN;
 }
 
 /* ---- the pipeline ------------------------------------------------------------------- */
 
-static const phase_fn phases[] = {phase_route,  phase_auth,   phase_parse, phase_plugins, phase_admit,
-                                  phase_sticky, phase_select, phase_slot,  phase_reserve, phase_upstream};
-
+static const phase_fn phases[PH__COUNT] = {
+    [PH_ROUTE] = phase_route,   [PH_AUTH] = phase_auth,     [PH_PARSE] = phase_parse,
+    [PH_PLUGINS] = phase_plugins, [PH_ADMIT] = phase_admit,   [PH_STICKY] = phase_sticky,
+    [PH_SELECT] = phase_select, [PH_SLOT] = phase_slot,     [PH_RESERVE] = phase_reserve,
+    [PH_UPSTREAM] = phase_upstream,
+};
 
 static void proxy_run(proxy_req_t *p) {
-    while (p->phase < (int)(sizeof(phases) / sizeof(phases[0]))) {
+    while (p->phase < PH__COUNT) {
         int rc = phases[p->phase++](p);
         if (rc == TG_OK)
             continue;

@@ -11,6 +11,7 @@
  * behind one mutex; every operation on it is a short scan of at most TG_UI_MAX_SESSIONS
  * entries and no I/O happens while it is held.
  */
+#include "tollgate/tg_access_log.h"
 #include "tollgate/tg_ui.h"
 
 #include <arpa/inet.h>
@@ -598,19 +599,8 @@ static void serve_static(tg_request_t *req, const char *path) {
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static void ui_finish(tg_request_t *req, int aborted) {
-    if (!req->worker->gw->cfg->access_log)
-        return;
-    tg_buf_t b;
-    tg_buf_init(&b);
-    tg_buf_printf(&b, "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"admin_ui\",\"method\":\"%s\",\"path\":\"",
-                  (unsigned long long)tg_wall_ms(), req->id, llhttp_method_name((llhttp_method_t)req->method));
-    const char *path = req->url.data ? req->url.data : "";
-    tg_buf_append_json_escaped(&b, path, strlen(path));
-    tg_buf_printf(&b, "\",\"status\":%d,\"bytes_out\":%llu,\"total_ms\":%.3f%s}",
-                  aborted && req->status < 400 ? 499 : req->status, (unsigned long long)req->bytes_out,
-                  (double)(tg_now_ns() - req->start_ns) / 1e6, aborted ? ",\"error\":\"client_disconnected\"" : "");
-    tg_worker_log(req->worker, b.data, b.len);
-    tg_buf_free(&b);
+    tg_access_line_t line = {.route = "admin_ui"};
+    tg_access_log(req, aborted, &line);
 }
 
 void tg_ui_handle(tg_request_t *req, const char *path) {

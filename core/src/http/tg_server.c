@@ -7,6 +7,7 @@
  * BODY (body timeout), PROCESSING (the handler owns the request; input is still read
  * so that a disconnect is seen at once and pipelined requests wait in `in`).
  */
+#include "tollgate/tg_access_log.h"
 #include "tollgate/tg_server.h"
 
 #include <arpa/inet.h>
@@ -702,28 +703,29 @@ static void dispatch(tg_conn_t *c) {
  * The access-log line of a request the server answered itself — refused by the parser
  * (400), too large (413, 431), not received in time (408) — which no handler saw.
  */
+static void early_more(void *ud, tg_buf_t *line, uint64_t now_ns) {
+    TG_UNUSED(ud);
+    TG_UNUSED(now_ns);
+    tg_buf_appends(line, ",\"upstream\":null,\"upstream_status\":null");
+}
+
 static void early_finish(tg_request_t *req, int aborted) {
     tg_conn_t *c = req->conn;
-    if (!req->worker->gw->cfg->access_log)
-        return;
     const char *method = "-";
     if (c->state == CONN_BODY || c->state == CONN_PROCESSING)
         method = llhttp_method_name((llhttp_method_t)req->method);
     else if (c->have_method)
         method = llhttp_method_name((llhttp_method_t)llhttp_get_method(&c->parser));
-    uint64_t in = req->bytes_in ? req->bytes_in : c->header_bytes + req->body.len;
-    tg_buf_t b;
-    tg_buf_init(&b);
-    tg_buf_printf(&b, "{\"ts\":%llu,\"request_id\":\"%s\",\"route\":\"other\",\"method\":\"%s\",\"path\":\"",
-                  (unsigned long long)tg_wall_ms(), req->id, method);
-    tg_buf_append_json_escaped(&b, req->url.data ? req->url.data : "", req->url.len);
-    tg_buf_printf(&b, "\",\"status\":%d,\"client_ip\":\"%s\",\"upstream\":null,\"upstream_status\":null,"
-                      "\"bytes_in\":%llu,\"bytes_out\":%llu,\"total_ms\":%.3f,\"error\":\"%s\"}",
-                  aborted && req->status < 400 ? 499 : req->status, req->client_ip, (unsigned long long)in,
-                  (unsigned long long)req->bytes_out, (double)(tg_now_ns() - req->start_ns) / 1e6,
-                  c->early_code ? c->early_code : "client_disconnected");
-    tg_worker_log(req->worker, b.data, b.len);
-    tg_buf_free(&b);
+    tg_access_line_t line = {
+        .route = "other",
+        .method = method,
+        .path = req->url.data ? req->url.data : "",
+        .path_len = req->url.data ? req->url.len : 0,
+        .bytes_in = req->bytes_in ? req->bytes_in : c->header_bytes + req->body.len,
+        .error = c->early_code,
+        .more = early_more,
+    };
+    tg_access_log(req, aborted, &line);
 }
 
 /*
