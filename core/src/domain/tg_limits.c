@@ -238,14 +238,14 @@ static const char RENEW_LUA[] =
 #define RELEASE_RETRIES 5
 #define RELEASE_PENDING_MAX 4096
 
-/* How long requests of a scope held their concurrency slot, for Retry-After (see
+/* How long requests of a scope occupied their concurrency slot, for Retry-After (see
  * conc_retry_ms): a small direct-mapped table per worker; a collision just replaces. */
-#define HOLD_SLOTS 256
+#define OCCUPANCY_SLOTS 256
 
 typedef struct {
     int64_t scope;   /* key id · 2, or tenant id · 2 + 1 */
     uint32_t ewma_ms;
-} hold_t;
+} occupancy_t;
 
 struct tg_limits_s {
     uv_loop_t *loop;
@@ -256,7 +256,7 @@ struct tg_limits_s {
     int queued;
     tg_admit_t *releasing; /* releases waiting for their reply or for a retry */
     int nreleasing;
-    hold_t hold[HOLD_SLOTS];
+    occupancy_t occupancy[OCCUPANCY_SLOTS];
     tg_limits_stats_t stats;
 };
 
@@ -706,13 +706,13 @@ static void down_later(tg_admit_t *a) {
 
 /* ---- waiting for a slot -------------------------------------------------------------- */
 
-static hold_t *hold_slot(tg_limits_t *l, int64_t scope) {
-    return &l->hold[((uint64_t)scope * 0x9E3779B97F4A7C15ull) >> 56 & (HOLD_SLOTS - 1)];
+static occupancy_t *occupancy_slot(tg_limits_t *l, int64_t scope) {
+    return &l->occupancy[((uint64_t)scope * 0x9E3779B97F4A7C15ull) >> 56 & (OCCUPANCY_SLOTS - 1)];
 }
 
-/* A request with a concurrency limit ended: how long it held its slot(s), as an
+/* A request with a concurrency limit ended: how long it occupied its slot(s), as an
  * exponentially weighted average (weight 1/4) per scope. */
-static void hold_note(tg_limits_t *l, const tg_admit_t *a) {
+static void occupancy_note(tg_limits_t *l, const tg_admit_t *a) {
     uint64_t ms = tg_now_ms() - a->admitted_ms;
     uint32_t v = (uint32_t)TG_MIN(TG_MAX(ms, 1u), 3600000u);
     int64_t scopes[2] = {a->lim.key_conc >= 0 ? a->lim.key_id * 2 : -1,
@@ -720,9 +720,9 @@ static void hold_note(tg_limits_t *l, const tg_admit_t *a) {
     for (int i = 0; i < 2; i++) {
         if (scopes[i] < 0)
             continue;
-        hold_t *h = hold_slot(l, scopes[i]);
+        occupancy_t *h = occupancy_slot(l, scopes[i]);
         if (h->scope != scopes[i] || !h->ewma_ms)
-            *h = (hold_t){scopes[i], v};
+            *h = (occupancy_t){scopes[i], v};
         else
             h->ewma_ms = (3 * h->ewma_ms + v) / 4;
     }
@@ -730,16 +730,16 @@ static void hold_note(tg_limits_t *l, const tg_admit_t *a) {
 
 /*
  * Retry-After of a concurrency refusal (the wait queue timed out or is full): with n slots
- * held by requests that each hold one for D on average, one frees every D / n on average,
+ * occupied by requests that each occupy one for D on average, one frees every D / n on average,
  * so that is the answer, D being how long this worker's recent requests of the refusing
- * scope held theirs. Without such a request yet, the queue timeout: at least that long no
+ * scope occupied theirs. Without such a request yet, the queue timeout: at least that long no
  * slot came free for a waiter. Always between 1 s and 60 s.
  */
 static int64_t conc_retry_ms(tg_limits_t *l, const tg_admit_t *a) {
     int tenant = a->refused_by == 6;
     int64_t scope = tenant ? a->lim.tenant_id * 2 + 1 : a->lim.key_id * 2;
     int64_t limit = tenant ? a->lim.tenant_conc : a->lim.key_conc;
-    const hold_t *h = hold_slot(l, scope);
+    const occupancy_t *h = occupancy_slot(l, scope);
     int64_t ms = h->scope == scope && h->ewma_ms ? (int64_t)h->ewma_ms / TG_MAX(limit, 1) : l->cfg.queue_timeout_ms;
     if (limit == 0)
         ms = 60000; /* no slot ever frees */
@@ -1152,7 +1152,7 @@ void tg_admit_release(tg_admit_t *a, int64_t actual_tokens) {
         admit_free(a);
     } else {
         if (conc && a->admitted_ms) /* 0: admitted open while Redis was down */
-            hold_note(l, a);
+            occupancy_note(l, a);
         release_begin(l, a, actual_tokens);
     }
     if (conc)
