@@ -90,6 +90,9 @@ typedef enum {
 } phase_t;
 typedef int (*phase_fn)(proxy_req_t *p);
 
+/* Each kind of resource a request may hold has one cleanup (see cleanup_add). */
+#define CLEANUPS_MAX 16
+
 /*
  * One upstream attempt: the account it goes to and everything its answer set. A retry
  * frees what the attempt owns and zeroes it (attempt_reset), so nothing of a failed
@@ -173,6 +176,8 @@ struct proxy_req_s {
     int64_t sticky_account;       /* bound account (0 none) */
     tg_redis_req_t *sticky_rq;
     char traceparent[56];
+    void (*cleanups[CLEANUPS_MAX])(proxy_req_t *p); /* run newest first by preq_free */
+    int ncleanups;
     /* Large arrays, written before they are read: not zeroed at allocation (this is
      * most of the struct). Keep them last: preq_new zeroes everything before `ctx`. */
     tg_hookctx_t ctx;             /* what the plugin hooks see (tg_plugins_begin zeroes it) */
@@ -345,36 +350,83 @@ static void attempt_reset(proxy_req_t *p) {
     tg_buf_reset(&p->deferred_body);
 }
 
+/*
+ * What a request holds is given back by the cleanup registered where it was taken (as
+ * nginx's pool cleanups): preq_free runs them newest first, so what was taken later goes
+ * first (a hold before the principal it names). A cleanup reads the request's fields when
+ * it runs: a resource already given back on the way (an answered lookup, a released lease)
+ * is skipped. Each kind is registered once per request, however often it is taken.
+ */
+static void cleanup_add(proxy_req_t *p, void (*fn)(proxy_req_t *p)) {
+    for (int i = 0; i < p->ncleanups; i++)
+        if (p->cleanups[i] == fn)
+            return;
+    if (p->ncleanups >= CLEANUPS_MAX)
+        abort();
+    p->cleanups[p->ncleanups++] = fn;
+}
+
 static void preq_free(proxy_req_t *p) {
-    tg_state_auth_cancel(p->auth_wait);
-    if (p->slot_rq)
-        tg_redis_cancel(p->slot_rq);
+    while (p->ncleanups > 0)
+        p->cleanups[--p->ncleanups](p);
+    preq_recycle(p);
+}
+
+static void cleanup_auth_wait(proxy_req_t *p) { tg_state_auth_cancel(p->auth_wait); }
+
+static void cleanup_principal(proxy_req_t *p) { tg_principal_release(p->principal); }
+
+static void cleanup_json(proxy_req_t *p) {
+    if (p->json)
+        json_decref(p->json);
+}
+
+static void cleanup_plugins(proxy_req_t *p) {
+    if (p->ctx_on)
+        tg_plugins_end(p->pw->plugins, &p->ctx);
+}
+
+static void cleanup_admit(proxy_req_t *p) {
+    if (p->admit)
+        tg_admit_cancel(p->admit);
+}
+
+/* Admitted and reserved, but the upstream was never called (no account, the client
+ * left): the hold goes straight back and nothing is recorded. */
+static void cleanup_money_held(proxy_req_t *p) {
+    if (p->money_held && p->pw->billing)
+        tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id, 1);
+}
+
+/* A reservation or a balance load in flight. */
+static void cleanup_reserve(proxy_req_t *p) { tg_reserve_detach(p->reserve); }
+
+static void cleanup_sticky(proxy_req_t *p) {
     if (p->sticky_rq)
         tg_redis_cancel(p->sticky_rq);
+}
+
+static void cleanup_snapshot(proxy_req_t *p) { tg_snapshot_release(p->snap); }
+
+static void cleanup_retry_timer(proxy_req_t *p) {
+    uv_timer_stop(p->retry_timer);
+    uv_close((uv_handle_t *)p->retry_timer, (uv_close_cb)free);
+}
+
+/* The account slot: the lookup in flight, the lease, its renewal timer. */
+static void cleanup_slot(proxy_req_t *p) {
+    if (p->slot_rq)
+        tg_redis_cancel(p->slot_rq);
     slot_release(p);
     if (p->slot_timer)
         uv_close((uv_handle_t *)p->slot_timer, (uv_close_cb)free);
-    if (p->retry_timer) {
-        uv_timer_stop(p->retry_timer);
-        uv_close((uv_handle_t *)p->retry_timer, (uv_close_cb)free);
-    }
-    tg_buf_free(&p->deferred_body);
-    tg_reserve_detach(p->reserve);
-    if (p->admit)
-        tg_admit_cancel(p->admit);
-    /* Admitted and reserved, but the upstream was never called (no account, the client
-     * left): the hold goes straight back and nothing is recorded. */
-    if (p->money_held && p->pw->billing)
-        tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id, 1);
-    tg_principal_release(p->principal);
-    if (p->ctx_on)
-        tg_plugins_end(p->pw->plugins, &p->ctx);
-    tg_snapshot_release(p->snap);
-    if (p->json)
-        json_decref(p->json);
+}
+
+/* The upstream attempt: its request bytes, deferred answer, stream parser, translator. */
+static void cleanup_attempt(proxy_req_t *p) {
     tg_buf_free(&p->upstream_req);
+    tg_buf_free(&p->deferred_body);
     attempt_free(&p->at);
-    preq_recycle(p);
 }
 
 static void health_detach(proxy_req_t *p) {
@@ -723,6 +775,7 @@ not_allowed_post:
 static int auth_check(proxy_req_t *p, tg_principal_t *pr) {
     tg_request_t *req = p->req;
     p->principal = pr;
+    cleanup_add(p, cleanup_principal);
     if (!pr)
         return fail(p, 401, "invalid_request_error", "invalid_api_key", "invalid API key");
     if (!pr->active)
@@ -783,8 +836,10 @@ static int phase_auth(proxy_req_t *p) {
         SHA256((const unsigned char *)key.p, key.len, digest);
     tg_principal_t *pr = NULL;
     int rc = tg_state_auth(req->worker->state, digest, auth_done, p, &pr, &p->auth_wait);
-    if (rc == TG_AGAIN)
+    if (rc == TG_AGAIN) {
+        cleanup_add(p, cleanup_auth_wait);
         return TG_AGAIN;
+    }
     return auth_check(p, pr);
 }
 
@@ -796,6 +851,7 @@ static int phase_parse(proxy_req_t *p) {
         return TG_OK;
     json_error_t jerr;
     p->json = tg_json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    cleanup_add(p, cleanup_json);
     if (!p->json) {
         char msg[256];
         snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
@@ -897,6 +953,7 @@ static int phase_plugins(proxy_req_t *p) {
     tg_hookctx_t *c = &p->ctx;
     tg_plugins_begin(pl, c);
     p->ctx_on = 1;
+    cleanup_add(p, cleanup_plugins);
     for (int i = 0; i < req->nheaders; i++)
         p->hdrs[i] = (tg_ffi_header_t){req->headers[i].name.p, req->headers[i].name.len, req->headers[i].value.p,
                                        req->headers[i].value.len};
@@ -979,6 +1036,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     proxy_req_t *p = ud;
     if (out->result == TG_ADMIT_OK) {
         p->money_held = out->reserved;
+        cleanup_add(p, cleanup_money_held);
         proxy_run(p);
         return;
     }
@@ -999,6 +1057,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
         }
         tg_reserve_req_t r = reserve_req(p);
         p->reserve = tg_billing_load(p->pw->billing, &r, balance_loaded, p);
+        cleanup_add(p, cleanup_reserve);
         return;
     }
     if (out->result == TG_ADMIT_UNAVAILABLE) {
@@ -1187,8 +1246,11 @@ static int money_in_admission(proxy_req_t *p) {
     proxy_worker_t *pw = p->pw;
     if (!pw->billing || !pr->key_id || p->attempt != 1 || p->reserved || p->money_held)
         return 0;
-    if (pr->group_id && pw->accounts && !p->snap && !(p->snap = tg_accounts_snapshot(pw->accounts)))
-        return 0;
+    if (pr->group_id && pw->accounts && !p->snap) {
+        if (!(p->snap = tg_accounts_snapshot(pw->accounts)))
+            return 0;
+        cleanup_add(p, cleanup_snapshot);
+    }
     return 1;
 }
 
@@ -1238,6 +1300,7 @@ static int phase_admit(proxy_req_t *p) {
         .money = money ? &m : NULL,
     };
     p->admit = tg_limits_admit(p->pw->limits, p->req->id, &lim, admit_done, p);
+    cleanup_add(p, cleanup_admit);
     return TG_AGAIN;
 }
 
@@ -1324,6 +1387,7 @@ static int phase_sticky(proxy_req_t *p) {
     snprintf(p->sticky_key, sizeof(p->sticky_key), "sticky:{g:%lld}:%.32s", (long long)pr->group_id, hex);
     const char *argv[2] = {"GET", p->sticky_key};
     p->sticky_rq = tg_redis_command(redis, sticky_got, p, 2, argv, NULL);
+    cleanup_add(p, cleanup_sticky);
     return p->sticky_rq ? TG_AGAIN : TG_OK;
 }
 
@@ -1360,6 +1424,7 @@ static int run_phase_later(proxy_req_t *p, phase_t phase, uint64_t delay_ms) {
             abort();
         uv_timer_init(&p->req->worker->loop, p->retry_timer);
         p->retry_timer->data = p;
+        cleanup_add(p, cleanup_retry_timer);
     }
     p->phase = phase;
     uv_timer_start(p->retry_timer, retry_timer_cb, delay_ms, 0);
@@ -1397,8 +1462,8 @@ static int phase_select(proxy_req_t *p) {
         models_from_group(p);
         return TG_DONE;
     }
-    if (!p->snap)
-        p->snap = tg_accounts_snapshot(pw->accounts);
+    if (!p->snap && (p->snap = tg_accounts_snapshot(pw->accounts)) != NULL)
+        cleanup_add(p, cleanup_snapshot);
     if (!p->snap) {
         /* Just started: the first snapshot is on its way; wait for it (up to 3 s). */
         if (tg_now_ns() - p->req->start_ns < 3000000000ull) {
@@ -1581,6 +1646,7 @@ static int slot_try(proxy_req_t *p) {
 static int phase_slot(proxy_req_t *p) {
     if (!p->norder)
         return TG_OK; /* the static upstream */
+    cleanup_add(p, cleanup_slot);
     return slot_try(p);
 }
 
@@ -1616,6 +1682,7 @@ static int phase_reserve(proxy_req_t *p) {
         return TG_OK;
     }
     p->reserve = tg_billing_reserve(pw->billing, &r, reserve_done, p);
+    cleanup_add(p, cleanup_reserve);
     return TG_AGAIN;
 }
 
@@ -2146,6 +2213,7 @@ static int phase_upstream(proxy_req_t *p) {
             body_len = strlen(body);
     }
     tg_buf_t *b = &p->upstream_req;
+    cleanup_add(p, cleanup_attempt);
     tg_buf_reset(b);
     /* Appends, not printf: this head is built for every upstream call. */
     tg_buf_appends(b, method);
