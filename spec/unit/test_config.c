@@ -31,7 +31,7 @@ TG_TEST(config, minimal_with_defaults) {
     ASSERT_EQ_INT(load("return { upstream = { url = 'http://127.0.0.1:9/v1' } }", &cfg, err), 0);
     ASSERT_EQ_STR(cfg.listen_host, "127.0.0.1");
     ASSERT_EQ_INT(cfg.listen_port, 8080);
-    ASSERT_EQ_INT(cfg.limits.max_body_bytes, 4 * 1024 * 1024);
+    ASSERT_EQ_INT(cfg.http_limits.max_body_bytes, 4 * 1024 * 1024);
     ASSERT_EQ_STR(cfg.upstream.provider, "openai");
     tg_config_free(&cfg);
 }
@@ -49,8 +49,8 @@ TG_TEST(config, full) {
     ASSERT_EQ_INT(cfg.workers, 3);
     ASSERT_EQ_INT(cfg.nkeys, 1);
     ASSERT_EQ_STR(cfg.keys[0], "tg-abcdefgh");
-    ASSERT_EQ_INT(cfg.limits.max_body_bytes, 2048);
-    ASSERT_EQ_INT(cfg.limits.header_timeout_ms, 5);
+    ASSERT_EQ_INT(cfg.http_limits.max_body_bytes, 2048);
+    ASSERT_EQ_INT(cfg.http_limits.header_timeout_ms, 5);
     tg_config_free(&cfg);
 }
 

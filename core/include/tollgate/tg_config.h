@@ -25,6 +25,8 @@ typedef struct {
     int max_idle_conns;    /* idle pooled connections kept per worker */
 } tg_upstream_config_t;
 
+/* The HTTP server's own limits (config key `limits`): sizes and timeouts of a client
+ * connection. Not admission control, which is tg_limits.h (config key `limiter`). */
 typedef struct {
     size_t max_header_bytes;
     size_t max_body_bytes;
@@ -35,7 +37,7 @@ typedef struct {
     int write_timeout_ms;    /* a client that reads nothing for this long is dropped */
     size_t max_write_buffer; /* per-connection bytes queued to a slow client before the
                                 upstream read pauses */
-} tg_limits_config_t;
+} tg_http_limits_t;
 
 typedef struct {
     char *listen_host;
@@ -85,7 +87,7 @@ typedef struct {
      * output cap as max_tokens; every other one gets max_completion_tokens. */
     char **max_tokens_models;
     size_t nmax_tokens_models;
-    tg_limits_config_t limits;
+    tg_http_limits_t http_limits; /* config key `limits` */
     tg_upstream_config_t upstream;
 } tg_config_t;
 

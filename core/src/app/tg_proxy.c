@@ -1958,7 +1958,7 @@ static void up_body(void *ud, const char *data, size_t n) {
     }
     /* Back-pressure: a slow client pauses the upstream instead of growing our buffers. */
     if (p->at.call && !p->at.paused &&
-        tg_request_write_queue(p->req) > p->req->worker->gw->cfg->limits.max_write_buffer) {
+        tg_request_write_queue(p->req) > p->req->worker->gw->cfg->http_limits.max_write_buffer) {
         p->at.paused = 1;
         tg_upcall_pause(p->at.call);
     }

@@ -190,7 +190,7 @@ static int load_upstream(cfg_ctx *c, tg_upstream_config_t *u) {
     return TG_OK;
 }
 
-static int load_limits(cfg_ctx *c, tg_limits_config_t *l) {
+static int load_http_limits(cfg_ctx *c, tg_http_limits_t *l) {
     static const char *const keys[] = {"max_header_bytes", "max_body_bytes", "header_timeout_ms",
                                        "body_timeout_ms", "idle_timeout_ms", "shutdown_timeout_ms",
                                        "write_timeout_ms", "max_write_buffer", NULL};
@@ -373,7 +373,7 @@ static int load_billing(cfg_ctx *c, void *arg) {
     return rc;
 }
 static int upstream_fn(cfg_ctx *c, void *a) { return load_upstream(c, a); }
-static int limits_fn(cfg_ctx *c, void *a) { return load_limits(c, a); }
+static int http_limits_fn(cfg_ctx *c, void *a) { return load_http_limits(c, a); }
 static int tls_fn(cfg_ctx *c, void *a) { return load_tls(c, a); }
 
 static void defaults(tg_config_t *cfg) {
@@ -405,7 +405,7 @@ static void defaults(tg_config_t *cfg) {
     cfg->limiter.fail_rate = 2;        /* local */
     cfg->limiter.fail_tokens = 2;      /* local */
     cfg->limiter.fail_concurrency = 2; /* local */
-    cfg->limits = (tg_limits_config_t){
+    cfg->http_limits = (tg_http_limits_t){
         .max_header_bytes = 16384,
         .max_body_bytes = 4 * 1024 * 1024,
         .header_timeout_ms = 10000,
@@ -471,7 +471,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: get_bool(&c, "access_log", &cfg->access_log);
         rc = rc ?: load_keys(&c, cfg);
         rc = rc ?: load_max_tokens_models(&c, cfg);
-        rc = rc ?: sub_table(&c, "limits", limits_fn, &cfg->limits);
+        rc = rc ?: sub_table(&c, "limits", http_limits_fn, &cfg->http_limits);
         rc = rc ?: sub_table(&c, "upstream", upstream_fn, &cfg->upstream);
         rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
         rc = rc ?: sub_table(&c, "billing", load_billing, cfg);

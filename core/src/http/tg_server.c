@@ -203,11 +203,11 @@ static void write_cb(uv_write_t *w, int status) {
         conn_linger(c);
         return;
     }
-    if (c->req && c->req->drain_cb && c->write_queued <= c->w->gw->cfg->limits.max_write_buffer / 2)
+    if (c->req && c->req->drain_cb && c->write_queued <= c->w->gw->cfg->http_limits.max_write_buffer / 2)
         c->req->drain_cb(c->req);
     if (c->state == CONN_PROCESSING) {
         if (c->write_queued)
-            conn_set_timer(c, c->w->gw->cfg->limits.write_timeout_ms);
+            conn_set_timer(c, c->w->gw->cfg->http_limits.write_timeout_ms);
         else
             uv_timer_stop(&c->timer);
     }
@@ -246,7 +246,7 @@ static void conn_write_raw(tg_conn_t *c, const char *p, size_t total) {
         return;
     }
     if (c->state == CONN_PROCESSING)
-        conn_set_timer(c, c->w->gw->cfg->limits.write_timeout_ms);
+        conn_set_timer(c, c->w->gw->cfg->http_limits.write_timeout_ms);
 }
 
 /*
@@ -293,7 +293,7 @@ static void conn_flush(tg_conn_t *c) {
         /* The kernel may take the whole flush at once: then no write_cb follows, and a
          * handler that paused its source on a full queue must hear of the room here. */
         if (!c->closing && c->req && c->req->drain_cb &&
-            c->write_queued <= c->w->gw->cfg->limits.max_write_buffer / 2)
+            c->write_queued <= c->w->gw->cfg->http_limits.max_write_buffer / 2)
             c->req->drain_cb(c->req);
     }
     if (!c->closing && c->close_after_write && c->write_queued == 0)
@@ -495,7 +495,7 @@ void tg_response_end(tg_request_t *req) {
     }
     c->state = CONN_IDLE;
     if (!c->fuzz) {
-        conn_set_timer(c, c->w->gw->cfg->limits.idle_timeout_ms);
+        conn_set_timer(c, c->w->gw->cfg->http_limits.idle_timeout_ms);
         if (!c->reading) {
             /* Reading was stopped because too much pipelined input was buffered. */
             c->reading = 1;
@@ -556,7 +556,7 @@ static tg_conn_t *conn_of(llhttp_t *p) { return (tg_conn_t *)p->data; }
 
 static int header_budget(tg_conn_t *c, size_t n) {
     c->header_bytes += n;
-    if (c->header_bytes > c->w->gw->cfg->limits.max_header_bytes) {
+    if (c->header_bytes > c->w->gw->cfg->http_limits.max_header_bytes) {
         c->err_status = 431;
         return -1;
     }
@@ -575,7 +575,7 @@ static int on_message_begin(llhttp_t *p) {
     c->state = CONN_HEADERS;
     if (!c->fuzz) {
         atomic_fetch_add_explicit(&c->w->metrics.inflight, 1, memory_order_relaxed);
-        conn_set_timer(c, c->w->gw->cfg->limits.header_timeout_ms);
+        conn_set_timer(c, c->w->gw->cfg->http_limits.header_timeout_ms);
     }
     return 0;
 }
@@ -650,14 +650,14 @@ static int on_headers_complete(llhttp_t *p) {
     r->nheaders = c->nh;
     r->method = llhttp_get_method(p);
     r->bytes_in = c->header_bytes;
-    size_t max_body = c->w->gw->cfg->limits.max_body_bytes;
+    size_t max_body = c->w->gw->cfg->http_limits.max_body_bytes;
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > max_body) {
         c->err_status = 413;
         return -1;
     }
     c->state = CONN_BODY;
     if (!c->fuzz) {
-        conn_set_timer(c, c->w->gw->cfg->limits.body_timeout_ms);
+        conn_set_timer(c, c->w->gw->cfg->http_limits.body_timeout_ms);
         const tg_str_t *expect = tg_request_header(r, "expect");
         if (expect && tg_str_ieq(*expect, "100-continue")) {
             uv_buf_t b = uv_buf_init("HTTP/1.1 100 Continue\r\n\r\n", 25);
@@ -669,7 +669,7 @@ static int on_headers_complete(llhttp_t *p) {
 
 static int on_body(llhttp_t *p, const char *at, size_t n) {
     tg_conn_t *c = conn_of(p);
-    if (c->req->body.len + n > c->w->gw->cfg->limits.max_body_bytes) {
+    if (c->req->body.len + n > c->w->gw->cfg->http_limits.max_body_bytes) {
         c->err_status = 413;
         return -1;
     }
@@ -815,9 +815,9 @@ static void settings_init(void) {
 int tg_http_parse_for_fuzz(const char *data, size_t len, size_t max_header, size_t max_body) {
     tg_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
-    cfg.limits.max_header_bytes = max_header;
-    cfg.limits.max_body_bytes = max_body;
-    cfg.limits.max_write_buffer = 65536;
+    cfg.http_limits.max_header_bytes = max_header;
+    cfg.http_limits.max_body_bytes = max_body;
+    cfg.http_limits.max_write_buffer = 65536;
     tg_gateway_t gw;
     memset(&gw, 0, sizeof(gw));
     gw.cfg = &cfg;
@@ -1021,12 +1021,12 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         tg_buf_append(&c->in, buf->base, (size_t)nread);
     }
     if (c->state == CONN_IDLE && !c->fuzz)
-        conn_set_timer(c, c->w->gw->cfg->limits.header_timeout_ms);
+        conn_set_timer(c, c->w->gw->cfg->http_limits.header_timeout_ms);
     if (c->state != CONN_PROCESSING) {
         process_input(c);
     } else {
         /* Pipelined input while a request is processed: bound what we buffer. */
-        const tg_limits_config_t *l = &c->w->gw->cfg->limits;
+        const tg_http_limits_t *l = &c->w->gw->cfg->http_limits;
         if (c->in.len > l->max_header_bytes + l->max_body_bytes) {
             c->req->keep_alive = 0;
         }
@@ -1067,7 +1067,7 @@ static void on_connection(uv_stream_t *server, int status) {
     w->conns_head = c;
     w->nconns++;
     atomic_fetch_add_explicit(&w->metrics.connections, 1, memory_order_relaxed);
-    conn_set_timer(c, w->gw->cfg->limits.header_timeout_ms);
+    conn_set_timer(c, w->gw->cfg->http_limits.header_timeout_ms);
     c->reading = 1;
     uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
 }
@@ -1144,7 +1144,7 @@ static void stop_async_cb(uv_async_t *a) {
         uv_stop(&w->loop);
     else
         uv_timer_start(&w->shutdown_timer, shutdown_timer_cb,
-                       (uint64_t)w->gw->cfg->limits.shutdown_timeout_ms, 0);
+                       (uint64_t)w->gw->cfg->http_limits.shutdown_timeout_ms, 0);
 }
 
 static void close_walk_cb(uv_handle_t *h, void *arg) {
@@ -1249,7 +1249,7 @@ static uv_signal_t sig_term, sig_int;
 static void on_signal(uv_signal_t *s, int signum) {
     tg_gateway_t *gw = s->data;
     tg_log_info("received %s: draining (up to %d ms)", signum == SIGTERM ? "SIGTERM" : "SIGINT",
-                gw->cfg->limits.shutdown_timeout_ms);
+                gw->cfg->http_limits.shutdown_timeout_ms);
     atomic_store(&gw->draining, 1);
     for (int i = 0; i < gw->nworkers; i++)
         uv_async_send(&gw->workers[i]->stop_async);
