@@ -20,8 +20,8 @@
  * jansson refuses ("too big integer"), and jansson writes reals with 17 digits
  * (0.1 -> 0.10000000000000001). Bodies the gateway parses and writes again go through
  * these two functions instead: an integer beyond int64 is held as a "big number" (a
- * string value carrying a per-process marker and the number's exact text; it is not a
- * json_is_integer) and written back as that text, and reals are written in their
+ * string value: a marker that starts with a NUL, which no client string can hold, then
+ * the number's exact text; it is not a json_is_integer) and written back as that text, and reals are written in their
  * shortest form that reads back as the same double (0.1 stays 0.1).
  */
 

@@ -10,14 +10,10 @@
  */
 #include "tollgate/tg_json.h"
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "tg_jscan_internal.h"
 
@@ -100,32 +96,14 @@ int tg_json_set_members(const char *doc, size_t len, const char *const *keys, co
 
 /* ---- numbers kept as written ------------------------------------------------------ */
 
-/* A big number is the string MARK + its digits. MARK starts with DEL (0x7f), which
- * jansson neither refuses nor escapes, and holds 64 random bits drawn once per process,
- * so no client string spells it. */
-#define MARK_LEN 23 /* "\x7f" "tgbig" + 16 hex digits + ":" */
-static char g_mark[MARK_LEN + 1];
-static pthread_once_t g_mark_once = PTHREAD_ONCE_INIT;
-
-static void mark_init(void) {
-    unsigned char r[8];
-    if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
-        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&r;
-        memcpy(r, &x, sizeof(r));
-    }
-    static const char hex[] = "0123456789abcdef";
-    memcpy(g_mark, "\x7ftgbig", 6);
-    for (int i = 0; i < 8; i++) {
-        g_mark[6 + 2 * i] = hex[r[i] >> 4];
-        g_mark[7 + 2 * i] = hex[r[i] & 15];
-    }
-    g_mark[MARK_LEN - 1] = ':';
-}
-
-static const char *mark(void) {
-    pthread_once(&g_mark_once, mark_init);
-    return g_mark;
-}
+/* A big number is the string MARK + its digits. MARK starts with a NUL, which a client's
+ * string cannot hold: jansson refuses \u0000 unless told JSON_ALLOW_NUL, which only the
+ * parse of the rewritten document below uses, after checking the client wrote none. */
+#define MARK "\0tgbig:"
+#define MARK_LEN 7
+/* The mark as jansson writes it, after the opening quote. */
+#define MARK_OUT "\\u0000tgbig:"
+#define MARK_OUT_LEN 12
 
 /* Whether the integer token s[0..n) (an optional '-' and digits) is beyond int64. */
 static int int_overflows(const char *s, size_t n) {
@@ -140,12 +118,23 @@ static int is_num_char(char c) {
     return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
 }
 
+/* Whether the inside of a JSON string s[0..n) holds the escape \u0000. */
+static int has_nul_escape(const char *s, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\')
+            continue;
+        if (s[i + 1] == 'u' && i + 6 <= n && !memcmp(s + i + 2, "0000", 4))
+            return 1;
+        i++; /* the escaped character */
+    }
+    return 0;
+}
+
 json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err) {
     json_t *v = json_loadb(buf, len, flags, err);
     if (v || json_error_code(err) != json_error_numeric_overflow)
         return v;
     /* Rare: write each integer beyond int64 as a marked string and parse again. */
-    const char *m = mark();
     tg_buf_t b;
     tg_buf_init(&b);
     size_t i = 0, run = 0;
@@ -153,8 +142,13 @@ json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *e
         char c = buf[i];
         if (c == '"') {
             int escaped = 0;
+            size_t st = i;
             if (tg_js_skip_string(buf, len, &i, &escaped) != 0)
                 break; /* jansson reports it */
+            if (escaped && !(flags & JSON_ALLOW_NUL) && has_nul_escape(buf + st + 1, i - st - 2)) {
+                tg_buf_free(&b);
+                return NULL; /* jansson would refuse it; err says why it stopped first */
+            }
             continue;
         }
         if (c != '-' && !(c >= '0' && c <= '9')) {
@@ -171,8 +165,7 @@ json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *e
         if (!is_int || !int_overflows(buf + s, i - s))
             continue;
         tg_buf_append(&b, buf + run, s - run);
-        tg_buf_append(&b, "\"", 1);
-        tg_buf_append(&b, m, MARK_LEN);
+        tg_buf_append(&b, "\"\\u0000tgbig:", 13);
         tg_buf_append(&b, buf + s, i - s);
         tg_buf_append(&b, "\"", 1);
         run = i;
@@ -180,7 +173,7 @@ json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *e
     if (!b.len) /* nothing to rewrite: the overflow was a real (1e400) */
         return NULL;
     tg_buf_append(&b, buf + run, len - run);
-    v = json_loadb(b.data, b.len, flags, err);
+    v = json_loadb(b.data, b.len, flags | JSON_ALLOW_NUL, err);
     tg_buf_free(&b);
     return v;
 }
@@ -189,7 +182,7 @@ int tg_json_is_big(const json_t *v, const char **text, size_t *len) {
     if (!json_is_string(v) || json_string_length(v) <= MARK_LEN)
         return 0;
     const char *s = json_string_value(v);
-    if (s[0] != '\x7f' || memcmp(s, mark(), MARK_LEN) != 0)
+    if (s[0] != '\0' || memcmp(s, MARK, MARK_LEN) != 0)
         return 0;
     if (text)
         *text = s + MARK_LEN;
@@ -235,16 +228,15 @@ int tg_json_dump_buf(const json_t *v, size_t flags, tg_buf_t *out) {
     if (!s)
         return TG_ERROR;
     size_t len = strlen(s), i = 0, run = 0;
-    const char *m = mark();
     tg_buf_reserve(out, len);
     while (i < len) {
         char c = s[i];
         if (c == '"') {
             size_t st = i;
             int escaped = 0;
-            if (st + 1 + MARK_LEN < len && s[st + 1] == '\x7f' && !memcmp(s + st + 1, m, MARK_LEN)) {
+            if (st + 1 + MARK_OUT_LEN < len && s[st + 1] == '\\' && !memcmp(s + st + 1, MARK_OUT, MARK_OUT_LEN)) {
                 /* a big number: its digits, unquoted */
-                size_t d = st + 1 + MARK_LEN, e = d;
+                size_t d = st + 1 + MARK_OUT_LEN, e = d;
                 while (e < len && ((s[e] >= '0' && s[e] <= '9') || (e == d && s[e] == '-')))
                     e++;
                 if (e < len && s[e] == '"' && e > d) {
