@@ -10,7 +10,8 @@
 #define TOLLGATE_TG_CONFIG_H
 
 #include "tollgate/tg_common.h"
-#include "tollgate/tg_plugin.h"
+
+typedef struct lua_State lua_State;
 
 typedef struct {
     char *url;          /* e.g. "https://api.openai.com/v1" */
@@ -39,6 +40,39 @@ typedef struct {
                                 upstream read pauses */
 } tg_http_limits_t;
 
+/** One enabled plugin: its name and its config as a Lua table constructor. */
+typedef struct {
+    char *name;
+    char *config_lua; /* e.g. "{aliases={[\"gpt-4\"]=\"gpt-4o\"}}"; "{}" when absent */
+} tg_plugin_enable_t;
+
+/** The `plugins = {...}` section of the config file (tg_config_plugins.c), owned by
+ *  tg_config_t; the plugin runtime (tg_plugin.h) copies what it uses. */
+typedef struct {
+    char **dirs;   /* searched in order; default {"plugins", "policies"} */
+    size_t ndirs;
+    tg_plugin_enable_t *enabled;
+    size_t nenabled;
+    int watch;               /* reload when a file in dirs changes (default 1) */
+    long max_instructions;   /* per hook call, Lua VM instructions; 0 = not counted (default) */
+    int max_hook_ms;         /* per hook call, wall clock, enforced by a watchdog (default 50) */
+} tg_plugins_config_t;
+
+/**
+ * Parses the `plugins` table at stack index `idx` of L (the config file's state) into
+ * *out. Returns TG_OK, or TG_ERROR with one line in err naming the key
+ * ("config: plugins.enabled[2].name: expected string, got number").
+ * Free with tg_plugins_config_free.
+ */
+int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, char *err, size_t errlen);
+/** Fills *out with the defaults (no plugin enabled). */
+void tg_plugins_config_defaults(tg_plugins_config_t *out);
+void tg_plugins_config_free(tg_plugins_config_t *cfg);
+
+/** Appends s[0..n) to b as a Lua string literal (decimal escapes for anything that is
+ *  not printable ASCII), as the plugins section writes configs back. */
+void tg_config_lua_quote(tg_buf_t *b, const char *s, size_t n);
+
 typedef struct {
     char *listen_host;
     int listen_port;
@@ -64,7 +98,7 @@ typedef struct {
         int fail_tokens;        /* default: fail_rate */
         int fail_concurrency;
     } limiter;
-    tg_plugins_config_t plugins; /* the `plugins` section (tg_plugin.h) */
+    tg_plugins_config_t plugins; /* the `plugins` section (above) */
     struct {
         int max_attempts;      /* upstream calls per request, first one included */
         int deadline_ms;       /* no retry starts after this much time since arrival */

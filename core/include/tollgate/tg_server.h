@@ -5,8 +5,12 @@
  * Each worker owns a uv_loop, its listeners (one socket per worker, SO_REUSEPORT) and
  * every connection accepted on them; nothing mutable crosses workers. A connection
  * parses requests with llhttp (pipelining: one request is processed at a time, later
- * ones wait in the input buffer), hands each complete request to tg_proxy_handle(), and
- * resumes parsing when that request's response has ended.
+ * ones wait in the input buffer), hands each complete request to the handler table's
+ * handle(), and resumes parsing when that request's response has ended.
+ *
+ * The server knows nothing above it: what serves a request, and what a worker needs for
+ * that, come in a tg_handler_t given to tg_gateway_create (the application's is
+ * tg_worker_handler, app/tg_worker.c).
  *
  * Ownership: the connection owns its current request. When the client goes away while
  * a request is processed, the request's abort_cb runs first (the handler must detach
@@ -27,6 +31,26 @@ typedef struct tg_worker_s tg_worker_t;
 typedef struct tg_conn_s tg_conn_t;
 typedef struct tg_request_s tg_request_t;
 typedef struct tg_gateway_s tg_gateway_t;
+/** The handler's per-worker context: defined by the layer above (tg_worker.h), opaque here. */
+typedef struct tg_worker_ctx_s tg_worker_ctx_t;
+
+/**
+ * What the server calls, nginx-module style; every entry runs on the worker's thread but
+ * worker_init, which runs on the thread calling tg_gateway_create.
+ */
+typedef struct {
+    /** Builds w->ctx. TG_ERROR + err when the worker cannot serve as configured, having
+     *  undone what it made (the gateway then refuses to start). */
+    int (*worker_init)(tg_worker_t *w, char *err, size_t errlen);
+    /** Tears w->ctx down once the worker's loop has stopped (or another worker's
+     *  worker_init failed). Safe when w->ctx is NULL. */
+    void (*worker_close)(tg_worker_t *w);
+    /** The end of every loop iteration's output flush, after the clients' bytes (the
+     *  Redis commands the iteration issued go out here, see tg_redis_owner_flushes). */
+    void (*flush)(tg_worker_t *w);
+    /** A complete request: answer it, now or later, with tg_response_*. */
+    void (*handle)(tg_request_t *req);
+} tg_handler_t;
 
 #define TG_MAX_HEADERS 100
 
@@ -74,6 +98,7 @@ struct tg_request_s {
 /** The gateway: config, workers and what they share read-only. */
 struct tg_gateway_s {
     tg_config_t *cfg;
+    const tg_handler_t *handler;
     int nworkers;
     tg_worker_t **workers;
     tg_metrics_t **metrics; /* one per worker, for /metrics */
@@ -95,8 +120,7 @@ struct tg_worker_s {
     int nlisteners;
     int listener_tls[2];
     tg_metrics_t metrics;
-    void *proxy;          /* the proxy module's per-worker state */
-    struct tg_state_s *state; /* Postgres, Redis, key cache (tg_state.h) */
+    tg_worker_ctx_t *ctx; /* the handler's (worker_init .. worker_close) */
     int draining;
     int64_t nconns;
     void *conns_head;     /* intrusive list of connections */
@@ -139,21 +163,13 @@ void tg_response_abort(tg_request_t *req);
 /** Bytes queued to the client and not yet written. */
 size_t tg_request_write_queue(const tg_request_t *req);
 
-/** Creates the gateway from a loaded config (it keeps the pointer). NULL + err on failure. */
-tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen);
+/** Creates the gateway from a loaded config (it keeps the pointer), serving with
+ *  `handler` (static, kept): calls its worker_init for every worker. NULL + err on
+ *  failure. */
+tg_gateway_t *tg_gateway_create(tg_config_t *cfg, const tg_handler_t *handler, char *err, size_t errlen);
 /** Runs workers until SIGTERM/SIGINT, then drains. Returns the exit code. */
 int tg_gateway_run(tg_gateway_t *gw);
 void tg_gateway_destroy(tg_gateway_t *gw);
-
-/* Implemented by tg_proxy.c. */
-/* Builds a worker's request-path state; TG_ERROR + err when the worker cannot serve as
- * configured (its plugin runtime failed to build), having undone what it made. */
-int tg_proxy_worker_init(tg_worker_t *w, char *err, size_t errlen);
-void tg_proxy_worker_close(tg_worker_t *w);
-/* Called at the end of every loop iteration's output flush, after the clients' bytes:
- * writes the Redis commands the iteration issued (see tg_redis_owner_flushes). */
-void tg_proxy_worker_flush(tg_worker_t *w);
-void tg_proxy_handle(tg_request_t *req);
 
 /*
  * The request-parsing core of a connection, exposed for the fuzz target: feeds bytes to

@@ -24,6 +24,7 @@
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_ui.h"
 #include "tollgate/tg_valid.h"
+#include "tollgate/tg_worker.h"
 
 /* C_MONEY: a numeric column of money (balance, budget, price), 0 to TG_MONEY_BALANCE_MAX. */
 typedef enum { C_ID, C_REF, C_TEXT, C_INT, C_SINT, C_NUMERIC, C_MONEY, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
@@ -337,7 +338,7 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
     actx_t *a = ud;
     a->q = NULL;
     tg_request_t *req = a->req;
-    tg_state_t *st = req->worker->state; /* the request is gone once answered */
+    tg_state_t *st = req->worker->ctx->state; /* the request is gone once answered */
     if (err) {
         reply_pg_error(req, res, err);
         return;
@@ -394,7 +395,7 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
 }
 
 static void run(actx_t *a, const char *sql, int n, const char *const *params, int kind) {
-    tg_pg_t *pg = tg_state_pg(a->req->worker->state);
+    tg_pg_t *pg = tg_state_pg(a->req->worker->ctx->state);
     if (!pg) {
         reply_error(a->req, 503, "database_unavailable", "no database is configured (postgres / TOLLGATE_PG)");
         return;

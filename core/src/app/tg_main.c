@@ -11,7 +11,9 @@
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_db.h"
 #include "tollgate/tg_mock.h"
+#include "tollgate/tg_plugin.h"
 #include "tollgate/tg_server.h"
+#include "tollgate/tg_worker.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tollgate <command> [options]\n\n"
@@ -144,7 +146,7 @@ int main(int argc, char **argv) {
             tg_config_free(&cfg);
             return 2;
         }
-        gw = tg_gateway_create(&cfg, err, sizeof(err));
+        gw = tg_gateway_create(&cfg, &tg_worker_handler, err, sizeof(err));
         if (!gw) {
             fprintf(stderr, "%s\n", err);
             tg_config_free(&cfg);

@@ -1,14 +1,20 @@
 /*
- * The request pipeline: routing, authentication, request validation and the proxied
- * call to the upstream, with the response streamed back as it arrives.
+ * The data-plane pipeline (tg_proxy.h): a request to a /v1/ route, routed here by
+ * app/tg_router.c, walks the phases of phases[] below (nginx-style), then is settled and
+ * logged when its response ends.
  *
- * A request walks numbered phases (nginx-style). Each phase returns TG_OK to go on,
- * TG_DONE when it answered the request, or TG_AGAIN when it started asynchronous work
- * (admission in Redis, a database lookup) and will call proxy_resume() when it ends.
- * Later issues add phases here (plugins' on_request/map_model, admission, account
- * selection, retries) without touching the server or the upstream client.
+ *   auth -> parse -> plugins (on_request, map_model) -> admit (limits and the first
+ *   attempt's money, one Redis script) -> sticky -> select (account) -> slot (the
+ *   account's concurrency lease) -> reserve (money of a later attempt) -> upstream
+ *   (the call; the answer streamed back as it arrives, translated when the protocols
+ *   differ) -> on_finish (release, price and on_log hooks, settlement, access log,
+ *   metrics)
  *
- *   route -> auth -> parse -> upstream (stream back) -> finish (access log, metrics)
+ * Each phase returns TG_OK to go on, TG_DONE when it answered the request, or TG_AGAIN
+ * when it started asynchronous work (a key lookup, admission in Redis, a slot lease, a
+ * balance load) whose callback calls proxy_run() again. A retry (another account, or
+ * the same after a delay) runs the phases again from select. The subsystems it calls
+ * are its worker's (tg_worker.h), built and torn down by app/tg_worker.c.
  */
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -19,9 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tollgate/tg_proxy.h"
+
 #include "tollgate/tg_access_log.h"
 #include "tollgate/tg_accounts.h"
-#include "tollgate/tg_admin.h"
 #include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_health.h"
@@ -35,21 +42,18 @@
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_translate.h"
-#include "tollgate/tg_ui.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_valid.h"
 #include "tollgate/tg_usage.h"
+#include "tollgate/tg_worker.h"
 
 #define BODY_COPY_MAX (16u * 1024 * 1024)
 #define SSE_EVENT_MAX (4u * 1024 * 1024)
 
-typedef struct {
-    tg_upstream_t *upstream;   /* the static upstream of the config file */
-    tg_accounts_t *accounts;   /* the account snapshot, with Postgres */
-    tg_limits_t *limits;       /* admission in Redis */
-    tg_plugins_t *plugins;     /* this worker's plugin runtime */
-    tg_billing_t *billing;     /* metering, with Postgres and Redis */
-    tg_health_t *health;       /* per-account EWMAs, cooldowns, trials */
+/* The pipeline's own per-worker part (tg_proxy_worker_create); the subsystems it uses
+ * are the worker's (tg_worker_ctx_t). */
+typedef struct tg_proxy_worker_s {
+    tg_worker_ctx_t *ctx;      /* the worker's subsystems */
     int slot_script;           /* account slot lease (Redis) */
     int slot_release_script;
     EVP_MD_CTX *sha;           /* reused for every key hash: no allocation per request */
@@ -76,7 +80,6 @@ enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4, DIRTY_WHOLE =
  * function. A phase that waits resumes the pipeline where it left off (proxy_run); a
  * balance load admits again from PH_ADMIT, a retry starts over from PH_SELECT. */
 typedef enum {
-    PH_ROUTE,
     PH_AUTH,
     PH_PARSE,
     PH_PLUGINS,
@@ -193,87 +196,21 @@ static void proxy_run(proxy_req_t *p);
 
 /* ---- per-worker state --------------------------------------------------------------- */
 
-void tg_proxy_worker_flush(tg_worker_t *w) {
-    tg_redis_t *r = w->state ? tg_state_redis(w->state) : NULL;
-    if (r)
-        tg_redis_flush(r);
-}
-
-int tg_proxy_worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
+tg_proxy_worker_t *tg_proxy_worker_create(tg_worker_ctx_t *wc) {
     proxy_worker_t *pw = calloc(1, sizeof(*pw));
-    char err[256];
-    w->state = tg_state_create(&w->loop, w->gw->cfg, (const uint8_t(*)[32])w->gw->key_hashes, w->gw->nkeys);
-    if (tg_state_redis(w->state))
-        tg_redis_owner_flushes(tg_state_redis(w->state)); /* after the clients' bytes */
-    pw->upstream = tg_upstream_create(&w->loop, &w->gw->cfg->upstream, w->gw->client_tls, err, sizeof(err));
-    if (!pw->upstream)
-        tg_log_error("worker %d: %s", w->index, err);
-    if (tg_state_pg(w->state))
-        pw->accounts = tg_accounts_create(&w->loop, w->state, w->gw->cfg, w->gw->client_tls);
-    const tg_config_t *cfg = w->gw->cfg;
-    tg_admission_config_t ac = {
-        .lease_ttl_ms = cfg->limiter.lease_ttl_ms,
-        .queue_max = cfg->limiter.queue_max,
-        .queue_timeout_ms = cfg->limiter.queue_timeout_ms,
-        .fail_rate = (tg_fail_policy_t)cfg->limiter.fail_rate,
-        .fail_tokens = (tg_fail_policy_t)cfg->limiter.fail_tokens,
-        .fail_concurrency = (tg_fail_policy_t)cfg->limiter.fail_concurrency,
-    };
-    pw->limits = tg_limits_create(&w->loop, w->state, &ac);
-    /* A worker without its plugin runtime would serve with no policy at all (a
-     * fail_closed plugin included): the gateway refuses to start instead. */
-    pw->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers, err, sizeof(err));
-    pw->health = tg_health_create();
+    pw->ctx = wc;
     pw->sha = EVP_MD_CTX_new();
-    if (tg_state_redis(w->state)) {
-        pw->slot_script = tg_redis_script_register(tg_state_redis(w->state), SLOT_LUA);
-        pw->slot_release_script = tg_redis_script_register(tg_state_redis(w->state), SLOT_RELEASE_LUA);
+    tg_redis_t *redis = tg_state_redis(wc->state);
+    if (redis) {
+        pw->slot_script = tg_redis_script_register(redis, SLOT_LUA);
+        pw->slot_release_script = tg_redis_script_register(redis, SLOT_RELEASE_LUA);
     }
-    if (cfg->billing.enabled && tg_state_pg(w->state) && tg_state_redis(w->state)) {
-        tg_billing_config_t bc = {
-            .spool_dir = cfg->billing.spool_dir,
-            .reconcile_after_ms = cfg->billing.reconcile_after_ms,
-            .charge_unknown = cfg->billing.charge_unknown,
-            .worker = w->index,
-            .reconciler = w->index == 0,
-            .queue_max = cfg->billing.queue_max,
-        };
-        pw->billing = tg_billing_create(&w->loop, w->state, &bc);
-    }
-    /* Each subsystem's counters on /metrics (every worker registers the same ones). */
-    tg_state_metrics(&w->metrics, w->state);
-    tg_limits_metrics(&w->metrics, pw->limits);
-    tg_billing_metrics(&w->metrics, pw->billing);
-    tg_redis_metrics(&w->metrics, tg_state_redis(w->state));
-    w->proxy = pw;
-    if (!pw->plugins) {
-        snprintf(errbuf, errlen, "worker %d: the plugin runtime could not be built, refusing to serve without its "
-                                 "policies: %s", w->index, err);
-        tg_proxy_worker_close(w);
-        return TG_ERROR;
-    }
-    return TG_OK;
+    return pw;
 }
 
-void tg_proxy_worker_close(tg_worker_t *w) {
-    proxy_worker_t *pw = w->proxy;
+void tg_proxy_worker_destroy(tg_proxy_worker_t *pw) {
     if (!pw)
         return;
-    tg_metrics_collectors_clear(&w->metrics);
-    /* Order matters: the account loader's query is cancelled, then the database and
-     * Redis clients go (their pending callbacks run with errors: billing spools what it
-     * carried), then billing, which still owns its queue and spool. */
-    /* Settlements still queued go to Postgres now (bounded), not to the spool. */
-    tg_billing_drain(pw->billing, &w->loop, 3000);
-    tg_upstream_destroy(pw->upstream);
-    tg_accounts_destroy(pw->accounts);
-    if (pw->plugins)
-        tg_plugins_destroy(pw->plugins);
-    tg_state_destroy(w->state);
-    w->state = NULL;
-    tg_limits_destroy(pw->limits);
-    tg_billing_destroy(pw->billing);
-    tg_health_destroy(pw->health);
     EVP_MD_CTX_free(pw->sha);
     while (pw->spare) {
         proxy_req_t *p = pw->spare;
@@ -284,7 +221,6 @@ void tg_proxy_worker_close(tg_worker_t *w) {
         free(p);
     }
     free(pw);
-    w->proxy = NULL;
 }
 
 /* ---- request lifecycle -------------------------------------------------------------- */
@@ -383,7 +319,7 @@ static void cleanup_json(proxy_req_t *p) {
 
 static void cleanup_plugins(proxy_req_t *p) {
     if (p->ctx_on)
-        tg_plugins_end(p->pw->plugins, &p->ctx);
+        tg_plugins_end(p->pw->ctx->plugins, &p->ctx);
 }
 
 static void cleanup_admit(proxy_req_t *p) {
@@ -394,8 +330,8 @@ static void cleanup_admit(proxy_req_t *p) {
 /* Admitted and reserved, but the upstream was never called (no account, the client
  * left): the hold goes straight back and nothing is recorded. */
 static void cleanup_money_held(proxy_req_t *p) {
-    if (p->money_held && p->pw->billing)
-        tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id, 1);
+    if (p->money_held && p->pw->ctx->billing)
+        tg_billing_release_attempt(p->pw->ctx->billing, p->req->id, p->principal->tenant_id, p->principal->key_id, 1);
 }
 
 /* A reservation or a balance load in flight. */
@@ -550,24 +486,24 @@ static void on_finish(tg_request_t *req, int aborted) {
         c->status = aborted && req->status < 400 ? 499 : req->status;
         c->ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1;
         c->total_ms = (double)(now - req->start_ns) / 1e6;
-        if (p->at.usage.known && tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_PRICE)) {
+        if (p->at.usage.known && tg_plugins_has_hook(p->pw->ctx->plugins, c, TG_HOOK_PRICE)) {
             c->usage_input = billed.input;
             c->usage_output = billed.output;
             c->usage_known = billed.known;
-            tg_plugins_run(p->pw->plugins, TG_HOOK_PRICE, c);
+            tg_plugins_run(p->pw->ctx->plugins, TG_HOOK_PRICE, c);
             if (c->cost_nanousd >= 0)
                 cost = c->cost_nanousd;
         }
-        if (tg_plugins_has_hook(p->pw->plugins, c, TG_HOOK_ON_LOG))
-            tg_plugins_run(p->pw->plugins, TG_HOOK_ON_LOG, c);
+        if (tg_plugins_has_hook(p->pw->ctx->plugins, c, TG_HOOK_ON_LOG))
+            tg_plugins_run(p->pw->ctx->plugins, TG_HOOK_ON_LOG, c);
     }
-    if (p->reserved && p->pw->billing) {
+    if (p->reserved && p->pw->ctx->billing) {
         int unknown = !((billed.known & TG_USAGE_INPUT) && (billed.known & TG_USAGE_OUTPUT));
         int sent = p->at.up_err == TG_UPERR_TIMEOUT_FIRST_BYTE || p->at.up_err == TG_UPERR_TIMEOUT_IDLE ||
                    p->at.up_err == TG_UPERR_RESET || p->at.up_err == TG_UPERR_PROTOCOL;
         if (unknown && sent) {
             /* The upstream may have run it: never assume it did not. */
-            tg_billing_unknown(p->pw->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved,
+            tg_billing_unknown(p->pw->ctx->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved,
                                p->model, p->reserved_amount);
         } else {
             int clamped = 0, unreadable = 0;
@@ -624,7 +560,7 @@ static void on_finish(tg_request_t *req, int aborted) {
                 .ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
                 .total_ms = (double)(now - req->start_ns) / 1e6,
             };
-            tg_billing_settle(p->pw->billing, &s);
+            tg_billing_settle(p->pw->ctx->billing, &s);
         }
     }
     if (req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS) {
@@ -674,100 +610,6 @@ static int fail_ex(proxy_req_t *p, int status, const char *type, const char *cod
 
 static int fail(proxy_req_t *p, int status, const char *type, const char *code, const char *msg) {
     return fail_ex(p, status, type, code, msg, NULL);
-}
-
-/* ---- phase: route ------------------------------------------------------------------- */
-
-static int path_is(const char *path, const char *want) { return strcmp(path, want) == 0; }
-
-static int phase_route(proxy_req_t *p) {
-    tg_request_t *req = p->req;
-    /* Strip the query string; keep the path NUL-terminated inside the url buffer. */
-    char *q = req->url.data ? strchr(req->url.data, '?') : NULL;
-    if (q)
-        *q = '\0';
-    p->path = req->url.data ? req->url.data : "/";
-    int get = req->method == HTTP_GET || req->method == HTTP_HEAD;
-    int post = req->method == HTTP_POST;
-    if (path_is(p->path, "/healthz")) {
-        req->route = TG_ROUTE_HEALTHZ;
-        if (!get)
-            goto not_allowed_get;
-        tg_response_send(req, 200, "application/json", NULL, "{\"status\":\"ok\"}", 15);
-        return TG_DONE;
-    }
-    if (path_is(p->path, "/metrics")) {
-        req->route = TG_ROUTE_METRICS;
-        if (!get)
-            goto not_allowed_get;
-        tg_buf_t b;
-        tg_buf_init(&b);
-        tg_gateway_t *gw = req->worker->gw;
-        tg_metrics_render(gw->metrics, gw->nworkers, &b);
-        tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
-        tg_buf_free(&b);
-        return TG_DONE;
-    }
-    if (path_is(p->path, "/v1/chat/completions")) {
-        req->route = TG_ROUTE_CHAT;
-        p->proto = TG_PROTO_OPENAI_CHAT;
-        if (!post)
-            goto not_allowed_post;
-        return TG_OK;
-    }
-    if (path_is(p->path, "/v1/messages") || path_is(p->path, "/v1/messages/count_tokens")) {
-        req->route = TG_ROUTE_MESSAGES;
-        p->proto = TG_PROTO_ANTHROPIC;
-        if (!post)
-            goto not_allowed_post;
-        return TG_OK;
-    }
-    if (path_is(p->path, "/v1/responses")) {
-        req->route = TG_ROUTE_RESPONSES;
-        p->proto = TG_PROTO_RESPONSES;
-        if (!post)
-            goto not_allowed_post;
-        return TG_OK;
-    }
-    if (path_is(p->path, "/v1/embeddings")) {
-        req->route = TG_ROUTE_EMBEDDINGS;
-        p->proto = TG_PROTO_EMBEDDINGS;
-        if (!post)
-            goto not_allowed_post;
-        return TG_OK;
-    }
-    if (path_is(p->path, "/v1/models")) {
-        req->route = TG_ROUTE_MODELS;
-        if (!get)
-            goto not_allowed_get;
-        return TG_OK;
-    }
-    if (strncmp(p->path, "/admin/api/v1/", 14) == 0 || strcmp(p->path, "/admin/api/v1") == 0) {
-        /* The admin API takes the request over. */
-        const char *query = q ? q + 1 : NULL;
-        req->handler_data = NULL;
-        req->abort_cb = NULL;
-        req->drain_cb = NULL;
-        req->finish_cb = NULL;
-        preq_free(p);
-        tg_admin_handle(req, req->url.data, query);
-        return TG_DECLINED;
-    }
-    if (strcmp(p->path, "/admin") == 0 || strncmp(p->path, "/admin/", 7) == 0) {
-        /* The console: its files, login, logout and session (tg_ui). */
-        req->handler_data = NULL;
-        req->abort_cb = NULL;
-        req->drain_cb = NULL;
-        req->finish_cb = NULL;
-        preq_free(p);
-        tg_ui_handle(req, req->url.data);
-        return TG_DECLINED;
-    }
-    return fail(p, 404, "invalid_request_error", "not_found", "unknown route");
-not_allowed_get:
-    return fail_ex(p, 405, "invalid_request_error", "method_not_allowed", "method not allowed", "Allow: GET, HEAD\r\n");
-not_allowed_post:
-    return fail_ex(p, 405, "invalid_request_error", "method_not_allowed", "method not allowed", "Allow: POST\r\n");
 }
 
 /* ---- phase: auth -------------------------------------------------------------------- */
@@ -835,7 +677,7 @@ static int phase_auth(proxy_req_t *p) {
         !EVP_DigestFinal_ex(sha, digest, NULL))
         SHA256((const unsigned char *)key.p, key.len, digest);
     tg_principal_t *pr = NULL;
-    int rc = tg_state_auth(req->worker->state, digest, auth_done, p, &pr, &p->auth_wait);
+    int rc = tg_state_auth(p->pw->ctx->state, digest, auth_done, p, &pr, &p->auth_wait);
     if (rc == TG_AGAIN) {
         cleanup_add(p, cleanup_auth_wait);
         return TG_AGAIN;
@@ -947,7 +789,7 @@ static int plugin_reject(proxy_req_t *p) {
 
 static int phase_plugins(proxy_req_t *p) {
     tg_request_t *req = p->req;
-    tg_plugins_t *pl = p->pw->plugins;
+    tg_plugins_t *pl = p->pw->ctx->plugins;
     if (!pl || !is_model_route(req->route))
         return TG_OK;
     tg_hookctx_t *c = &p->ctx;
@@ -1045,7 +887,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
     if (out->result == TG_ADMIT_BALANCE || out->result == TG_ADMIT_BUDGET) {
         const char *code, *msg;
-        tg_billing_refused(p->pw->billing, out->result == TG_ADMIT_BUDGET, &code, &msg);
+        tg_billing_refused(p->pw->ctx->billing, out->result == TG_ADMIT_BUDGET, &code, &msg);
         fail(p, 402, "insufficient_quota", code, msg);
         return;
     }
@@ -1056,7 +898,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
             return;
         }
         tg_reserve_req_t r = reserve_req(p);
-        p->reserve = tg_billing_load(p->pw->billing, &r, balance_loaded, p);
+        p->reserve = tg_billing_load(p->pw->ctx->billing, &r, balance_loaded, p);
         cleanup_add(p, cleanup_reserve);
         return;
     }
@@ -1090,7 +932,7 @@ _Static_assert((int)TG_LIMITER_CLOSED == (int)TG_FAIL_CLOSED && (int)TG_LIMITER_
                "decisions");
 static void limiter_down(void *ud, int bits, tg_fail_policy_t pol[TG_DOWN__COUNT]) {
     proxy_req_t *p = ud;
-    tg_plugins_t *pl = p->pw->plugins;
+    tg_plugins_t *pl = p->pw->ctx->plugins;
     if (!p->ctx_on || !tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_LIMITER_DOWN))
         return;
     p->ctx.limits = bits;
@@ -1111,8 +953,8 @@ static int money_open(void *ud) {
     tg_fail_policy_t pol[TG_DOWN__COUNT] = {TG_FAIL_CLOSED, TG_FAIL_CLOSED, TG_FAIL_CLOSED, TG_FAIL_CLOSED};
     limiter_down(p, TG_LIMIT_MONEY, pol);
     tg_fail_policy_t m = pol[TG_DOWN_MONEY] == TG_FAIL_OPEN ? TG_FAIL_OPEN : TG_FAIL_CLOSED;
-    if (p->pw->limits)
-        tg_limits_count_down(p->pw->limits, TG_DOWN_MONEY, m);
+    if (p->pw->ctx->limits)
+        tg_limits_count_down(p->pw->ctx->limits, TG_DOWN_MONEY, m);
     return m == TG_FAIL_OPEN;
 }
 
@@ -1244,10 +1086,10 @@ static int money_bound(proxy_req_t *p) {
 static int money_in_admission(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
-    if (!pw->billing || !pr->key_id || p->attempt != 1 || p->reserved || p->money_held)
+    if (!pw->ctx->billing || !pr->key_id || p->attempt != 1 || p->reserved || p->money_held)
         return 0;
-    if (pr->group_id && pw->accounts && !p->snap) {
-        if (!(p->snap = tg_accounts_snapshot(pw->accounts)))
+    if (pr->group_id && pw->ctx->accounts && !p->snap) {
+        if (!(p->snap = tg_accounts_snapshot(pw->ctx->accounts)))
             return 0;
         cleanup_add(p, cleanup_snapshot);
     }
@@ -1256,7 +1098,7 @@ static int money_in_admission(proxy_req_t *p) {
 
 static int phase_admit(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
-    if (!pr || !p->pw->limits || !is_model_route(p->req->route) || p->admit)
+    if (!pr || !p->pw->ctx->limits || !is_model_route(p->req->route) || p->admit)
         return TG_OK;
     int limited = !(pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
                     pr->tenant_concurrency < 0);
@@ -1282,7 +1124,7 @@ static int phase_admit(proxy_req_t *p) {
         if (money_bound(p) != TG_OK)
             return TG_DONE;
         tg_reserve_req_t r = reserve_req(p);
-        tg_billing_admission_money(p->pw->billing, &r, p->tenant_init, p->key_init, &m);
+        tg_billing_admission_money(p->pw->ctx->billing, &r, p->tenant_init, p->key_init, &m);
     }
     tg_limit_req_t lim = {
         .tenant_id = pr->tenant_id,
@@ -1299,7 +1141,7 @@ static int phase_admit(proxy_req_t *p) {
         .on_down = limiter_down,
         .money = money ? &m : NULL,
     };
-    p->admit = tg_limits_admit(p->pw->limits, p->req->id, &lim, admit_done, p);
+    p->admit = tg_limits_admit(p->pw->ctx->limits, p->req->id, &lim, admit_done, p);
     cleanup_add(p, cleanup_admit);
     return TG_AGAIN;
 }
@@ -1350,7 +1192,7 @@ static void sticky_got(void *ud, redisReply *r, const char *err) {
 
 static int phase_sticky(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
-    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (!pr || !pr->group_id || !redis || !p->json || p->attempt > 1)
         return TG_OK;
     tg_buf_t src;
@@ -1392,7 +1234,7 @@ static int phase_sticky(proxy_req_t *p) {
 }
 
 static void sticky_bind(proxy_req_t *p) {
-    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (!p->sticky_key[0] || !p->at.account || !redis)
         return;
     char id[24];
@@ -1442,14 +1284,14 @@ static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky) {
         .navoid = p->retry_other ? p->ntried : 0,
         .sticky = p->attempt == 1 ? p->sticky_account : 0,
     };
-    return tg_select(p->snap, p->pw->health, q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), sticky);
+    return tg_select(p->snap, p->pw->ctx->health, q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), sticky);
 }
 
 static int phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
-    if (!pr || !pr->group_id || !pw->accounts) {
-        p->at.up = pw->upstream;
+    if (!pr || !pr->group_id || !pw->ctx->accounts) {
+        p->at.up = pw->ctx->upstream;
         p->at.credential = p->req->worker->gw->cfg->upstream.api_key;
         p->at.up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider);
         if (p->proto == TG_PROTO_EMBEDDINGS && p->at.up_proto != TG_PROTO_EMBEDDINGS)
@@ -1462,7 +1304,7 @@ static int phase_select(proxy_req_t *p) {
         models_from_group(p);
         return TG_DONE;
     }
-    if (!p->snap && (p->snap = tg_accounts_snapshot(pw->accounts)) != NULL)
+    if (!p->snap && (p->snap = tg_accounts_snapshot(pw->ctx->accounts)) != NULL)
         cleanup_add(p, cleanup_snapshot);
     if (!p->snap) {
         /* Just started: the first snapshot is on its way; wait for it (up to 3 s). */
@@ -1480,13 +1322,13 @@ static int phase_select(proxy_req_t *p) {
         snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", q.model);
         return fail(p, 503, "server_error", "no_account_available", msg);
     }
-    tg_plugins_t *pl = pw->plugins;
+    tg_plugins_t *pl = pw->ctx->plugins;
     if (!sticky && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
         /* The routing plugin scores the sampled candidates (at most TG_SELECT_MAX); its
          * choice goes first, the rest keep their order for when its slot is full. */
         for (int i = 0; i < n; i++) {
             const tg_account_t *acc = p->order[i];
-            tg_health_entry_t *e = tg_health_get(pw->health, acc->id);
+            tg_health_entry_t *e = tg_health_get(pw->ctx->health, acc->id);
             tg_ffi_account_t *fa = &p->accts[i];
             memset(fa, 0, sizeof(*fa));
             fa->id = acc->name;
@@ -1522,7 +1364,7 @@ static int phase_select(proxy_req_t *p) {
 
 static void use_account(proxy_req_t *p, const tg_account_t *acc) {
     p->at.account = acc;
-    tg_health_get(p->pw->health, acc->id)->picks += 1;
+    tg_health_get(p->pw->ctx->health, acc->id)->picks += 1;
     p->at.up_proto = upstream_proto(p, acc->provider);
     p->at.up = acc->upstream;
     p->at.credential = acc->credential;
@@ -1539,7 +1381,7 @@ static void slot_release(proxy_req_t *p) {
         uv_timer_stop(p->slot_timer);
     if (!p->slot_account)
         return;
-    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (redis) {
         char key[64];
         snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
@@ -1553,7 +1395,7 @@ static int slot_try(proxy_req_t *p);
 
 static void slot_renew_cb(uv_timer_t *t) {
     proxy_req_t *p = t->data;
-    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (!p->slot_account || !redis)
         return;
     char key[64], ttl[16];
@@ -1597,10 +1439,10 @@ static void slot_got(void *ud, redisReply *r, const char *err) {
 
 /* Takes the first account in order whose slot is free. TG_AGAIN while asking Redis. */
 static int slot_try(proxy_req_t *p) {
-    tg_redis_t *redis = tg_state_redis(p->req->worker->state);
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     while (p->next_order < p->norder) {
         const tg_account_t *acc = p->order[p->next_order];
-        tg_health_entry_t *e = tg_health_get(p->pw->health, acc->id);
+        tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, acc->id);
         if (acc->concurrency > 0 && e->inflight >= acc->concurrency) {
             p->next_order++;
             continue;
@@ -1668,7 +1510,7 @@ static void reserve_done(void *ud, int status, const char *code, const char *msg
 static int phase_reserve(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
-    if (!pw->billing || !pr || !pr->key_id || !is_model_route(p->req->route))
+    if (!pw->ctx->billing || !pr || !pr->key_id || !is_model_route(p->req->route))
         return TG_OK;
     if (money_bound(p) != TG_OK)
         return TG_DONE;
@@ -1678,10 +1520,10 @@ static int phase_reserve(proxy_req_t *p) {
          * so record it now. */
         p->money_held = 0;
         p->reserved = p->attempt;
-        tg_billing_admitted(pw->billing, &r);
+        tg_billing_admitted(pw->ctx->billing, &r);
         return TG_OK;
     }
-    p->reserve = tg_billing_reserve(pw->billing, &r, reserve_done, p);
+    p->reserve = tg_billing_reserve(pw->ctx->billing, &r, reserve_done, p);
     cleanup_add(p, cleanup_reserve);
     return TG_AGAIN;
 }
@@ -1772,10 +1614,10 @@ static void cool_account(proxy_req_t *p, int64_t ms) {
     if (!p->at.account || ms <= 0)
         return;
     int64_t now = (int64_t)tg_wall_ms();
-    int64_t until = tg_health_cool(tg_health_get(p->pw->health, p->at.account->id), now, ms);
+    int64_t until = tg_health_cool(tg_health_get(p->pw->ctx->health, p->at.account->id), now, ms);
     tg_log_info("request %s: account %s cools down for %lld ms (upstream %d)", p->req->id, p->at.account->name,
                 (long long)(until - now), p->at.upstream_status);
-    tg_pg_t *pg = tg_state_pg(p->req->worker->state);
+    tg_pg_t *pg = tg_state_pg(p->pw->ctx->state);
     if (!pg)
         return;
     char id[24], ts[32];
@@ -1785,7 +1627,7 @@ static void cool_account(proxy_req_t *p, int64_t ms) {
     tg_pg_query(pg,
                 "UPDATE accounts SET cooldown_until = greatest(coalesce(cooldown_until, to_timestamp(0)), "
                 "to_timestamp($2::bigint / 1000.0)) WHERE id = $1::bigint",
-                2, params, cooldown_persisted, p->req->worker->state);
+                2, params, cooldown_persisted, p->pw->ctx->state);
 }
 
 /*
@@ -1808,7 +1650,7 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_529_ms);
     else if (status == 401 || status == 403)
         cool_account(p, cfg->routing.cooldown_auth_ms);
-    else if (p->at.account && tg_health_get(p->pw->health, p->at.account->id)->err_ewma >= 0.5)
+    else if (p->at.account && tg_health_get(p->pw->ctx->health, p->at.account->id)->err_ewma >= 0.5)
         cool_account(p, cfg->routing.cooldown_5xx_ms);
     /* The static upstream of the config file is a single target: no retries there. */
     if (!p->at.account || !can_retry(p))
@@ -1818,7 +1660,7 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         const tg_account_t *any[1];
         int sticky = 0;
         tg_select_t q = {.group_id = p->principal->group_id, .model = p->model, .now_ms = (int64_t)tg_wall_ms()};
-        if (tg_select(p->snap, p->pw->health, &q, any, 1, &sticky) == 0)
+        if (tg_select(p->snap, p->pw->ctx->health, &q, any, 1, &sticky) == 0)
             return 0;
     }
     int action = TG_RETRY_OTHER;
@@ -1828,7 +1670,7 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
     int64_t delay = status == 429 || status == 529 || status == 401 || status == 403
                         ? 0
                         : backoff / 2 + (int64_t)(r % (uint32_t)(backoff + 1));
-    tg_plugins_t *pl = p->pw->plugins;
+    tg_plugins_t *pl = p->pw->ctx->plugins;
     if (p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_UPSTREAM_ERROR)) {
         tg_hookctx_t *c = &p->ctx;
         c->attempt = p->attempt;
@@ -1852,9 +1694,9 @@ static int maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
     if (delay < 0 || elapsed + delay >= cfg->routing.deadline_ms)
         return 0;
     /* A known failure cost nothing: its hold goes back before the next attempt reserves. */
-    if (p->reserved == p->attempt && p->pw->billing && (failure == TG_UPFAIL_STATUS || failure == TG_UPFAIL_CONNECT ||
+    if (p->reserved == p->attempt && p->pw->ctx->billing && (failure == TG_UPFAIL_STATUS || failure == TG_UPFAIL_CONNECT ||
                                                           failure == TG_UPFAIL_TIMEOUT_CONNECT))
-        tg_billing_release_attempt(p->pw->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
+        tg_billing_release_attempt(p->pw->ctx->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
                                    p->attempt);
     /* Reset this attempt's upstream state and go back to account selection. */
     if (p->at.account && p->ntried < 8)
@@ -2250,7 +2092,7 @@ static int phase_upstream(proxy_req_t *p) {
     free(body);
     p->upstream_start_ns = tg_now_ns();
     if (p->at.account) {
-        p->at.health = tg_health_get(p->pw->health, p->at.account->id);
+        p->at.health = tg_health_get(p->pw->ctx->health, p->at.account->id);
         tg_health_begin(p->at.health);
     }
     p->at.call = tg_upcall_start(u, b, &up_cbs, p);
@@ -2260,7 +2102,7 @@ static int phase_upstream(proxy_req_t *p) {
 /* ---- the pipeline ------------------------------------------------------------------- */
 
 static const phase_fn phases[PH__COUNT] = {
-    [PH_ROUTE] = phase_route,   [PH_AUTH] = phase_auth,     [PH_PARSE] = phase_parse,
+    [PH_AUTH] = phase_auth,     [PH_PARSE] = phase_parse,
     [PH_PLUGINS] = phase_plugins, [PH_ADMIT] = phase_admit,   [PH_STICKY] = phase_sticky,
     [PH_SELECT] = phase_select, [PH_SLOT] = phase_slot,     [PH_RESERVE] = phase_reserve,
     [PH_UPSTREAM] = phase_upstream,
@@ -2273,18 +2115,30 @@ static void proxy_run(proxy_req_t *p) {
             continue;
         if (rc == TG_ERROR)
             fail(p, 500, "server_error", "internal_error", "internal error");
-        return; /* TG_DONE, TG_AGAIN, or TG_DECLINED (handed over, p is gone) */
+        return; /* TG_DONE or TG_AGAIN */
     }
 }
 
-void tg_proxy_handle(tg_request_t *req) {
-    proxy_req_t *p = preq_alloc(req->worker->proxy);
+static proxy_req_t *proxy_begin(tg_request_t *req, tg_proto_t proto) {
+    proxy_worker_t *pw = req->worker->ctx->proxy;
+    proxy_req_t *p = preq_alloc(pw);
     p->req = req;
-    p->pw = req->worker->proxy;
+    p->pw = pw;
     p->attempt = 1;
+    p->proto = proto;
+    p->path = req->url.data ? req->url.data : "/";
     req->handler_data = p;
     req->abort_cb = on_abort;
     req->drain_cb = on_drain;
     req->finish_cb = on_finish;
-    proxy_run(p);
+    return p;
+}
+
+void tg_proxy_handle(tg_request_t *req, tg_proto_t proto) {
+    proxy_run(proxy_begin(req, proto));
+}
+
+void tg_proxy_refuse(tg_request_t *req, tg_proto_t proto, int status, const char *code, const char *msg,
+                     const char *extra_headers) {
+    fail_ex(proxy_begin(req, proto), status, "invalid_request_error", code, msg, extra_headers);
 }

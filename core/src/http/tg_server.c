@@ -321,7 +321,8 @@ static void prepare_cb(uv_prepare_t *h) {
         w->dirty = c->dirty_next;
         conn_flush(c);
     }
-    tg_proxy_worker_flush(w);
+    if (w->gw->handler)
+        w->gw->handler->flush(w);
     if (w->logbuf.len) {
         log_flush(w);
         if (w->logbuf.cap > 1 << 20)
@@ -696,7 +697,7 @@ static void dispatch(tg_conn_t *c) {
         return;
     }
     uv_timer_stop(&c->timer);
-    tg_proxy_handle(r);
+    c->w->gw->handler->handle(r);
 }
 
 /*
@@ -1153,11 +1154,11 @@ static void close_walk_cb(uv_handle_t *h, void *arg) {
         uv_close(h, NULL);
 }
 
-/* A worker's end: its proxy state (when it has one), log buffer, spares, then every
- * handle of its loop. */
-static void worker_teardown(tg_worker_t *w, int with_proxy) {
-    if (with_proxy)
-        tg_proxy_worker_close(w);
+/* A worker's end: the handler's context (when it has one), log buffer, spares, then
+ * every handle of its loop. */
+static void worker_teardown(tg_worker_t *w, int with_ctx) {
+    if (with_ctx)
+        w->gw->handler->worker_close(w);
     prepare_cb(&w->prepare);
     tg_buf_free(&w->logbuf);
     spare_free_all(w);
@@ -1173,11 +1174,12 @@ static void worker_main(void *arg) {
     worker_teardown(w, 1);
 }
 
-tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
+tg_gateway_t *tg_gateway_create(tg_config_t *cfg, const tg_handler_t *handler, char *err, size_t errlen) {
     settings_init();
 
     tg_gateway_t *gw = calloc(1, sizeof(*gw));
     gw->cfg = cfg;
+    gw->handler = handler;
     gw->nworkers = cfg->workers > 0 ? cfg->workers : (int)TG_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
     gw->nkeys = cfg->nkeys;
     gw->key_hashes = calloc(cfg->nkeys + 1, 32);
@@ -1230,9 +1232,9 @@ tg_gateway_t *tg_gateway_create(tg_config_t *cfg, char *err, size_t errlen) {
             }
             w->nlisteners++;
         }
-        if (tg_proxy_worker_init(w, err, errlen) != TG_OK) {
-            /* Undo every worker made so far (this one's proxy state is already gone),
-             * as worker_main does at its end, so nothing is left behind. */
+        if (handler->worker_init(w, err, errlen) != TG_OK) {
+            /* Undo every worker made so far (this one's context is already gone), as
+             * worker_main does at its end, so nothing is left behind. */
             for (int k = 0; k <= i; k++)
                 worker_teardown(gw->workers[k], k < i);
             goto fail;

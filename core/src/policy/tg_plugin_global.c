@@ -1,7 +1,8 @@
 /*
- * The process-wide half of the plugin runtime: the `plugins` config section, reading
- * plugin files into an immutable source snapshot, reloads (validate once, publish,
- * wake every worker), the status JSON for the admin API, and `tollgate check`.
+ * The process-wide half of the plugin runtime: its copy of the `plugins` config section
+ * (parsed with the config file, base/tg_config_plugins.c), reading plugin files into an
+ * immutable source snapshot, reloads (validate once, publish, wake every worker), the
+ * status JSON for the admin API, and `tollgate check`.
  *
  * Everything here may run on any thread; one mutex guards the registry of worker
  * runtimes, the published source and the last reload's result. Reloads are
@@ -22,29 +23,6 @@
 
 /* ---- config ------------------------------------------------------------------------- */
 
-void tg_plugins_config_defaults(tg_plugins_config_t *out) {
-    memset(out, 0, sizeof(*out));
-    out->dirs = calloc(3, sizeof(char *));
-    out->dirs[0] = strdup("plugins");
-    out->dirs[1] = strdup("policies");
-    out->ndirs = 2;
-    out->watch = 1;
-    out->max_instructions = 0;
-    out->max_hook_ms = 50;
-}
-
-void tg_plugins_config_free(tg_plugins_config_t *cfg) {
-    for (size_t i = 0; i < cfg->ndirs; i++)
-        free(cfg->dirs[i]);
-    free(cfg->dirs);
-    for (size_t i = 0; i < cfg->nenabled; i++) {
-        free(cfg->enabled[i].name);
-        free(cfg->enabled[i].config_lua);
-    }
-    free(cfg->enabled);
-    memset(cfg, 0, sizeof(*cfg));
-}
-
 static void config_copy(tg_plugins_config_t *dst, const tg_plugins_config_t *src) {
     *dst = *src;
     dst->dirs = calloc(src->ndirs + 1, sizeof(char *));
@@ -55,257 +33,6 @@ static void config_copy(tg_plugins_config_t *dst, const tg_plugins_config_t *src
         dst->enabled[i].name = strdup(src->enabled[i].name);
         dst->enabled[i].config_lua = strdup(src->enabled[i].config_lua);
     }
-}
-
-static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ...) {
-    int n = snprintf(err, errlen, "config: %s: ", path);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < errlen)
-        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
-    va_end(ap);
-    return TG_ERROR;
-}
-
-/* Writes the Lua value at `idx` as a Lua constructor. Only data: no functions. */
-/* A Lua string literal for s (decimal escapes for anything not printable ASCII). */
-static void lua_quote(tg_buf_t *b, const char *s, size_t n) {
-    tg_buf_appends(b, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            tg_buf_printf(b, "\\%c", c);
-        else if (c < 0x20 || c >= 0x7f)
-            tg_buf_printf(b, "\\%03u", c);
-        else
-            tg_buf_append(b, &s[i], 1);
-    }
-    tg_buf_appends(b, "\"");
-}
-
-static int serialize(lua_State *L, int idx, tg_buf_t *b, const char *path, int depth, char *err, size_t errlen) {
-    idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
-    switch (lua_type(L, idx)) {
-    case LUA_TSTRING: {
-        size_t n;
-        const char *s = lua_tolstring(L, idx, &n);
-        lua_quote(b, s, n);
-        return TG_OK;
-    }
-    case LUA_TNUMBER:
-        tg_buf_printf(b, "%.17g", lua_tonumber(L, idx));
-        return TG_OK;
-    case LUA_TBOOLEAN:
-        tg_buf_appends(b, lua_toboolean(L, idx) ? "true" : "false");
-        return TG_OK;
-    case LUA_TTABLE:
-        break;
-    default:
-        return cfail(err, errlen, path, "expected data (string, number, boolean, table), got %s",
-                     luaL_typename(L, idx));
-    }
-    if (depth > 32)
-        return cfail(err, errlen, path, "nested too deeply");
-    tg_buf_appends(b, "{");
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        char sub[512];
-        int kt = lua_type(L, -2);
-        if (kt == LUA_TSTRING) {
-            snprintf(sub, sizeof(sub), "%s.%s", path, lua_tostring(L, -2));
-        } else if (kt == LUA_TNUMBER) {
-            snprintf(sub, sizeof(sub), "%s[%g]", path, lua_tonumber(L, -2));
-        } else {
-            lua_pop(L, 2);
-            return cfail(err, errlen, path, "table keys must be strings or numbers");
-        }
-        tg_buf_appends(b, "[");
-        lua_pushvalue(L, -2);
-        int rc = serialize(L, -1, b, sub, depth + 1, err, errlen);
-        lua_pop(L, 1);
-        tg_buf_appends(b, "]=");
-        rc = rc ?: serialize(L, -1, b, sub, depth + 1, err, errlen);
-        if (rc) {
-            lua_pop(L, 2);
-            return rc;
-        }
-        tg_buf_appends(b, ",");
-        lua_pop(L, 1);
-    }
-    tg_buf_appends(b, "}");
-    return TG_OK;
-}
-
-static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *err, size_t errlen) {
-    if (!lua_istable(L, t))
-        return cfail(err, errlen, "plugins.enabled", "expected a list of {name=..., config={...}}, got %s",
-                     luaL_typename(L, t));
-    size_t n = lua_objlen(L, t);
-    out->enabled = calloc(n + 1, sizeof(*out->enabled));
-    for (size_t i = 1; i <= n; i++) {
-        char path[64];
-        snprintf(path, sizeof(path), "plugins.enabled[%zu]", i);
-        lua_rawgeti(L, t, (int)i);
-        int e = lua_gettop(L);
-        if (lua_type(L, e) == LUA_TSTRING) {
-            /* Shorthand: "model-map" means {name = "model-map"}. */
-            for (size_t k = 0; k < out->nenabled; k++)
-                if (!strcmp(out->enabled[k].name, lua_tostring(L, e))) {
-                    int rc = cfail(err, errlen, path, "name: \"%s\" is enabled twice", lua_tostring(L, e));
-                    lua_pop(L, 1);
-                    return rc;
-                }
-            out->enabled[out->nenabled].name = strdup(lua_tostring(L, e));
-            out->enabled[out->nenabled++].config_lua = strdup("{}");
-            lua_pop(L, 1);
-            continue;
-        }
-        if (!lua_istable(L, e)) {
-            lua_pop(L, 1);
-            return cfail(err, errlen, path, "expected {name=..., config={...}}, got %s", luaL_typename(L, e));
-        }
-        lua_pushnil(L);
-        while (lua_next(L, e)) {
-            lua_pop(L, 1);
-            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-            if (strcmp(k, "name") != 0 && strcmp(k, "config") != 0) {
-                char key[128];
-                snprintf(key, sizeof(key), "%s", k);
-                lua_pop(L, 2);
-                return cfail(err, errlen, path, "unknown key \"%s\" (expected name, config)", key);
-            }
-        }
-        lua_getfield(L, e, "name");
-        if (lua_type(L, -1) != LUA_TSTRING) {
-            const char *tn = luaL_typename(L, -1);
-            lua_pop(L, 2);
-            return cfail(err, errlen, path, "name: expected string, got %s", tn);
-        }
-        const char *name = lua_tostring(L, -1);
-        for (const char *c = name; *c; c++)
-            if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_')) {
-                lua_pop(L, 2);
-                return cfail(err, errlen, path, "name: \"%s\" may hold only a-z, 0-9, - and _", name);
-            }
-        for (size_t k = 0; k < out->nenabled; k++)
-            if (!strcmp(out->enabled[k].name, name)) {
-                lua_pop(L, 2);
-                return cfail(err, errlen, path, "name: \"%s\" is enabled twice", name);
-            }
-        tg_plugin_enable_t *pe = &out->enabled[out->nenabled++];
-        pe->name = strdup(name);
-        lua_pop(L, 1);
-        lua_getfield(L, e, "config");
-        tg_buf_t b;
-        tg_buf_init(&b);
-        char cpath[160];
-        snprintf(cpath, sizeof(cpath), "plugins.%s.config", name);
-        int rc = TG_OK;
-        if (lua_isnil(L, -1))
-            tg_buf_appends(&b, "{}");
-        else if (!lua_istable(L, -1))
-            rc = cfail(err, errlen, cpath, "expected table, got %s", luaL_typename(L, -1));
-        else
-            rc = serialize(L, -1, &b, cpath, 0, err, errlen);
-        pe->config_lua = strdup(b.data ? b.data : "{}");
-        tg_buf_free(&b);
-        lua_pop(L, 2);
-        if (rc)
-            return rc;
-    }
-    return TG_OK;
-}
-
-int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, char *err, size_t errlen) {
-    tg_plugins_config_defaults(out);
-    int t = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
-    int rc = TG_OK;
-    if (!lua_istable(L, t)) {
-        rc = cfail(err, errlen, "plugins", "expected table, got %s", luaL_typename(L, t));
-        goto done;
-    }
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-        lua_pop(L, 1);
-        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-        static const char *const keys[] = {"dirs", "enabled", "watch", "max_instructions", "max_hook_ms", NULL};
-        int ok = 0;
-        for (const char *const *a = keys; *a; a++)
-            ok |= strcmp(*a, k) == 0;
-        if (!ok) {
-            char path[160];
-            snprintf(path, sizeof(path), "plugins.%s", k);
-            lua_pop(L, 1);
-            rc = cfail(err, errlen, path, "unknown key");
-            goto done;
-        }
-    }
-    lua_getfield(L, t, "dirs");
-    if (!lua_isnil(L, -1)) {
-        if (!lua_istable(L, -1)) {
-            rc = cfail(err, errlen, "plugins.dirs", "expected a list of folders, got %s", luaL_typename(L, -1));
-            lua_pop(L, 1);
-            goto done;
-        }
-        for (size_t i = 0; i < out->ndirs; i++)
-            free(out->dirs[i]);
-        free(out->dirs);
-        size_t n = lua_objlen(L, -1);
-        out->dirs = calloc(n + 1, sizeof(char *));
-        out->ndirs = 0;
-        for (size_t i = 1; i <= n; i++) {
-            lua_rawgeti(L, -1, (int)i);
-            if (lua_type(L, -1) != LUA_TSTRING) {
-                char path[64];
-                snprintf(path, sizeof(path), "plugins.dirs[%zu]", i);
-                rc = cfail(err, errlen, path, "expected string, got %s", luaL_typename(L, -1));
-                lua_pop(L, 2);
-                goto done;
-            }
-            out->dirs[out->ndirs++] = strdup(lua_tostring(L, -1));
-            lua_pop(L, 1);
-        }
-    }
-    lua_pop(L, 1);
-    lua_getfield(L, t, "watch");
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TBOOLEAN)
-            rc = cfail(err, errlen, "plugins.watch", "expected boolean, got %s", luaL_typename(L, -1));
-        out->watch = lua_toboolean(L, -1);
-    }
-    lua_pop(L, 1);
-    if (rc)
-        goto done;
-    lua_getfield(L, t, "max_instructions");
-    if (!lua_isnil(L, -1)) {
-        double v = lua_tonumber(L, -1);
-        if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(long)v || (v != 0 && v < 1000) || v > 1e10)
-            rc = cfail(err, errlen, "plugins.max_instructions", "expected 0 (off) or a whole number from 1000 to 1e10");
-        out->max_instructions = (long)v;
-    }
-    lua_pop(L, 1);
-    if (rc)
-        goto done;
-    lua_getfield(L, t, "max_hook_ms");
-    if (!lua_isnil(L, -1)) {
-        double v = lua_tonumber(L, -1);
-        if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(int)v || v < 1 || v > 60000)
-            rc = cfail(err, errlen, "plugins.max_hook_ms", "expected a whole number from 1 to 60000");
-        out->max_hook_ms = (int)v;
-    }
-    lua_pop(L, 1);
-    if (rc)
-        goto done;
-    lua_getfield(L, t, "enabled");
-    if (!lua_isnil(L, -1))
-        rc = parse_enabled(L, lua_gettop(L), out, err, errlen);
-    lua_pop(L, 1);
-done:
-    if (rc)
-        tg_plugins_config_free(out);
-    return rc;
 }
 
 /* ---- reading plugin files ----------------------------------------------------------- */
@@ -506,7 +233,7 @@ static int json_to_lua(json_t *v, tg_buf_t *b, const char *path, int depth, char
         return gfail(err, errlen, path, "config too large (over %u bytes)", GROUP_MAX_LUA);
     switch (json_typeof(v)) {
     case JSON_STRING:
-        lua_quote(b, json_string_value(v), json_string_length(v));
+        tg_config_lua_quote(b, json_string_value(v), json_string_length(v));
         return TG_OK;
     case JSON_INTEGER:
         tg_buf_printf(b, "%lld", (long long)json_integer_value(v));
@@ -542,7 +269,7 @@ static int json_to_lua(json_t *v, tg_buf_t *b, const char *path, int depth, char
         json_object_foreach(v, k, x) {
             snprintf(sub, sizeof(sub), "%s.%s", path, k);
             tg_buf_appends(b, "[");
-            lua_quote(b, k, strlen(k));
+            tg_config_lua_quote(b, k, strlen(k));
             tg_buf_appends(b, "]=");
             if (json_to_lua(x, b, sub, depth + 1, err, errlen) != TG_OK)
                 return TG_ERROR;

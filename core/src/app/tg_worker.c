@@ -1,0 +1,107 @@
+/*
+ * The worker module: what one worker builds on its loop to serve requests, and the
+ * handler table (tg_worker.h) the server runs the gateway with.
+ *
+ * worker_init builds the subsystems in dependency order — the state (Postgres, Redis,
+ * the key cache) first, since accounts, admission and billing ride on its clients —
+ * and refuses the worker when its plugin runtime cannot be built: a worker without it
+ * would serve with no policy at all (a fail_closed plugin included), so the gateway
+ * does not start. worker_close undoes it once the loop has stopped, in the order that
+ * loses nothing: settlements still queued are sent to Postgres first, then the clients
+ * go (their pending callbacks run with errors: billing spools what it carried), then
+ * billing itself, which still owns its queue and spool.
+ */
+#include "tollgate/tg_worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tollgate/tg_proxy.h"
+#include "tollgate/tg_redis.h"
+#include "tollgate/tg_router.h"
+
+static void worker_close(tg_worker_t *w);
+
+static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
+    tg_worker_ctx_t *wc = calloc(1, sizeof(*wc));
+    const tg_config_t *cfg = w->gw->cfg;
+    char err[256];
+    wc->state = tg_state_create(&w->loop, cfg, (const uint8_t(*)[32])w->gw->key_hashes, w->gw->nkeys);
+    if (tg_state_redis(wc->state))
+        tg_redis_owner_flushes(tg_state_redis(wc->state)); /* after the clients' bytes */
+    wc->upstream = tg_upstream_create(&w->loop, &cfg->upstream, w->gw->client_tls, err, sizeof(err));
+    if (!wc->upstream)
+        tg_log_error("worker %d: %s", w->index, err);
+    if (tg_state_pg(wc->state))
+        wc->accounts = tg_accounts_create(&w->loop, wc->state, cfg, w->gw->client_tls);
+    tg_admission_config_t ac = {
+        .lease_ttl_ms = cfg->limiter.lease_ttl_ms,
+        .queue_max = cfg->limiter.queue_max,
+        .queue_timeout_ms = cfg->limiter.queue_timeout_ms,
+        .fail_rate = (tg_fail_policy_t)cfg->limiter.fail_rate,
+        .fail_tokens = (tg_fail_policy_t)cfg->limiter.fail_tokens,
+        .fail_concurrency = (tg_fail_policy_t)cfg->limiter.fail_concurrency,
+    };
+    wc->limits = tg_limits_create(&w->loop, wc->state, &ac);
+    wc->plugins = tg_plugins_create(&w->loop, w->index, w->gw->nworkers, err, sizeof(err));
+    wc->health = tg_health_create();
+    if (cfg->billing.enabled && tg_state_pg(wc->state) && tg_state_redis(wc->state)) {
+        tg_billing_config_t bc = {
+            .spool_dir = cfg->billing.spool_dir,
+            .reconcile_after_ms = cfg->billing.reconcile_after_ms,
+            .charge_unknown = cfg->billing.charge_unknown,
+            .worker = w->index,
+            .reconciler = w->index == 0,
+            .queue_max = cfg->billing.queue_max,
+        };
+        wc->billing = tg_billing_create(&w->loop, wc->state, &bc);
+    }
+    /* Each subsystem's counters on /metrics (every worker registers the same ones). */
+    tg_state_metrics(&w->metrics, wc->state);
+    tg_limits_metrics(&w->metrics, wc->limits);
+    tg_billing_metrics(&w->metrics, wc->billing);
+    tg_redis_metrics(&w->metrics, tg_state_redis(wc->state));
+    wc->proxy = tg_proxy_worker_create(wc);
+    w->ctx = wc;
+    if (!wc->plugins) {
+        snprintf(errbuf, errlen, "worker %d: the plugin runtime could not be built, refusing to serve without its "
+                                 "policies: %s", w->index, err);
+        worker_close(w);
+        return TG_ERROR;
+    }
+    return TG_OK;
+}
+
+static void worker_close(tg_worker_t *w) {
+    tg_worker_ctx_t *wc = w->ctx;
+    if (!wc)
+        return;
+    tg_metrics_collectors_clear(&w->metrics);
+    /* Settlements still queued go to Postgres now (bounded), not to the spool. */
+    tg_billing_drain(wc->billing, &w->loop, 3000);
+    tg_upstream_destroy(wc->upstream);
+    tg_accounts_destroy(wc->accounts); /* cancels the account loader's query */
+    if (wc->plugins)
+        tg_plugins_destroy(wc->plugins);
+    tg_state_destroy(wc->state);
+    wc->state = NULL;
+    tg_limits_destroy(wc->limits);
+    tg_billing_destroy(wc->billing);
+    tg_health_destroy(wc->health);
+    tg_proxy_worker_destroy(wc->proxy);
+    free(wc);
+    w->ctx = NULL;
+}
+
+static void worker_flush(tg_worker_t *w) {
+    tg_redis_t *r = w->ctx && w->ctx->state ? tg_state_redis(w->ctx->state) : NULL;
+    if (r)
+        tg_redis_flush(r);
+}
+
+const tg_handler_t tg_worker_handler = {
+    .worker_init = worker_init,
+    .worker_close = worker_close,
+    .flush = worker_flush,
+    .handle = tg_router_handle,
+};
