@@ -12,7 +12,7 @@ import { histogramQuantile, parsePrometheus, ratePoint, summarize } from '../../
 
 const close = (a, b, eps = 1e-9, what = '') => assert.ok(Math.abs(a - b) <= eps, `${what}: ${a} != ${b}`);
 
-/** Prometheus text like the gateway's (core/src/tg_metrics.c). */
+/** Prometheus text like the gateway's (core/src/base/tg_metrics.c). */
 function metricsText({ ok = 0, e401 = 0, e502 = 0, aborted = 0, admin = 0, ttft = [] } = {}) {
   const les = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
   const lines = ['# HELP tollgate_requests_total Requests answered, by route and status.', '# TYPE tollgate_requests_total counter'];

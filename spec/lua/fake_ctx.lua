@@ -1,6 +1,6 @@
 -- A fake request context for plugin specs: the same methods as the runtime's ctx
 -- (core/lua/tg_runtime.lua), over plain Lua tables, with the same hook checks as the
--- C side (core/src/tg_ffi.c), so a spec catches a plugin calling an API outside its
+-- C side (core/src/policy/tg_ffi.c), so a spec catches a plugin calling an API outside its
 -- hook. Also loads plugins the way the runtime does: sandbox, schema, init.
 --
 --   local F = require("fake_ctx")

@@ -2,8 +2,9 @@
  * Per-worker health of upstream accounts: error rate and time to first token as
  * exponentially weighted moving averages, requests in flight, and the cooldown state
  * machine (healthy -> cooling until T -> half-open: one trial request -> healthy, or
- * cooling again for longer). Cooling is also written to Postgres (accounts.cooldown_until,
- * only ever extended) so every instance sees it on its next snapshot reload.
+ * cooling again for longer). Nothing here does I/O: the pipeline (cool_account in
+ * app/tg_proxy.c) also writes a cooldown to Postgres (accounts.cooldown_until, only ever
+ * extended) so every instance sees it on its next snapshot reload.
  */
 #ifndef TOLLGATE_TG_HEALTH_H
 #define TOLLGATE_TG_HEALTH_H

@@ -1,6 +1,6 @@
 /*
  * `tollgate mock-upstream`: a fast, deterministic fake OpenAI/Anthropic provider used
- * by tests, benchmarks and the quickstart. See core/src/tg_mock.c for its knobs.
+ * by tests, benchmarks and the quickstart. See core/src/mock/tg_mock.c for its knobs.
  */
 #ifndef TOLLGATE_TG_MOCK_H
 #define TOLLGATE_TG_MOCK_H

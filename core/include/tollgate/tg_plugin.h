@@ -24,10 +24,15 @@
  *                     fallback: model and group restored to what the hook started with.
  *   select_account    may exclude, score, select, reject.        default and fallback:
  *                     tg_plugins_default_select (priority, then least loaded).
- *   on_upstream_error may retry(same/other, delay) or give up.   default and fallback:
- *                     give up (one layer retries, and it is this hook).
- *   on_limiter_down   may open or close.                         default and fallback:
- *                     closed.
+ *   on_upstream_error may retry(same/other, delay) or give up.   default: the core
+ *                     retries on another account while attempts, accounts and the
+ *                     deadline allow (at once after 429/529/401/403, else a backoff
+ *                     with jitter). Once a plugin implements it, it starts at give up
+ *                     and the plugin decides. fallback: give up.
+ *   on_limiter_down   may open or close.                         default: the
+ *                     configured policy (limiter.on_redis_down_*) for what no plugin
+ *                     decides (money: closed).
+ *                     fallback: every limit closed.
  *   price             may set the cost (nano-USD).               default and fallback:
  *                     unpriced (cost_nanousd = -1; billing flags it, never drops it).
  *   on_log            read-only but for log fields.              default and fallback:
@@ -44,37 +49,8 @@
 #include <uv.h>
 
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_config.h"
 #include "tollgate/tg_ffi.h"
-
-typedef struct lua_State lua_State;
-
-/** One enabled plugin: its name and its config as a Lua table constructor. */
-typedef struct {
-    char *name;
-    char *config_lua; /* e.g. "{aliases={[\"gpt-4\"]=\"gpt-4o\"}}"; "{}" when absent */
-} tg_plugin_enable_t;
-
-/** The `plugins = {...}` section of the config file. Owned by tg_config_t. */
-typedef struct {
-    char **dirs;   /* searched in order; default {"plugins", "policies"} */
-    size_t ndirs;
-    tg_plugin_enable_t *enabled;
-    size_t nenabled;
-    int watch;               /* reload when a file in dirs changes (default 1) */
-    long max_instructions;   /* per hook call, Lua VM instructions; 0 = not counted (default) */
-    int max_hook_ms;         /* per hook call, wall clock, enforced by a watchdog (default 50) */
-} tg_plugins_config_t;
-
-/**
- * Parses the `plugins` table at stack index `idx` of L (the config file's state) into
- * *out. Returns TG_OK, or TG_ERROR with one line in err naming the key
- * ("config: plugins.enabled[2].name: expected string, got number").
- * Free with tg_plugins_config_free.
- */
-int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, char *err, size_t errlen);
-/** Fills *out with the defaults (no plugin enabled). */
-void tg_plugins_config_defaults(tg_plugins_config_t *out);
-void tg_plugins_config_free(tg_plugins_config_t *cfg);
 
 /**
  * Process-wide start: copies cfg, loads and validates generation 1. Call once before

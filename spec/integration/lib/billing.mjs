@@ -60,7 +60,7 @@ export function reservationFor(bodyBytes, maxTokens, { inNano = IN_NANO, outNano
   return (BigInt(Math.floor(bodyBytes / 3)) + 1n) * inNano + BigInt(maxTokens) * outNano;
 }
 
-/** The mock's input tokens for a single user message `text` (see core/src/tg_mock.c). */
+/** The mock's input tokens for a single user message `text` (see core/src/mock/tg_mock.c). */
 export function mockInputTokens(text) {
   return Math.max(1, Math.ceil(Buffer.byteLength(text) / 4));
 }

@@ -575,7 +575,7 @@ export function parseMetrics(text) {
 }
 
 /**
- * The mock's usage formula (see the top of core/src/tg_mock.c): input tokens are
+ * The mock's usage formula (see the top of core/src/mock/tg_mock.c): input tokens are
  * ceil(UTF-8 bytes of the text in system/instructions/messages/input / 4), at least 1.
  */
 export function mockInputTokens(body) {
