@@ -1,4 +1,4 @@
--- The Lua half of the plugin runtime (core/src/tg_plugin.c is the C half). One copy
+-- The Lua half of the plugin runtime (core/src/policy/tg_plugin.c is the C half). One copy
 -- runs in each worker's lua_State. It loads plugins into sandboxes, validates them,
 -- and builds a *generation*: the sorted plugin list plus one dispatcher closure per
 -- hook. C calls a dispatcher once per hook per request with the request's

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the client-facing HTTP/1.1 request path (core/src/tg_server.c):
+ * libFuzzer target for the client-facing HTTP/1.1 request path (core/src/http/tg_server.c):
  * llhttp in strict mode plus our header collection, size limits, pipelining and the
  * pause/resume across requests. The input is fed in two pieces (the split chosen by its
  * first byte) and parsed with small limits so the 431/413 paths are reached often.

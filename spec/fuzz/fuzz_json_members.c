@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for byte-level member edits (core/src/tg_json.c).
+ * libFuzzer target for byte-level member edits (core/src/proto/tg_json.c).
  *
  * Input: one document. When jansson accepts it as an object (JSON_REJECT_DUPLICATES, as
  * the gateway parses request bodies), the members the gateway rewrites (model, the

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target for numbers kept as written (tg_json_loadb / tg_json_dumps in
- * core/src/tg_json.c).
+ * core/src/proto/tg_json.c).
  *
  * Input: one document. When tg_json_loadb accepts it, the target checks that
  *   - plain jansson, when it accepts the document too, parses the same value (the

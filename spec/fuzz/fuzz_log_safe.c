@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the log escaper (tg_buf_append_log_safe in core/src/tg_common.c):
+ * libFuzzer target for the log escaper (tg_buf_append_log_safe in core/src/base/tg_common.c):
  * the UTF-8 validator that decides which client bytes may reach a log line raw.
  *
  * Input: byte 0 picks the mode (bit 0: JSON), the rest is the text. The invariants:

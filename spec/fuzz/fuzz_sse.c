@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the SSE parser (core/src/tg_sse.c).
+ * libFuzzer target for the SSE parser (core/src/proto/tg_sse.c).
  *
  * Input: byte 0 picks where the stream is split in two, byte 1 picks max_event (times
  * 16, so 0..4080 bytes), the rest is the stream. The stream is parsed three ways: in one

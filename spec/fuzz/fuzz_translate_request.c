@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for request translation (core/src/tg_translate*.c).
+ * libFuzzer target for request translation (core/src/proto/tg_translate*.c).
  *
  * Input: one JSON document, taken as a client request of every protocol and translated
  * to every protocol (embeddings included). Beyond ASan/UBSan, the target checks that

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for stream translation (tg_xlate_*, core/src/tg_translate*.c).
+ * libFuzzer target for stream translation (tg_xlate_*, core/src/proto/tg_translate*.c).
  *
  * Input: byte 0 picks where the stream is split in two, byte 1 whether the usage chunk
  * is on and whether tg_xlate_finish is called; the rest is an upstream event stream,

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for usage extraction (core/src/tg_usage.c).
+ * libFuzzer target for usage extraction (core/src/proto/tg_usage.c).
  *
  * Input: one JSON document (a response body or one event's data), read as every
  * protocol in turn. Beyond ASan/UBSan, the target checks that

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the byte buffers and string helpers in core/src/tg_common.c: growth,
+ * Unit tests of the byte buffers and string helpers in core/src/base/tg_common.c: growth,
  * NUL termination, consume/reset, printf past the stack buffer, and the JSON escaping
  * that every access-log line and error body goes through.
  */

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the money arithmetic (core/src/tg_money.c): parsing, checking and
+ * Unit tests of the money arithmetic (core/src/domain/tg_money.c): parsing, checking and
  * formatting amounts, and pricing usage, which never wraps. A cost int64 cannot hold saturates at INT64_MAX (the callers
  * refuse or clamp it against TG_MONEY_REQUEST_MAX); it is never negative or small.
  */

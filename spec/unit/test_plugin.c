@@ -1,5 +1,5 @@
 /*
- * Unit tests of the plugin runtime (core/src/tg_plugin*.c, tg_ffi.c, core/lua/): the
+ * Unit tests of the plugin runtime (core/src/policy/tg_plugin*.c, tg_ffi.c, core/lua/): the
  * `plugins` config section, hooks and their defaults and fallbacks, API phase checks,
  * the sandbox, the instruction budget against endless loops, generations (a request
  * keeps the one it began with; a broken one is refused whole), the status JSON, and

@@ -1,5 +1,5 @@
 /*
- * The one Redis URL parser (tg_redis_url_parse, core/src/tg_redis.c), used by the
+ * The one Redis URL parser (tg_redis_url_parse, core/src/io/tg_redis.c), used by the
  * workers' client and by `tollgate ledger`: every part of the URL is read, the password
  * and the database included, and anything else is refused.
  */

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the SSE parser (core/src/tg_sse.c). The main table feeds each stream
+ * Unit tests of the SSE parser (core/src/proto/tg_sse.c). The main table feeds each stream
  * whole, split in two at every byte offset, in three at every pair of offsets (short
  * streams), and byte by byte, and checks that every way yields exactly the expected
  * events: the gateway sees the same usage and first token however the network cuts

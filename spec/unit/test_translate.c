@@ -1,5 +1,5 @@
 /*
- * Unit tests of the translation layer (core/src/tg_translate*.c).
+ * Unit tests of the translation layer (core/src/proto/tg_translate*.c).
  *
  * Most of them are table-driven golden files: every folder of spec/golden/translate/
  * is one case, with a case.json saying what it is

@@ -1,5 +1,5 @@
 /*
- * Unit tests of usage extraction (core/src/tg_usage.c), on the bodies and streams the
+ * Unit tests of usage extraction (core/src/proto/tg_usage.c), on the bodies and streams the
  * providers really send. The stream tests run the bytes through the SSE parser, split at
  * every offset, exactly as the gateway does, and check the usage that would be billed.
  */
