@@ -31,3 +31,8 @@ foreach(file ${TG_BILLING_IT})
     SKIP_RETURN_CODE 77
     RESOURCE_LOCK redis)
 endforeach()
+
+# A billing defect the hostile issue's chaos run found: also labelled `hostile`.
+if(TEST integration.billing_crash_settled)
+  set_tests_properties(integration.billing_crash_settled PROPERTIES LABELS "hostile;billing;integration")
+endif()

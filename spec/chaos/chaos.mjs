@@ -22,7 +22,7 @@ import http from 'node:http';
 import path from 'node:path';
 
 import { HOST, REPO, TG_BIN, sleep, startGateway, startMock, stopAll, tempDir, toLua, waitFor } from '../integration/lib/harness.mjs';
-import { SECRET_KEY, applyState, offsetIds, plainKey, psql, startRedis, tool } from '../integration/lib/db.mjs';
+import { SECRET_KEY, applyState, offsetIds, plainKey, psql, redisCli, startRedis, tool } from '../integration/lib/db.mjs';
 import { startPrivatePg } from '../integration/lib/billing.mjs';
 
 const SECONDS = Number(process.env.TG_CHAOS_SECONDS || 60);
@@ -39,6 +39,7 @@ const figures = {
   client_aborts: 0, network_errors: 0, other: {}, unavailable_by: {}, upstream_by: {},
 };
 const events = [];
+const allProcs = []; // every gateway process started, the killed ones too (their logs)
 
 function count(status, code) {
   figures.requests++;
@@ -103,6 +104,7 @@ try {
   });
   const start = async (i) => {
     gws[i] = await startGateway(cfg(i), { mock, env });
+    allProcs.push({ i, proc: gws[i].proc });
     log(`instance ${i} up on :${gws[i].port} (pid ${gws[i].proc.pid})`);
   };
   for (let i = 0; i < N; i++) await start(i);
@@ -320,6 +322,29 @@ try {
   if (figures.refused_limit === 0) problems.push('no refusal by the concurrency limit (the load did not reach it)');
   if (figures.refused_balance + figures.refused_budget === 0) problems.push('no refusal by balance or budget (the load did not reach it)');
 
+  // A verify that stays unclean: what a human needs to tell a transient from a loss, kept
+  // in a folder that outlives the run (the mismatching tenants' reservation rows and
+  // Redis holds, every gateway's log, the killed ones' too).
+  async function keepArtefacts(verifyOut) {
+    const dir = fs.mkdtempSync(path.join(process.env.TG_CHAOS_ARTEFACTS || '/tmp', 'tollgate-chaos-fail-'));
+    const put = (name, text) => fs.writeFileSync(path.join(dir, name), text);
+    put('verify.txt', verifyOut);
+    put('events.txt', events.join('\n') + '\n');
+    const tenants = [...new Set([...verifyOut.matchAll(/tenant_id=(\d+)/g)].map((m) => m[1]))];
+    for (const t of tenants) {
+      put(`tenant-${t}-reservations.txt`, await q(`SELECT request_id, attempt, state, amount, note, instance, model, created_at, updated_at FROM reservations WHERE tenant_id = ${t} AND (state <> 'reconciled' OR note IS NOT NULL) ORDER BY created_at`).catch((e) => e.message));
+      put(`tenant-${t}-reservations-all.txt`, await q(`SELECT * FROM reservations WHERE tenant_id = ${t} ORDER BY created_at`).catch((e) => e.message));
+      const r = [];
+      for (const args of [['HGETALL', `{t:${t}}:money`], ['HGETALL', `{t:${t}}:holds`], ['--scan', '--pattern', `{t:${t}}:*`]])
+        r.push(`> ${args.join(' ')}\n${await redisCli(redis.url, ...args).catch((e) => e.message)}`);
+      const resKeys = (await redisCli(redis.url, '--scan', '--pattern', `{t:${t}}:res:*`).catch(() => '')).split('\n').filter(Boolean);
+      for (const k of resKeys) r.push(`> GET ${k}: ${await redisCli(redis.url, 'GET', k).catch((e) => e.message)}`);
+      put(`tenant-${t}-redis.txt`, r.join('\n') + '\n');
+    }
+    for (const { i, proc } of allProcs) put(`gateway-${i}-pid${proc.pid}.log`, proc.lines.stderr.join('\n') + '\n' + proc.lines.stdout.join('\n') + '\n');
+    console.log(`artefacts of the unclean verify kept in ${dir}`);
+  }
+
   const commit = await new Promise((resolve) => execFile('git', ['-C', REPO, 'rev-parse', '--short', 'HEAD'], (e, o) => resolve(e ? '?' : o.trim())));
   const lines = [
     `chaos run: ${SECONDS} s, ${N} instances, ${CLIENTS} clients, commit ${commit}`,
@@ -336,6 +361,7 @@ try {
   if (problems.length) {
     console.log(`FAIL:\n- ${problems.join('\n- ')}`);
     for (const g of gws) console.log(g.proc.tail(20));
+    if (verify.code !== 0) await keepArtefacts(verify.out);
   } else {
     console.log('PASS: ledger verify clean, every bound held');
     exitCode = 0;

@@ -528,6 +528,8 @@ void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
 static void flush(tg_billing_t *b);
 static void spool_next(tg_billing_t *b);
 
+static void release_durable(tg_billing_t *b, json_t *batch);
+
 /* Appends `batch` to the spool, one line per BATCH_MAX elements (so that replaying it
  * never needs more memory than one batch), and fsyncs. Returns 0, or -1 when it could
  * not be written: then the elements are kept in memory (re-queued) unless `batch` is
@@ -568,6 +570,7 @@ static int spool_append(tg_billing_t *b, json_t *batch, const char *why) {
     }
     b->stats.spooled += n;
     tg_log_warn("billing: %s: %zu settlement(s) spooled to %s", why, n, b->spool_path);
+    release_durable(b, batch);
     return 0;
 }
 
@@ -704,6 +707,7 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
         return;
     }
     b->stats.batches++;
+    release_durable(b, c->batch);
     debit_unheld(b, c->batch, res);
     for (int i = 0; i < PQntuples(res); i++) {
         const char *outcome = PQgetvalue(res, i, 1);
@@ -798,6 +802,36 @@ static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t 
     }
 }
 
+/*
+ * Gives back the holds of the settlements in `batch` once they are durable: committed in
+ * Postgres, or fsync'd to the spool. Not before: a gateway killed between the two would
+ * have paid the request in Redis (the hold and its index entry gone) and never in
+ * Postgres (no row, no usage, nothing left for the reconciler to find), and the live
+ * balance would stay short of Postgres' for ever. Kept until then, a hold outlives a
+ * lost settlement and is reconciled like any other (an orphaned hold, or its row).
+ * SETTLE_LUA is idempotent, so a settlement released when spooled and again when its
+ * replay commits gives its holds back once. Elements of older spools, without
+ * release_cost, were given back when they were made.
+ */
+static void release_durable(tg_billing_t *b, json_t *batch) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(batch, i, e) {
+        json_t *cost = json_object_get(e, "release_cost");
+        const char *rid = json_string_value(json_object_get(e, "request_id"));
+        if (json_object_get(e, "op") || !json_is_integer(cost) || !rid)
+            continue;
+        tg_settlement_t s = {
+            .request_id = rid,
+            .tenant_id = json_integer_value(json_object_get(e, "tenant_id")),
+            .key_id = json_integer_value(json_object_get(e, "api_key_id")),
+            .attempts = (int)json_integer_value(json_object_get(e, "attempts")),
+            .unheld = (unsigned)json_integer_value(json_object_get(e, "release_unheld")),
+        };
+        release_attempts(b, &s, json_integer_value(cost));
+    }
+}
+
 static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
     return (u->known & bit) ? json_integer(v) : json_null();
 }
@@ -826,6 +860,9 @@ static json_t *settlement_json(const tg_settlement_t *s) {
     json_object_set_new(o, "account_id", s->account_id ? json_integer(s->account_id) : json_null());
     json_object_set_new(o, "model", json_string(s->model ? s->model : ""));
     json_object_set_new(o, "attempts", json_integer(TG_MAX(s->attempts, 1)));
+    /* What giving the holds back needs once this settlement is durable (release_durable). */
+    json_object_set_new(o, "release_cost", json_integer(s->cost));
+    json_object_set_new(o, "release_unheld", json_integer(s->unheld));
     json_object_set_new(o, "input", usage_field(u, TG_USAGE_INPUT, u->input));
     json_object_set_new(o, "output", usage_field(u, TG_USAGE_OUTPUT, u->output));
     json_object_set_new(o, "cache_read", usage_field(u, TG_USAGE_CACHE_READ, u->cache_read));
@@ -866,7 +903,8 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
         b->stats.clamped++;
     if (s->unreadable)
         b->stats.estimated++;
-    release_attempts(b, s, s->cost);
+    /* The holds go back once the settlement is durable (release_durable), not now: a
+     * gateway killed in between leaves them held and indexed, found by the reconciler. */
     enqueue(b, settlement_json(s));
 }
 
@@ -902,7 +940,8 @@ void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
         b->leader = 0;
     }
     flush(b);
-    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released) &&
+    /* The holds of what lands go back once it is durable: wait for those answers too. */
+    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released || b->settles) &&
            tg_now_ms() < end) {
         uv_run(loop, UV_RUN_ONCE);
         if (json_array_size(b->queue))
@@ -1204,13 +1243,14 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
         const char *rid = PQgetvalue(res, i, 0);
         int att = atoi(PQgetvalue(res, i, 1));
         int64_t key = atoll(PQgetvalue(res, i, 2));
-        if (!strcmp(PQgetvalue(res, i, 7), "t"))
-            continue; /* its row is there: reconciled as a row */
         if (!strcmp(PQgetvalue(res, i, 8), "t")) {
-            /* Settled, but its hold was never given back (Redis missed the release). */
+            /* Settled, but its hold was never given back (Redis missed the release, or
+             * the gateway died between the commit and the release). */
             settle_hold(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)));
             continue;
         }
+        if (!strcmp(PQgetvalue(res, i, 7), "t"))
+            continue; /* its row is there: reconciled as a row */
         char amount[32];
         tg_money_format(atoll(PQgetvalue(res, i, 4)), amount);
         json_t *e = json_object();
