@@ -134,5 +134,5 @@ test('a release that failed while Redis was down is sent again once it is back',
   await waitFor(async () => (await leases('lost')) === 0, { timeout: 10000, interval: 100, what: 'the release retried' });
   t.diagnostic(`lease released ${Date.now() - t0} ms after Redis came back (lease TTL 30 s)`);
   const m = await metrics(slow);
-  assert.ok((m['tollgate_limiter_lease_total{event="release_retried"}'] ?? 0) >= 1, 'counted in /metrics');
+  assert.ok((m['tollgate_redis_total{event="resend"}'] ?? 0) >= 1, 'counted in /metrics');
 });

@@ -146,7 +146,6 @@ typedef struct {
     uint64_t down[TG_DOWN__COUNT][3]; /* per limit kind and tg_fail_policy_t */
     uint64_t round_trips;
     uint64_t leases_reacquired; /* leases a renewal had to add back (Redis lost them) */
-    uint64_t release_retries;   /* releases sent again after no answer */
 } tg_limits_stats_t;
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l);
 /** Registers admission's collector (tollgate_admission_*, tollgate_limiter_*) on a

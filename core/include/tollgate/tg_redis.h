@@ -53,6 +53,7 @@ typedef struct {
     uint64_t disconnects; /* established connections lost (either connection) */
     uint64_t connects;    /* connections established (either connection) */
     uint64_t script_loads; /* NOSCRIPT answered by loading the script */
+    uint64_t resends;      /* idempotent scripts sent again after a lost answer */
 } tg_redis_stats_t;
 
 /** A Redis URL taken apart: "redis://[[user]:password@]host[:port][/db]" (host may be a
@@ -116,6 +117,27 @@ int tg_redis_script_register(tg_redis_t *r, const char *lua_source);
  */
 tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
                               const size_t *argvlen, tg_redis_cb cb, void *ud);
+
+/** How many more times tg_redis_eval_idempotent sends a script whose answer was lost:
+ *  0.5 s, 1 s, 2 s, 4 s and 8 s after each loss. */
+#define TG_REDIS_RESEND_TRIES 5
+/** How many idempotent scripts one client keeps for a resend at once (bounded memory
+ *  while Redis is away); beyond, a script is sent once. */
+#define TG_REDIS_RESEND_PENDING_MAX 4096
+
+/**
+ * tg_redis_eval for a script that is idempotent (a second run changes nothing: it gives
+ * back a lease or a hold that is already back): when its answer is lost
+ * (tg_redis_err_timeout or tg_redis_err_disconnected, after which it may or may not have
+ * run) it is sent again, TG_REDIS_RESEND_TRIES times at most, each resend counted in
+ * stats.resends. For work nobody else would redo while this gateway lives. The callback
+ * (may be NULL) runs once, never from inside this call, with the last answer: a reply, a
+ * Redis error, the loss after the last try, or tg_redis_err_shutdown when the client is
+ * destroyed meanwhile. Returns TG_OK, or TG_ERROR without calling back (bad arguments, a
+ * client being destroyed). There is no cancel: the caller keeps `ud` alive until then.
+ */
+int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
+                             const size_t *argvlen, tg_redis_cb cb, void *ud);
 
 /** The callback will not run; a late reply is dropped. Call it only before the callback
  *  has run (inside its own callback it does nothing). NULL is ignored. */

@@ -142,7 +142,7 @@ struct tg_billing_s {
     int stopping;           /* draining for shutdown: no new reconciler pass */
     int lock_released;      /* the lock's release was answered (or failed) */
     int scanning;           /* a scan of {t:*}:holds is under way */
-    struct settle_send_s *settles; /* holds being given back whose answer is awaited */
+    int returning;          /* holds being given back whose last answer is awaited */
     tg_billing_stats_t stats;
 };
 
@@ -311,89 +311,43 @@ static void fmt_keys(char keys[4][128], char field[96], int64_t tenant, int64_t 
     snprintf(field, 96, "%s:%d", id, attempt);
 }
 
-/*
- * A hold given back (SETTLE_LUA), sent again when its answer is lost (a timeout, a dropped
- * connection): while this gateway lives nobody else returns its holds (the reconciler
- * only returns a dead gateway's), so a lost one would keep the tenant's money reserved.
- * The script is idempotent (it deletes the reservation key and returns nothing the
- * second time), so a repeat is harmless. Bounded: 5 more tries, 0.5 s to 8 s apart.
- */
-#define SETTLE_RETRIES 5
-typedef struct settle_send_s {
+/* The last answer of a hold given back: the Redis client sent it again while its answer
+ * was lost (while this gateway lives nobody else returns its holds: the reconciler only
+ * returns a dead gateway's, so a lost one would keep the tenant's money reserved). */
+typedef struct {
     tg_billing_t *b;
-    uv_timer_t timer;
-    int tries, timer_open;
-    struct settle_send_s *prev, *next; /* b->settles */
-    char keys[4][128], field[96], amount[24];
+    char field[96];
 } settle_send_t;
-
-static void settle_try(settle_send_t *s);
-
-static void settle_closed(uv_handle_t *h) {
-    settle_send_t *s = h->data;
-    tg_billing_t *b = s->b;
-    free(s);
-    if (b->closing && --b->closing == 0)
-        free(b);
-}
-
-static void settle_end(settle_send_t *s) {
-    tg_billing_t *b = s->b;
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        b->settles = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    if (s->timer_open)
-        uv_close((uv_handle_t *)&s->timer, settle_closed);
-    else
-        free(s);
-}
-
-static void settle_retry_cb(uv_timer_t *t) { settle_try(t->data); }
 
 static void settle_done(void *ud, redisReply *r, const char *err) {
     settle_send_t *s = ud;
     TG_UNUSED(r);
-    if ((err == tg_redis_err_timeout || err == tg_redis_err_disconnected) && s->tries <= SETTLE_RETRIES) {
-        if (!s->timer_open) {
-            uv_timer_init(s->b->loop, &s->timer);
-            s->timer.data = s;
-            s->timer_open = 1;
-        }
-        uv_timer_start(&s->timer, settle_retry_cb, 500u << (s->tries - 1), 0);
-        return;
-    }
     if (err)
         tg_log_warn("billing: returning the hold %s failed (%s); the reconciler returns it once this gateway "
                     "is gone",
                     s->field, err);
-    settle_end(s);
+    s->b->returning--;
+    free(s);
 }
 
-static void settle_try(settle_send_t *s) {
-    tg_redis_t *redis = tg_state_redis(s->b->st);
-    s->tries++;
-    const char *argv[6] = {s->keys[0], s->keys[1], s->keys[2], s->keys[3], s->amount, s->field};
-    if (!redis || !tg_redis_eval(redis, s->b->settle_script, 4, 6, argv, NULL, settle_done, s))
-        settle_end(s);
-}
-
-/* Gives back a hold: `actual` of it is spent, the rest returns to the balances. */
+/* Gives back a hold: `actual` of it is spent, the rest returns to the balances. SETTLE_LUA
+ * is idempotent (it deletes the reservation key and returns nothing the second time), so
+ * it goes through tg_redis_eval_idempotent. */
 static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    char amount[24];
+    snprintf(amount, sizeof(amount), "%lld", (long long)actual);
+    const char *argv[6] = {keys[0], keys[1], keys[2], keys[3], amount, field};
     settle_send_t *s = calloc(1, sizeof(*s));
     if (!s)
         abort();
     s->b = b;
-    memcpy(s->keys, keys, sizeof(s->keys));
     snprintf(s->field, sizeof(s->field), "%s", field);
-    snprintf(s->amount, sizeof(s->amount), "%lld", (long long)actual);
-    s->next = b->settles;
-    if (b->settles)
-        b->settles->prev = s;
-    b->settles = s;
-    settle_try(s);
+    if (!redis || tg_redis_eval_idempotent(redis, b->settle_script, 4, 6, argv, NULL, settle_done, s) != TG_OK) {
+        free(s);
+        return;
+    }
+    b->returning++;
 }
 
 /* Returns an attempt's hold (the part above `actual` goes back), exactly once. */
@@ -941,7 +895,7 @@ void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
     }
     flush(b);
     /* The holds of what lands go back once it is durable: wait for those answers too. */
-    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released || b->settles) &&
+    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released || b->returning) &&
            tg_now_ms() < end) {
         uv_run(loop, UV_RUN_ONCE);
         if (json_array_size(b->queue))
@@ -1101,14 +1055,9 @@ void tg_billing_destroy(tg_billing_t *b) {
     b->queue = NULL;
     free(b->spool_dir);
     b->spool_dir = NULL;
+    /* Holds still being given back had their last answer when the Redis client went
+     * (tg_redis_err_shutdown: the reconciler returns them). */
     b->closing = 3;
-    /* Holds still waiting for a retry: Redis is gone, the reconciler returns them. */
-    while (b->settles) {
-        settle_send_t *s = b->settles;
-        if (s->timer_open)
-            b->closing++;
-        settle_end(s);
-    }
     uv_close((uv_handle_t *)&b->flush_timer, timer_closed);
     uv_close((uv_handle_t *)&b->spool_timer, timer_closed);
     uv_close((uv_handle_t *)&b->reconcile_timer, timer_closed);

@@ -178,8 +178,8 @@ static const char ADMIT_LUA[] =
  * the tenant has a limit): +0 '1' to give back the lease, +1 the TPM correction in
  * milli-tokens (charged minus used; '' for none), +2 that bucket's capacity in
  * milli-tokens. The correction is made once: the marker turns from '1' into '2'. So the
- * script is idempotent, and the gateway sends it again when it failed or timed out (see
- * release_done), and sends it after an admission that timed out and so may have run
+ * script is idempotent, and the Redis client sends it again when its answer is lost (see
+ * release_send), and sends it after an admission that timed out and so may have run
  * (see admit_reply): ZREM of an absent member and a marker that is absent or '2' change
  * nothing. */
 static const char RELEASE_LUA[] =
@@ -232,12 +232,6 @@ static const char RENEW_LUA[] =
 /* The marker's TTL: ADMIT_LUA sets it (SET NX PX 600000), renewal keeps it. */
 #define MARKER_TTL_MS 600000
 
-/* A release that failed (timeout, disconnected) is sent again this many times, 0.5 s,
- * 1 s, 2 s, 4 s, 8 s apart; at most RELEASE_PENDING_MAX releases per worker are kept for
- * that (beyond, a release is sent once and the lease left to its TTL). */
-#define RELEASE_RETRIES 5
-#define RELEASE_PENDING_MAX 4096
-
 /* How long requests of a scope occupied their concurrency slot, for Retry-After (see
  * conc_retry_ms): a small direct-mapped table per worker; a collision just replaces. */
 #define OCCUPANCY_SLOTS 256
@@ -254,8 +248,6 @@ struct tg_limits_s {
     int admit_script, release_script, renew_script;
     tg_admit_t *queue_head, *queue_tail;
     int queued;
-    tg_admit_t *releasing; /* releases waiting for their reply or for a retry */
-    int nreleasing;
     occupancy_t occupancy[OCCUPANCY_SLOTS];
     tg_limits_stats_t stats;
 };
@@ -286,9 +278,7 @@ struct tg_admit_s {
     int refused_by;     /* 5 key, 6 tenant concurrency (see ADMIT_LUA) */
     uint64_t admitted_ms;
     int64_t actual;     /* A_RELEASING: the usage the release corrects to */
-    int tries;          /* A_RELEASING: sends so far */
     tg_admit_t *qnext, *qprev;
-    tg_admit_t *rnext, *rprev; /* in l->releasing */
     /* marker, key buckets, key leases, tenant buckets, tenant leases (see ADMIT_LUA) */
     char keys[5][112]; /* the longest: 25 bytes of tag + "a:" + a 71-byte id */
     size_t keylen[5];
@@ -1036,41 +1026,15 @@ static void release_args(args_t *g, int64_t conc, int64_t tpm, int64_t est, int6
     arg_i(g, tpm * 1000);
 }
 
-static void release_send(tg_admit_t *a);
-
-static void release_end(tg_admit_t *a) {
-    tg_limits_t *l = a->l;
-    if (a->rprev)
-        a->rprev->rnext = a->rnext;
-    else
-        l->releasing = a->rnext;
-    if (a->rnext)
-        a->rnext->rprev = a->rprev;
-    l->nreleasing--;
-    admit_free(a);
-}
-
-static void release_retry_cb(uv_timer_t *t) { release_send(t->data); }
-
-/* A release that got no answer (timeout, disconnected) may or may not have run; it is
- * idempotent, so it is sent again, a bounded number of times. */
+/* The release's last answer: a release that got none (timeout, disconnected) may or may
+ * not have run; it is idempotent, so the Redis client has sent it again (a bounded
+ * number of times) before this runs. */
 static void release_done(void *ud, redisReply *r, const char *err) {
     tg_admit_t *a = ud;
-    tg_limits_t *l = a->l;
-    if ((err == tg_redis_err_timeout || err == tg_redis_err_disconnected) && a->tries <= RELEASE_RETRIES) {
-        if (!a->timer_open) {
-            uv_timer_init(l->loop, &a->timer);
-            a->timer.data = a;
-            a->timer_open = 1;
-        }
-        l->stats.release_retries++;
-        uv_timer_start(&a->timer, release_retry_cb, 500u << (a->tries - 1), 0);
-        return;
-    }
     TG_UNUSED(r);
     if (err)
         tg_log_warn("limits: release of %s failed (%s); its leases expire by their TTL", a->id, err);
-    release_end(a);
+    admit_free(a);
 }
 
 static void release_send(tg_admit_t *a) {
@@ -1086,9 +1050,8 @@ static void release_send(tg_admit_t *a) {
     if (has_tenant(m))
         release_args(&g, m->tenant_conc, m->tenant_tpm, est, a->actual);
     l->stats.round_trips++;
-    a->tries++;
-    if (!tg_redis_eval(redis, l->release_script, nkeys, g.n, g.v, g.len, release_done, a))
-        release_end(a);
+    if (tg_redis_eval_idempotent(redis, l->release_script, nkeys, g.n, g.v, g.len, release_done, a) != TG_OK)
+        admit_free(a);
 }
 
 /* Gives back a's leases and corrects its TPM charge to `actual` (< 0: unknown, no
@@ -1107,13 +1070,6 @@ static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
     a->actual = actual;
     a->rq = NULL;
     a->qnext = a->qprev = NULL;
-    a->tries = l->nreleasing >= RELEASE_PENDING_MAX ? RELEASE_RETRIES + 1 : 0;
-    a->rprev = NULL;
-    a->rnext = l->releasing;
-    if (l->releasing)
-        l->releasing->rprev = a;
-    l->releasing = a;
-    l->nreleasing++;
     release_send(a);
 }
 
@@ -1180,9 +1136,8 @@ void tg_limits_destroy(tg_limits_t *l) {
     if (!l)
         return;
     /* Called after the state's Redis client is gone, so every release has had its
-     * callback; those left wait for a retry: dropped (their leases expire by TTL). */
-    while (l->releasing)
-        release_end(l->releasing);
+     * last callback (those still waiting for a resend with tg_redis_err_shutdown: their
+     * leases expire by TTL). */
     pthread_mutex_lock(&local_tab.mu);
     if (--local_users == 0) {
         /* The last worker is gone: the instance's local table goes with it. */
@@ -1233,11 +1188,10 @@ static void limits_collect(const void *const *stats, int n, tg_buf_t *out) {
                           pols[pol], (unsigned long long)s.down[k][pol]);
     tg_buf_printf(out,
                   "# HELP tollgate_limiter_lease_total Lease events: added back by a renewal (Redis lost "
-                  "them), releases sent again after no answer.\n"
+                  "them).\n"
                   "# TYPE tollgate_limiter_lease_total counter\n"
-                  "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n"
-                  "tollgate_limiter_lease_total{event=\"release_retried\"} %llu\n",
-                  (unsigned long long)s.leases_reacquired, (unsigned long long)s.release_retries);
+                  "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n",
+                  (unsigned long long)s.leases_reacquired);
 }
 
 void tg_limits_metrics(tg_metrics_t *m, const tg_limits_t *l) {

@@ -83,6 +83,21 @@ typedef struct {
     char sha[41];
 } tg__redis_script_t;
 
+/* An idempotent script until its last answer (tg_redis_eval_idempotent): sent, and
+ * while it waits for a resend, its timer; the arguments are copied behind it. */
+typedef struct tg__redis_resend_s {
+    tg_redis_t *r;
+    struct tg__redis_resend_s *prev, *next; /* r->resends */
+    uv_timer_t timer;
+    int timer_open;
+    int sends, max_sends;
+    int script, nkeys, argc;
+    tg_redis_cb cb;
+    void *ud;
+    const char **argv;
+    size_t *argvlen;
+} tg__redis_resend_t;
+
 typedef struct {
     char *channel;
     tg_redis_msg_cb cb;
@@ -100,6 +115,8 @@ struct tg_redis_s {
     tg__redis_sub_t *subs;
     int nsubs, subs_cap;
     tg__redis_list_t pending, deferred;
+    tg__redis_resend_t *resends; /* idempotent scripts until their last answer */
+    int nresends;
     uv_timer_t timer; /* deadlines of pending, and the stall check */
     uv_idle_t idle;   /* runs while deferred is not empty; closed last */
     uv_prepare_t flush; /* writes the commands of this loop iteration before it polls */
@@ -836,6 +853,107 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     return r;
 }
 
+/* ---- idempotent scripts, sent again -------------------------------------------- */
+
+static void resend_closed(uv_handle_t *h) {
+    tg__redis_resend_t *x = h->data;
+    tg_redis_t *r = x->r;
+    free(x);
+    if (--r->handles == 0)
+        redis_free(r);
+}
+
+/* The last answer: the caller hears it, and x goes. */
+static void resend_finish(tg__redis_resend_t *x, redisReply *reply, const char *err) {
+    tg_redis_t *r = x->r;
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        r->resends = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    r->nresends--;
+    if (x->cb)
+        x->cb(x->ud, reply, err);
+    if (x->timer_open)
+        uv_close((uv_handle_t *)&x->timer, resend_closed);
+    else
+        free(x);
+}
+
+static void resend_send(tg__redis_resend_t *x);
+
+static void resend_timer_cb(uv_timer_t *t) { resend_send(t->data); }
+
+static void resend_done(void *ud, redisReply *reply, const char *err) {
+    tg__redis_resend_t *x = ud;
+    tg_redis_t *r = x->r;
+    if ((err == tg_redis_err_timeout || err == tg_redis_err_disconnected) && x->sends < x->max_sends && !r->closing) {
+        if (!x->timer_open) {
+            uv_timer_init(r->loop, &x->timer);
+            x->timer.data = x;
+            x->timer_open = 1;
+            r->handles++;
+        }
+        uv_timer_start(&x->timer, resend_timer_cb, 500u << (x->sends - 1), 0);
+        return;
+    }
+    resend_finish(x, reply, err);
+}
+
+/* The resend, when its timer fires. */
+static void resend_send(tg__redis_resend_t *x) {
+    tg_redis_t *r = x->r;
+    x->sends++;
+    r->stats.resends++;
+    if (!tg_redis_eval(r, x->script, x->nkeys, x->argc, x->argv, x->argvlen, resend_done, x))
+        resend_finish(x, NULL, tg_redis_err_shutdown); /* only while closing: the arguments were checked */
+}
+
+int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
+                             const size_t *argvlen, tg_redis_cb cb, void *ud) {
+    if (!r || r->closing || script_id < 0 || script_id >= r->nscripts || nkeys < 0 || argc < nkeys ||
+        (argc > 0 && !argv))
+        return TG_ERROR;
+    /* One allocation: x, argv, argvlen and the copies of the arguments. */
+    size_t size = sizeof(tg__redis_resend_t) + (size_t)argc * (sizeof(char *) + sizeof(size_t));
+    for (int i = 0; i < argc; i++)
+        size += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
+    tg__redis_resend_t *x = calloc(1, size);
+    if (!x)
+        abort();
+    x->r = r;
+    x->script = script_id;
+    x->nkeys = nkeys;
+    x->argc = argc;
+    x->cb = cb;
+    x->ud = ud;
+    x->max_sends = 1 + (r->nresends < TG_REDIS_RESEND_PENDING_MAX ? TG_REDIS_RESEND_TRIES : 0);
+    x->argv = (const char **)(x + 1);
+    x->argvlen = (size_t *)(x->argv + argc);
+    char *p = (char *)(x->argvlen + argc);
+    for (int i = 0; i < argc; i++) {
+        size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
+        memcpy(p, argv[i], len);
+        p[len] = '\0';
+        x->argv[i] = p;
+        x->argvlen[i] = len;
+        p += len + 1;
+    }
+    x->next = r->resends;
+    if (r->resends)
+        r->resends->prev = x;
+    r->resends = x;
+    r->nresends++;
+    x->sends = 1;
+    if (!tg_redis_eval(r, script_id, nkeys, argc, x->argv, x->argvlen, resend_done, x)) {
+        x->cb = NULL; /* failed at once: no callback */
+        resend_finish(x, NULL, NULL);
+        return TG_ERROR;
+    }
+    return TG_OK;
+}
+
 void tg_redis_destroy(tg_redis_t *r) {
     if (!r || r->closing)
         return;
@@ -849,6 +967,8 @@ void tg_redis_destroy(tg_redis_t *r) {
         l_remove(&r->deferred, q);
         req_finish(q, NULL, tg_redis_err_shutdown);
     }
+    while (r->resends) /* those waiting for their resend timer */
+        resend_finish(r->resends, NULL, tg_redis_err_shutdown);
     uv_idle_stop(&r->idle);
     uv_close((uv_handle_t *)&r->timer, redis_on_handle_close);
     uv_close((uv_handle_t *)&r->cmd.timer, conn_on_timer_close);
@@ -1087,10 +1207,11 @@ static void redis_collect(const void *const *stats, int n, tg_buf_t *out) {
                   "tollgate_redis_total{event=\"timeout\"} %llu\n"
                   "tollgate_redis_total{event=\"disconnect\"} %llu\n"
                   "tollgate_redis_total{event=\"connect\"} %llu\n"
-                  "tollgate_redis_total{event=\"script_load\"} %llu\n",
+                  "tollgate_redis_total{event=\"script_load\"} %llu\n"
+                  "tollgate_redis_total{event=\"resend\"} %llu\n",
                   (unsigned long long)s.commands, (unsigned long long)s.failed_fast, (unsigned long long)s.timeouts,
                   (unsigned long long)s.disconnects, (unsigned long long)s.connects,
-                  (unsigned long long)s.script_loads);
+                  (unsigned long long)s.script_loads, (unsigned long long)s.resends);
 }
 
 void tg_redis_metrics(tg_metrics_t *m, const tg_redis_t *r) {
