@@ -1,6 +1,6 @@
 /*
  * Files embedded in the binary at build time (core/embed.cmake): the Lua half of the
- * plugin runtime and the SQL migrations. Each table ends with an entry whose name is NULL
+ * plugin runtime, the SQL migrations and the Redis scripts. Each table ends with an entry whose name is NULL
  * and is sorted by name.
  */
 #ifndef TOLLGATE_TG_EMBED_H
@@ -15,5 +15,6 @@ typedef struct {
 
 extern const tg_embed_file_t tg_embedded_lua[]; /* core/lua/NAME.lua, name without .lua */
 extern const tg_embed_file_t tg_embedded_sql[]; /* sql/NNNN_name.sql, name with .sql */
+extern const tg_embed_file_t tg_embedded_redis[]; /* core/redis/NAME.lua (tg_scripts.h) */
 
 #endif

@@ -18,8 +18,8 @@
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_redis.h"
+#include "tollgate/tg_scripts.h"
 
-#define RES_TTL_S "604800" /* a Redis reservation outlives any reconciliation delay (and ADMIT_LUA's) */
 /* Elements per transaction (a request gives two: its reservation and its settlement).
  * tg_settle_batch is set-based, so a bigger batch costs less per element; 400 keeps one
  * transaction around 30 ms on this class of machine. */
@@ -29,72 +29,10 @@
 #define LIVE_INFLIGHT 2
 #define QUEUE_MAX_DEFAULT 20000
 
-/* The separate reservation: retries (attempt > 1), and a first attempt whose admission
- * did not reserve (Redis did not answer it). A first attempt is normally reserved by the
- * admission script itself (ADMIT_LUA in tg_limits.c, from tg_billing_admission_money),
- * which makes the same writes in the same round trip as the limits.
- * KEYS 1 {t:T}:money, 2 {t:T}:res:<id>:<attempt>, 3 {t:T}:kmoney:<key>, 4 {t:T}:holds
- * ARGV 1 amount, 2 tenant avail to initialise with ('' unknown), 3 key avail ('-1' no
- * budget, '' unknown), 4 ttl, 5 the hold's field in {t:T}:holds (<id>:<attempt>), 6 what
- * the reconciler needs to write its row if the gateway dies before Postgres has it
- * (key|instance|created ms|amount|model). Returns {1,'ok'|'duplicate'} /
- * {0,'balance'|'key budget'} / {-1,'init'} when the live balance must first be loaded
- * from Postgres. */
-static const char RESERVE_LUA[] =
-    "if redis.call('EXISTS', KEYS[2]) == 1 then return {1, 'duplicate'} end\n"
-    "local amt = tonumber(ARGV[1])\n"
-    "local av = redis.call('HGET', KEYS[1], 'avail')\n"
-    "if not av then\n"
-    "  if ARGV[2] == '' then return {-1, 'init'} end\n"
-    "  redis.call('HSETNX', KEYS[1], 'avail', ARGV[2])\n"
-    "  redis.call('HSETNX', KEYS[1], 'reserved', 0)\n"
-    "  av = redis.call('HGET', KEYS[1], 'avail')\n"
-    "end\n"
-    "local kav = nil\n"
-    "if ARGV[3] ~= '-1' then\n"
-    "  kav = redis.call('HGET', KEYS[3], 'avail')\n"
-    "  if not kav then\n"
-    "    if ARGV[3] == '' then return {-1, 'init'} end\n"
-    "    redis.call('HSETNX', KEYS[3], 'avail', ARGV[3])\n"
-    "    kav = redis.call('HGET', KEYS[3], 'avail')\n"
-    "  end\n"
-    "  if tonumber(kav) < amt then return {0, 'key budget'} end\n"
-    "end\n"
-    "if tonumber(av) < amt then return {0, 'balance'} end\n"
-    "if amt ~= 0 then\n"
-    "  local neg = string.format('%d', -amt)\n"
-    "  redis.call('HINCRBY', KEYS[1], 'avail', neg)\n"
-    "  redis.call('HINCRBY', KEYS[1], 'reserved', string.format('%d', amt))\n"
-    "  if kav then redis.call('HINCRBY', KEYS[3], 'avail', neg) end\n"
-    "end\n"
-    "redis.call('SET', KEYS[2], amt, 'EX', tonumber(ARGV[4]))\n"
-    "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6])\n"
-    "return {1, 'ok'}\n";
-
-/* KEYS 1 money, 2 res, 3 kmoney, 4 holds. ARGV 1 actual cost of this attempt, 2 the
- * hold's field. Returns the amount credited back, or nil when already settled (exactly
- * once). */
-static const char SETTLE_LUA[] =
-    "redis.call('HDEL', KEYS[4], ARGV[2])\n"
-    "local amt = redis.call('GET', KEYS[2])\n"
-    "if not amt then return false end\n"
-    "redis.call('DEL', KEYS[2])\n"
-    "amt = tonumber(amt)\n"
-    "local back = string.format('%d', amt - tonumber(ARGV[1]))\n"
-    "redis.call('HINCRBY', KEYS[1], 'avail', back)\n"
-    "redis.call('HINCRBY', KEYS[1], 'reserved', string.format('%d', -amt))\n"
-    "if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'avail', back) end\n"
-    "return back\n";
-
-/* KEYS 1 money, 2 kmoney. ARGV 1 the cost of a request that went ahead without a hold
- * (money open while Redis was down), sent once its settlement is in Postgres: it comes
- * off the live balances that are loaded; one not loaded yet is loaded from Postgres,
- * which has it. */
-static const char DEBIT_LUA[] =
-    "local neg = string.format('%d', -tonumber(ARGV[1]))\n"
-    "if redis.call('HEXISTS', KEYS[1], 'avail') == 1 then redis.call('HINCRBY', KEYS[1], 'avail', neg) end\n"
-    "if redis.call('HEXISTS', KEYS[2], 'avail') == 1 then redis.call('HINCRBY', KEYS[2], 'avail', neg) end\n"
-    "return 1\n";
+/* The Redis scripts are Lua files in core/redis/ (tg_scripts.h): reserve.lua (with money.lua,
+ * which the admission's admit.lua takes the first attempt's reservation with), settle.lua,
+ * debit.lua, topup.lua, lock.lua and unlock.lua; their header comments say what each key
+ * and argument is. */
 
 /* The live balance loaded into Redis: Postgres's, minus the reservations still open that
  * hold money in Redis (not those made without a hold: those never held any there). */
@@ -288,9 +226,9 @@ static void reserve_send(tg_reserve_t *x) {
     tg_redis_t *redis = tg_state_redis(x->b->st);
     char amt[24];
     snprintf(amt, sizeof(amt), "%lld", (long long)x->r.amount);
-    const char *argv[10] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], amt, x->tenant_init, x->key_init,
-                            RES_TTL_S, x->field, x->hold};
-    if (!tg_redis_eval(redis, x->b->reserve_script, 4, 10, argv, NULL, redis_reserved, x)) {
+    const char *argv[9] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], amt, x->tenant_init, x->key_init,
+                           x->field, x->hold};
+    if (!tg_redis_eval(redis, x->b->reserve_script, 4, 9, argv, NULL, redis_reserved, x)) {
         /* No callback will come (the client is closing): a failed round trip, on the
          * next loop turn (this may run inside tg_billing_reserve). */
         uv_timer_t *t = malloc(sizeof(*t));
@@ -330,7 +268,7 @@ static void settle_done(void *ud, redisReply *r, const char *err) {
     free(s);
 }
 
-/* Gives back a hold: `actual` of it is spent, the rest returns to the balances. SETTLE_LUA
+/* Gives back a hold: `actual` of it is spent, the rest returns to the balances. settle.lua
  * is idempotent (it deletes the reservation key and returns nothing the second time), so
  * it goes through tg_redis_eval_idempotent. */
 static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual) {
@@ -423,7 +361,7 @@ void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, cons
                                 const char *key_init, tg_limit_money_t *m) {
     char keys[4][128], field[96];
     fmt_keys(keys, field, r->tenant_id, r->key_id, r->request_id, 1);
-    /* ADMIT_LUA's order: money, reservation, holds, then the key's budget if any. */
+    /* admit.lua's order: money, reservation, holds, then the key's budget if any. */
     memcpy(m->keys[0], keys[0], sizeof(m->keys[0]));
     memcpy(m->keys[1], keys[1], sizeof(m->keys[1]));
     memcpy(m->keys[2], keys[3], sizeof(m->keys[2]));
@@ -471,9 +409,7 @@ void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
     snprintf(key, sizeof(key), "{t:%lld}:money", (long long)tenant_id);
     snprintf(amt, sizeof(amt), "%lld", (long long)nano);
     /* Only a balance already live in Redis is adjusted; otherwise it loads from Postgres. */
-    static const char lua[] = "if redis.call('HEXISTS', KEYS[1], 'avail') == 1 then "
-                              "return redis.call('HINCRBY', KEYS[1], 'avail', ARGV[1]) end return false";
-    const char *argv[6] = {"EVAL", lua, "1", key, amt, NULL};
+    const char *argv[6] = {"EVAL", tg_scripts_source("topup"), "1", key, amt, NULL};
     tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
 }
 
@@ -561,7 +497,7 @@ static void debit_unheld(tg_billing_t *b, json_t *batch, const PGresult *res) {
         /* EVAL with the source, not EVALSHA: a Redis that restarted has no scripts, and a
          * NOSCRIPT answered after the command timed out would not be retried — this
          * debit must run even when Redis answers late. Rare and small. */
-        const char *argv[6] = {"EVAL", DEBIT_LUA, "2", keys[0], keys[1], amt};
+        const char *argv[6] = {"EVAL", tg_scripts_source("debit"), "2", keys[0], keys[1], amt};
         tg_redis_command(redis, NULL, NULL, 6, argv, NULL);
     }
 }
@@ -763,7 +699,7 @@ static void release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t 
  * Postgres (no row, no usage, nothing left for the reconciler to find), and the live
  * balance would stay short of Postgres' for ever. Kept until then, a hold outlives a
  * lost settlement and is reconciled like any other (an orphaned hold, or its row).
- * SETTLE_LUA is idempotent, so a settlement released when spooled and again when its
+ * settle.lua is idempotent, so a settlement released when spooled and again when its
  * replay commits gives its holds back once. Elements of older spools, without
  * release_cost, were given back when they were made.
  */
@@ -867,9 +803,6 @@ void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t
     settle_hold(b, tenant_id, key_id, request_id, attempt, 0);
 }
 
-static const char UNLOCK_LUA[] =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0\n";
-
 static void unlocked_cb(void *ud, redisReply *r, const char *err) {
     tg_billing_t *b = ud;
     TG_UNUSED(r);
@@ -889,7 +822,7 @@ void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
     b->lock_released = 1;
     tg_redis_t *redis = tg_state_redis(b->st);
     if (b->leader && redis) {
-        const char *argv[5] = {"EVAL", UNLOCK_LUA, "1", "tollgate:reconciler", instance_id};
+        const char *argv[5] = {"EVAL", tg_scripts_source("unlock"), "1", "tollgate:reconciler", instance_id};
         b->lock_released = !tg_redis_command(redis, unlocked_cb, b, 5, argv, NULL);
         b->leader = 0;
     }
@@ -1017,8 +950,8 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     b->queue_max = cfg->queue_max > 0 ? (size_t)cfg->queue_max : QUEUE_MAX_DEFAULT;
     tg_redis_t *redis = tg_state_redis(st);
     if (redis) {
-        b->reserve_script = tg_redis_script_register(redis, RESERVE_LUA);
-        b->settle_script = tg_redis_script_register(redis, SETTLE_LUA);
+        b->reserve_script = tg_redis_script_register(redis, tg_scripts_source("reserve"));
+        b->settle_script = tg_redis_script_register(redis, tg_scripts_source("settle"));
     }
     uv_timer_init(loop, &b->flush_timer);
     b->flush_timer.data = b;
@@ -1116,12 +1049,6 @@ static const char DUE_SQL[] =
     "AND NOT (coalesce(r.instance, '') = ANY ($2::text[])) "
     "AND NOT EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.request_id) "
     "GROUP BY r.request_id LIMIT 500";
-
-static const char LOCK_LUA[] =
-    "local v = redis.call('GET', KEYS[1])\n"
-    "if v == false then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end\n"
-    "if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\n"
-    "return 0\n";
 
 static void due_cb(void *ud, const PGresult *res, const char *err) {
     tg_billing_t *b = ud;
@@ -1416,7 +1343,7 @@ static void reconcile_cb(uv_timer_t *t) {
     heartbeat(b);
     char ttl[16];
     snprintf(ttl, sizeof(ttl), "%d", TG_MAX(b->cfg.reconcile_after_ms, 2000));
-    const char *argv[6] = {"EVAL", LOCK_LUA, "1", "tollgate:reconciler", instance_id, ttl};
+    const char *argv[6] = {"EVAL", tg_scripts_source("lock"), "1", "tollgate:reconciler", instance_id, ttl};
     tg_redis_command(redis, lock_cb, b, 6, argv, NULL);
 }
 
@@ -1585,8 +1512,8 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
                 char keys[4][128], field[96], actual[24];
                 fmt_keys(keys, field, s.tenant_id, s.key_id, s.request_id, a);
                 snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s.attempts, 1) ? s.cost : 0));
-                redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", SETTLE_LUA, keys[0], keys[1], keys[2],
-                                               keys[3], actual, field);
+                redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0],
+                                               keys[1], keys[2], keys[3], actual, field);
                 if (rep)
                     freeReplyObject(rep);
             }

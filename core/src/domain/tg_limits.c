@@ -10,226 +10,14 @@
 #include <string.h>
 
 #include "tollgate/tg_redis.h"
+#include "tollgate/tg_scripts.h"
 
-/*
- * The scripts are written for what Redis charges a script (measured with callgrind on
- * Redis 7.0, see spec/bench/RESULTS-limits.md): every argument costs ~1,300 instructions
- * (parsed, then put into the KEYS / ARGV tables), every redis.call ~6,000 (a fake client,
- * the command table, the reply converted back to Lua), tonumber() parses its string twice
- * (strtod), and a Lua number handed to redis.call is formatted with "%.17g". So:
- *
- *   - each scope (the key, the tenant) keeps all its token buckets in one string,
- *     "<rpm level> <tpm level> <ts ms>", read with one GET and written with one SET PX;
- *     levels are integers in milli-tokens, formatted with string.format('%d');
- *   - the gateway sends ready strings: capacities and charges already in milli-tokens,
- *     TTLs; a limit of -1 costs one string comparison and no command;
- *   - the tenant's keys and arguments are left out when the tenant has no limit;
- *   - the request's marker is taken with SET NX up front and given back on refusal.
- *
- * Admission. KEYS: 1 marker, 2 key buckets, 3 key leases, then when the tenant has a
- * limit 4 tenant buckets, 5 tenant leases.
- * ARGV: 1 id, 2 lease ttl ms, 3 lease set ttl ms, then per scope (key at 4, tenant at
- *       10): +0 rpm, +1 rpm bucket capacity in milli-tokens (burst · 1000), +2 tpm, +3
- *       tpm charge in milli-tokens (min(estimate, tpm) · 1000), +4 concurrency, +5
- *       bucket ttl ms ('' when the scope has neither rpm nor tpm); -1 = no such limit.
- * Returns 0 (admitted), 1 (already admitted: leases refreshed, nothing charged) or
- * {which, retry_after_ms}, which = 1 key rpm, 2 tenant rpm, 3 key tpm, 4 tenant tpm,
- * 5 key concurrency, 6 tenant concurrency (checked in that order), then the money:
- * 7 balance, 8 key budget, 9 init (the live balance is not in Redis and the gateway did
- * not send it: it loads it from Postgres and admits again).
- *
- * The money (with billing: the first attempt's reservation, see tg_billing.h) follows
- * the limits' keys and arguments, and the script tells the layouts apart by #ARGV (9 or
- * 15 without money, +3 or +4 with it; 4 or 5 for money alone):
- * KEYS +1 {t:T}:money, +2 {t:T}:res:<id>:1, +3 {t:T}:holds, +4 {t:T}:kmoney:<key> (only
- * when the key has a budget). ARGV +1 amount (nano-USD), +2 the tenant's available
- * balance to load ('' unknown), +3 the hold's value in {t:T}:holds (its field is
- * <id>:1), +4 the key's available budget to load ('' unknown; only with a budget).
- * Without limits (money alone: ARGV 1 id, then the money) there is no marker, no TIME,
- * and the reservation key itself is the duplicate check (1: already reserved). With
- * limits the marker's SET NX stands for it (request ids are random and never reused).
- * Its two functions are made only when the money is sent (two closures per call cost a
- * limits-only admission ~1.6% more in Redis). The money is checked after every limit and
- * written with them, so a refusal (limits or money) writes nothing but the loaded
- * balance; 'init' writes nothing at all. These
- * writes are RESERVE_LUA's (tg_billing.c), key for key, so settlement, the reconciler and
- * `ledger verify` cannot tell which script reserved.
- *
- * A level is refilled by floor(Δms · per_min / 60) milli-tokens, so rounding loses under
- * one milli-token per admission; a level of -1 means "not tracked": the bucket starts
- * full. Strings become numbers by arithmetic (x + 0), which parses once.
- */
-static const char ADMIT_LUA[] =
-    "local id = ARGV[1]\n"
-    "local n = #ARGV\n"
-    "local mk, ma = 0, 1\n"
-    "if n >= 15 then mk, ma = 5, 15 elseif n >= 9 then mk, ma = 3, 9 end\n"
-    "local money, reserve\n"
-    "if n > ma then\n"
-    "  local amt, kav\n"
-    "  money = function()\n"
-    "    amt = ARGV[ma + 1]\n"
-    "    local kb = KEYS[mk + 4]\n"
-    "    local av = redis.call('HGET', KEYS[mk + 1], 'avail')\n"
-    "    if kb then kav = redis.call('HGET', kb, 'avail') end\n"
-    "    if (not av and ARGV[ma + 2] == '') or (kb and not kav and ARGV[ma + 4] == '') then return 9 end\n"
-    "    if not av then\n"
-    "      av = ARGV[ma + 2]\n"
-    "      redis.call('HSETNX', KEYS[mk + 1], 'avail', av)\n"
-    "      redis.call('HSETNX', KEYS[mk + 1], 'reserved', '0')\n"
-    "    end\n"
-    "    if kb and not kav then kav = ARGV[ma + 4]; redis.call('HSETNX', kb, 'avail', kav) end\n"
-    "    if kav and kav + 0 < amt + 0 then return 8 end\n"
-    "    if av + 0 < amt + 0 then return 7 end\n"
-    "  end\n"
-    "  reserve = function()\n"
-    "    if amt ~= '0' then\n"
-    "      local neg = string.format('%d', -amt)\n"
-    "      redis.call('HINCRBY', KEYS[mk + 1], 'avail', neg)\n"
-    "      redis.call('HINCRBY', KEYS[mk + 1], 'reserved', amt)\n"
-    "      if kav then redis.call('HINCRBY', KEYS[mk + 4], 'avail', neg) end\n"
-    "    end\n"
-    "    redis.call('SET', KEYS[mk + 2], amt, 'EX', '604800')\n"
-    "    redis.call('HSET', KEYS[mk + 3], id .. ':1', ARGV[ma + 3])\n"
-    "  end\n"
-    "  if n < 9 then\n"
-    "    if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end\n"
-    "    local m = money()\n"
-    "    if m then return {m, 0} end\n"
-    "    reserve()\n"
-    "    return 0\n"
-    "  end\n"
-    "end\n"
-    "local t = redis.call('TIME')\n"
-    "local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
-    "local trpm, ttpm, tconc, tttl = '-1', '-1', '-1', ''\n"
-    "if mk == 5 then trpm, ttpm, tconc, tttl = ARGV[10], ARGV[12], ARGV[14], ARGV[15] end\n"
-    "if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', '600000') then\n"
-    "  local exp = string.format('%d', now + ARGV[2])\n"
-    "  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], 'XX', exp, id) end\n"
-    "  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], 'XX', exp, id) end\n"
-    "  return 1\n"
-    "end\n"
-    "local function refuse(which, ms)\n"
-    "  redis.call('DEL', KEYS[1])\n"
-    "  return {which, ms}\n"
-    "end\n"
-    "local function load(key, ttl)\n"
-    "  if ttl == '' then return -1, -1, 0 end\n"
-    "  local v = redis.call('GET', key)\n"
-    "  if not v then return -1, -1, 0 end\n"
-    "  local r, m, ts = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')\n"
-    "  if not ts then return -1, -1, 0 end\n"
-    "  ts = ts + 0\n"
-    "  return r + 0, m + 0, ts < now and now - ts or 0\n"
-    "end\n"
-    "local function take(level, per_min, cap, cost, dt)\n"
-    "  if cap <= 0 then return nil, 60000 end\n"
-    "  if cost > cap then cost = cap end\n"
-    "  if level < 0 then level = cap else level = math.min(cap, level + math.floor(dt * per_min / 60)) end\n"
-    "  if level >= cost then return level - cost end\n"
-    "  if per_min <= 0 then return nil, 60000 end\n"
-    "  return nil, math.ceil((cost - level) * 60 / per_min)\n"
-    "end\n"
-    "local kr, km, kdt = load(KEYS[2], ARGV[9])\n"
-    "local tr, tm, tdt = load(KEYS[4], tttl)\n"
-    "local ms\n"
-    "if ARGV[4] == '-1' then kr = -1 else\n"
-    "  kr, ms = take(kr, ARGV[4] + 0, ARGV[5] + 0, 1000, kdt)\n"
-    "  if not kr then return refuse(1, ms) end\n"
-    "end\n"
-    "if trpm == '-1' then tr = -1 else\n"
-    "  tr, ms = take(tr, trpm + 0, ARGV[11] + 0, 1000, tdt)\n"
-    "  if not tr then return refuse(2, ms) end\n"
-    "end\n"
-    "if ARGV[6] == '-1' then km = -1 else\n"
-    "  local per_min = ARGV[6] + 0\n"
-    "  km, ms = take(km, per_min, per_min * 1000, ARGV[7] + 0, kdt)\n"
-    "  if not km then return refuse(3, ms) end\n"
-    "end\n"
-    "if ttpm == '-1' then tm = -1 else\n"
-    "  local per_min = ttpm + 0\n"
-    "  tm, ms = take(tm, per_min, per_min * 1000, ARGV[13] + 0, tdt)\n"
-    "  if not tm then return refuse(4, ms) end\n"
-    "end\n"
-    "local function slot(key, limit)\n"
-    "  limit = limit + 0\n"
-    "  if redis.call('ZCARD', key) < limit then return true end\n"
-    "  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))\n"
-    "  return redis.call('ZSCORE', key, id) or redis.call('ZCARD', key) < limit\n"
-    "end\n"
-    "if ARGV[8] ~= '-1' and not slot(KEYS[3], ARGV[8]) then return refuse(5, 1000) end\n"
-    "if tconc ~= '-1' and not slot(KEYS[5], tconc) then return refuse(6, 1000) end\n"
-    "if money then\n"
-    "  local m = money()\n"
-    "  if m then return refuse(m, 0) end\n"
-    "end\n"
-    "if ARGV[9] ~= '' then redis.call('SET', KEYS[2], string.format('%d %d %d', kr, km, now), 'PX', ARGV[9]) end\n"
-    "if tttl ~= '' then redis.call('SET', KEYS[4], string.format('%d %d %d', tr, tm, now), 'PX', tttl) end\n"
-    "if ARGV[8] ~= '-1' or tconc ~= '-1' then\n"
-    "  local exp = string.format('%d', now + ARGV[2])\n"
-    "  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], exp, id); redis.call('PEXPIRE', KEYS[3], ARGV[3]) end\n"
-    "  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], exp, id); redis.call('PEXPIRE', KEYS[5], ARGV[3]) end\n"
-    "end\n"
-    "if reserve then reserve() end\n"
-    "return 0\n";
+/* The scripts are core/redis/admit.lua (with money.lua, billing's reservation),
+ * release.lua and renew.lua (tg_scripts.h): their header comments say what each key and
+ * argument is and what the script returns; admit_send, release_args and renew_cb build
+ * those arguments. */
 
-/* Release. KEYS as for admission. ARGV: 1 id, then per scope (key at 2, tenant at 5 when
- * the tenant has a limit): +0 '1' to give back the lease, +1 the TPM correction in
- * milli-tokens (charged minus used; '' for none), +2 that bucket's capacity in
- * milli-tokens. The correction is made once: the marker turns from '1' into '2'. So the
- * script is idempotent, and the Redis client sends it again when its answer is lost (see
- * release_send), and sends it after an admission that timed out and so may have run
- * (see admit_reply): ZREM of an absent member and a marker that is absent or '2' change
- * nothing. */
-static const char RELEASE_LUA[] =
-    "local tenant = KEYS[4] ~= nil\n"
-    "if ARGV[2] == '1' then redis.call('ZREM', KEYS[3], ARGV[1]) end\n"
-    "if tenant and ARGV[5] == '1' then redis.call('ZREM', KEYS[5], ARGV[1]) end\n"
-    "local kfix, tfix = ARGV[3] ~= '', tenant and ARGV[6] ~= ''\n"
-    "if not kfix and not tfix then return 0 end\n"
-    "if redis.call('SET', KEYS[1], '2', 'XX', 'KEEPTTL', 'GET') ~= '1' then return 0 end\n"
-    "local function fix(key, diff, cap)\n"
-    "  local v = redis.call('GET', key)\n"
-    "  if not v then return end\n"
-    "  local r, m, ts = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')\n"
-    "  if not ts or m == '-1' then return end\n"
-    "  m = m + diff\n"
-    "  if m < 0 then m = 0 elseif m > cap then m = cap end\n"
-    "  redis.call('SET', key, r .. string.format(' %d ', m) .. ts, 'KEEPTTL')\n"
-    "end\n"
-    "if kfix then fix(KEYS[2], ARGV[3] + 0, ARGV[4] + 0) end\n"
-    "if tfix then fix(KEYS[4], ARGV[6] + 0, ARGV[7] + 0) end\n"
-    "return 1\n";
-
-/* Renewal, every third of the lease TTL while a request with a concurrency limit runs
- * (every third of MARKER_TTL_MS when it has only a TPM limit). KEYS: 1 the request's
- * marker, then its lease sets (the key's, the tenant's: those with a limit). ARGV: 1 id,
- * 2 lease ttl ms, 3 lease set ttl ms, 4 marker ttl ms.
- *
- *   - The lease is re-acquired, not just extended (plain ZADD, idempotent): after a Redis
- *     restart or failover that lost it, or when it expired while Redis was unreachable,
- *     the running stream is counted again from its next renewal (a third of the TTL
- *     after Redis answers). It is not refused: the request already runs, so a set may
- *     hold more members than the limit for a while; new admissions wait (slot() counts
- *     every member) until enough requests end.
- *   - The marker's TTL is pushed out again, so a stream longer than the marker's first
- *     TTL keeps its one TPM correction and its idempotency. A lost marker is not made
- *     again: the charge it stands for was lost with it, so no correction is owed.
- *
- * Returns the number of leases that had to be added back. */
-static const char RENEW_LUA[] =
-    "local t = redis.call('TIME')\n"
-    "local exp = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2])\n"
-    "redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
-    "local added = 0\n"
-    "for i = 2, #KEYS do\n"
-    "  added = added + redis.call('ZADD', KEYS[i], exp, ARGV[1])\n"
-    "  redis.call('PEXPIRE', KEYS[i], ARGV[3])\n"
-    "end\n"
-    "return added\n";
-
-/* The marker's TTL: ADMIT_LUA sets it (SET NX PX 600000), renewal keeps it. */
+/* The marker's TTL: admit.lua sets it (SET NX PX 600000), renewal keeps it. */
 #define MARKER_TTL_MS 600000
 
 /* How long requests of a scope occupied their concurrency slot, for Retry-After (see
@@ -275,11 +63,11 @@ struct tg_admit_s {
     uint64_t started_ms, deadline_ms;
     int attempts;
     int sent_up;        /* the last admission went out on a live connection */
-    int refused_by;     /* 5 key, 6 tenant concurrency (see ADMIT_LUA) */
+    int refused_by;     /* 5 key, 6 tenant concurrency (see admit.lua) */
     uint64_t admitted_ms;
     int64_t actual;     /* A_RELEASING: the usage the release corrects to */
     tg_admit_t *qnext, *qprev;
-    /* marker, key buckets, key leases, tenant buckets, tenant leases (see ADMIT_LUA) */
+    /* marker, key buckets, key leases, tenant buckets, tenant leases (see admit.lua) */
     char keys[5][112]; /* the longest: 25 bytes of tag + "a:" + a 71-byte id */
     size_t keylen[5];
     size_t idlen;
@@ -347,7 +135,7 @@ static int has_tenant(const tg_limit_req_t *l) {
     return l->tenant_rpm >= 0 || l->tenant_tpm >= 0 || l->tenant_conc >= 0;
 }
 
-/* The keys of ADMIT_LUA and RELEASE_LUA: the tenant's only when it has a limit, none
+/* The keys of admit.lua and release.lua: the tenant's only when it has a limit, none
  * when no limit applies (an admission for the money alone). */
 static void args_init(args_t *g, const tg_admit_t *a) {
     g->n = 0;
@@ -589,7 +377,7 @@ static tg_admit_result_t local_take(tg_admit_t *a, const local_scope_t s[2], con
 }
 
 /* A locally admitted request ended: its concurrency counts go back, its TPM charge is
- * corrected by the actual usage (as RELEASE_LUA does in Redis). */
+ * corrected by the actual usage (as release.lua does in Redis). */
 static void local_release(tg_admit_t *a, int64_t actual) {
     int64_t ids[2] = {a->lim.key_id, -a->lim.tenant_id}, tpm[2] = {a->lim.key_tpm, a->lim.tenant_tpm};
     pthread_mutex_lock(&local_tab.mu);
@@ -931,7 +719,7 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     deliver(a, which >= 3 ? TG_ADMIT_TOKENS : TG_ADMIT_RATE, name, r->element[1]->integer, 0);
 }
 
-/* One scope's six arguments (see ADMIT_LUA). */
+/* One scope's six arguments (see admit.lua). */
 static void scope_args(args_t *g, int64_t rpm, int64_t burst, int64_t tpm, int64_t conc, int64_t est) {
     arg_i(g, rpm);
     arg_i(g, rpm >= 0 ? burst * 1000 : -1);
@@ -1012,7 +800,7 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
     return a;
 }
 
-/* One scope's release arguments (see RELEASE_LUA): give back its lease, and its TPM
+/* One scope's release arguments (see release.lua): give back its lease, and its TPM
  * correction (charged minus used, in milli-tokens) with the bucket's capacity, unless it
  * has no TPM limit or the usage is unknown. */
 static void release_args(args_t *g, int64_t conc, int64_t tpm, int64_t est, int64_t actual) {
@@ -1125,9 +913,9 @@ tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admissio
     pthread_mutex_unlock(&local_tab.mu);
     tg_redis_t *redis = tg_state_redis(st);
     if (redis) {
-        l->admit_script = tg_redis_script_register(redis, ADMIT_LUA);
-        l->release_script = tg_redis_script_register(redis, RELEASE_LUA);
-        l->renew_script = tg_redis_script_register(redis, RENEW_LUA);
+        l->admit_script = tg_redis_script_register(redis, tg_scripts_source("admit"));
+        l->release_script = tg_redis_script_register(redis, tg_scripts_source("release"));
+        l->renew_script = tg_redis_script_register(redis, tg_scripts_source("renew"));
     }
     return l;
 }
