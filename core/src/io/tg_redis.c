@@ -853,6 +853,26 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     return r;
 }
 
+/* The bytes that copies of argc arguments take, each with a NUL after it. */
+static size_t args_size(int argc, const char **argv, const size_t *argvlen) {
+    size_t size = 0;
+    for (int i = 0; i < argc; i++)
+        size += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
+    return size;
+}
+
+/* Copies the arguments to p (args_size bytes) and points dst / dstlen at the copies. */
+static void args_copy(char *p, int argc, const char **argv, const size_t *argvlen, const char **dst, size_t *dstlen) {
+    for (int i = 0; i < argc; i++) {
+        size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
+        memcpy(p, argv[i], len);
+        p[len] = '\0';
+        dst[i] = p;
+        dstlen[i] = len;
+        p += len + 1;
+    }
+}
+
 /* ---- idempotent scripts, sent again -------------------------------------------- */
 
 static void resend_closed(uv_handle_t *h) {
@@ -917,9 +937,7 @@ int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, 
         return TG_ERROR;
     /* One allocation: x, argv, argvlen and the copies of the arguments. */
     size_t size = sizeof(tg__redis_resend_t) + (size_t)argc * (sizeof(char *) + sizeof(size_t));
-    for (int i = 0; i < argc; i++)
-        size += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
-    tg__redis_resend_t *x = calloc(1, size);
+    tg__redis_resend_t *x = calloc(1, size + args_size(argc, argv, argvlen));
     if (!x)
         abort();
     x->r = r;
@@ -931,15 +949,7 @@ int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, 
     x->max_sends = 1 + (r->nresends < TG_REDIS_RESEND_PENDING_MAX ? TG_REDIS_RESEND_TRIES : 0);
     x->argv = (const char **)(x + 1);
     x->argvlen = (size_t *)(x->argv + argc);
-    char *p = (char *)(x->argvlen + argc);
-    for (int i = 0; i < argc; i++) {
-        size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
-        memcpy(p, argv[i], len);
-        p[len] = '\0';
-        x->argv[i] = p;
-        x->argvlen[i] = len;
-        p += len + 1;
-    }
+    args_copy((char *)(x->argvlen + argc), argc, argv, argvlen, x->argv, x->argvlen);
     x->next = r->resends;
     if (r->resends)
         r->resends->prev = x;
@@ -1105,9 +1115,7 @@ tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc,
      * copies of the arguments (kept for a NOSCRIPT retry). */
     int n = argc + 3;
     size_t size = sizeof(tg_redis_req_t) + (size_t)n * (sizeof(char *) + sizeof(size_t));
-    for (int i = 0; i < argc; i++)
-        size += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
-    tg_redis_req_t *q = calloc(1, size);
+    tg_redis_req_t *q = calloc(1, size + args_size(argc, argv, argvlen));
     if (!q)
         abort();
     q->r = r;
@@ -1117,7 +1125,6 @@ tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc,
     q->argc = n;
     q->argv = (const char **)(q + 1);
     q->argvlen = (size_t *)(q->argv + n);
-    char *p = (char *)(q->argvlen + n);
     snprintf(q->nkeys, sizeof(q->nkeys), "%d", nkeys);
     q->argv[0] = "EVALSHA";
     q->argvlen[0] = 7;
@@ -1125,14 +1132,7 @@ tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc,
     q->argvlen[1] = 40;
     q->argv[2] = q->nkeys;
     q->argvlen[2] = strlen(q->nkeys);
-    for (int i = 0; i < argc; i++) {
-        size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
-        memcpy(p, argv[i], len);
-        p[len] = '\0';
-        q->argv[3 + i] = p;
-        q->argvlen[3 + i] = len;
-        p += len + 1;
-    }
+    args_copy((char *)(q->argvlen + n), argc, argv, argvlen, q->argv + 3, q->argvlen + 3);
     return redis_send(r, q, n, q->argv, q->argvlen);
 }
 
