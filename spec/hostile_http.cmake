@@ -20,12 +20,7 @@ foreach(file ${TG_HOSTILE_HTTP_IT})
   string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
   if(name MATCHES "_billed$")
     # Billing on: needs spec/run.sh's Postgres and Redis (skipped without them).
-    add_test(NAME integration.${name}
-      COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
-              ${TG_NODE} ${file})
-    set_tests_properties(integration.${name} PROPERTIES
-      ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
-      LABELS "hostile;integration" TIMEOUT 180 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+    tg_services_test(${name} ${file} "hostile;integration" 180)
   else()
     add_test(NAME integration.${name} COMMAND ${TG_NODE} --test ${file})
     set_tests_properties(integration.${name} PROPERTIES

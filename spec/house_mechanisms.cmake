@@ -15,13 +15,5 @@ if(NOT TG_NODE)
   return()
 endif()
 
-foreach(name house_ledger_redis_auth)
-  add_test(NAME integration.${name}
-    COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
-            ${TG_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/integration/${name}.test.mjs)
-  set_tests_properties(integration.${name} PROPERTIES
-    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
-    LABELS "house;billing;integration"
-    TIMEOUT 240
-    SKIP_RETURN_CODE 77)
-endforeach()
+tg_services_test(house_ledger_redis_auth ${CMAKE_CURRENT_SOURCE_DIR}/integration/house_ledger_redis_auth.test.mjs
+  "house;billing;integration" 240)

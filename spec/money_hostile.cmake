@@ -18,13 +18,5 @@ foreach(file ${TG_MONEY_HOSTILE_IT})
   get_filename_component(name ${file} NAME)
   string(REGEX REPLACE "\\.test\\.mjs$" "" name ${name})
 
-  add_test(NAME integration.${name}
-    COMMAND sh -c "if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
-            ${TG_NODE} ${file})
-  set_tests_properties(integration.${name} PROPERTIES
-    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
-    LABELS "hostile;billing;integration"
-    TIMEOUT 240
-    SKIP_RETURN_CODE 77
-    RESOURCE_LOCK redis)
+  tg_services_test(${name} ${file} "hostile;billing;integration" 240)
 endforeach()
