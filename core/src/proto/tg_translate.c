@@ -111,6 +111,19 @@ int tg__data_url(const char *url, tg_str_t *media, tg_str_t *data) {
     return media->len > 0;
 }
 
+json_t *tg__text_block(const json_t *part, const char *where, char *err, size_t errlen) {
+    json_t *t = json_object_get(part, "text");
+    if (!json_is_string(t)) {
+        tg__fail(err, errlen, "%s: text must be a string", where);
+        return NULL;
+    }
+    json_t *b = json_pack("{s:s,s:O}", "type", "text", "text", t);
+    json_t *cc = json_object_get(part, "cache_control");
+    if (json_is_object(cc))
+        json_object_set(b, "cache_control", cc);
+    return b;
+}
+
 json_t *tg__join_text(const json_t *content, const char *sep) {
     if (tg_json_is_big(content, NULL, NULL))
         return NULL; /* a number, not text */

@@ -46,19 +46,6 @@ static json_t *source_block(const json_t *blk, const char *kind, const char *whe
     return b;
 }
 
-static json_t *text_block(const json_t *blk, const char *where, char *err, size_t errlen) {
-    json_t *t = json_object_get(blk, "text");
-    if (!json_is_string(t)) {
-        tg__fail(err, errlen, "%s: text must be a string", where);
-        return NULL;
-    }
-    json_t *b = json_pack("{s:s,s:O}", "type", "text", "text", t);
-    json_t *cc = json_object_get(blk, "cache_control");
-    if (json_is_object(cc))
-        json_object_set(b, "cache_control", cc);
-    return b;
-}
-
 static json_t *result_block(const json_t *blk, const char *where, char *err, size_t errlen) {
     const char *id = tg__str(blk, "tool_use_id");
     if (!id) {
@@ -76,7 +63,7 @@ static json_t *result_block(const json_t *blk, const char *where, char *err, siz
             const char *type = tg__str(p, "type");
             json_t *nb = NULL;
             if (type && !strcmp(type, "text"))
-                nb = text_block(p, where, err, errlen);
+                nb = tg__text_block(p, where, err, errlen);
             else if (type && (!strcmp(type, "image") || !strcmp(type, "document")))
                 nb = source_block(p, type, where, err, errlen);
             else
@@ -105,7 +92,7 @@ static int decode_block(const json_t *blk, const char *role, const char *where, 
         return tg__fail(err, errlen, "%s: a content block must be an object with a type", where);
     json_t *b = NULL;
     if (!strcmp(type, "text")) {
-        b = text_block(blk, where, err, errlen);
+        b = tg__text_block(blk, where, err, errlen);
     } else if (!strcmp(type, "image") || !strcmp(type, "document")) {
         b = source_block(blk, type, where, err, errlen);
     } else if (!strcmp(type, "tool_use")) {

@@ -51,18 +51,8 @@ static json_t *user_part(const json_t *part, const char *where, char *err, size_
         tg__fail(err, errlen, "%s: a content part must be an object with a type", where);
         return NULL;
     }
-    if (!strcmp(type, "text")) {
-        json_t *t = json_object_get(part, "text");
-        if (!json_is_string(t)) {
-            tg__fail(err, errlen, "%s: text must be a string", where);
-            return NULL;
-        }
-        json_t *b = json_pack("{s:s,s:O}", "type", "text", "text", t);
-        json_t *cc = json_object_get(part, "cache_control");
-        if (json_is_object(cc))
-            json_object_set(b, "cache_control", cc);
-        return b;
-    }
+    if (!strcmp(type, "text"))
+        return tg__text_block(part, where, err, errlen);
     if (!strcmp(type, "image_url"))
         return image_block(json_object_get(part, "image_url"), where, err, errlen);
     if (!strcmp(type, "file")) {

@@ -202,6 +202,9 @@ int tg__data_url(const char *url, tg_str_t *media, tg_str_t *data);
  * text parts ({"type":"text"|"input_text"|"output_text","text":S}), joined with sep; a
  * new reference, or NULL if there is anything else. */
 json_t *tg__join_text(const json_t *content, const char *sep);
+/* A text part {"type":"text","text":...} as the IR's text block, its cache_control
+ * kept; NULL with err set ("WHERE: text must be a string") when text is no string. */
+json_t *tg__text_block(const json_t *part, const char *where, char *err, size_t errlen);
 /* The usage numbers in each client shape (unknown = 0). */
 void tg__usage_chat(const tg_usage_t *u, tg_buf_t *b);
 void tg__usage_anthropic(const tg_usage_t *u, tg_buf_t *b);
