@@ -43,4 +43,8 @@ add_test(NAME browser.console
           ${TG_NODE} ${tg_ui_dir}/console.test.mjs)
 set_tests_properties(browser.console PROPERTIES
   ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built};TG_SCREENSHOT_DIR=${CMAKE_BINARY_DIR}/admin-ui-screenshots"
-  LABELS "admin-ui;browser" TIMEOUT 300 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+  LABELS "admin-ui;console;browser" TIMEOUT 300 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+
+# Issue "console" (label `console`): the admin API behind the console's account work
+# (validation on write, an account's "problem", POST accounts/{id}/test, hostile bodies).
+tg_services_test(console_admin ${CMAKE_CURRENT_SOURCE_DIR}/integration/console_admin.test.mjs "console;admin-ui;integration" 120)

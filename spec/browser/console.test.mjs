@@ -183,10 +183,44 @@ test('groups and accounts: a group, an account on the mock serving it, a price',
   assert.equal((await row('mock-a').locator('td[data-col="health"]').textContent()).trim(), 'ok');
   assert.equal((await row('mock-a').locator('td[data-col="groups"]').textContent()).trim(), 'standard');
   await shot('accounts');
+  // Test: one small request through the account, timing and status shown.
   await row('mock-a').getByRole('button', { name: 'Test' }).click();
-  await modal().getByText('no endpoint that sends a test request').waitFor();
+  await modal().locator('input[name="model"]').fill(MODEL);
+  await modal().getByRole('button', { name: 'Send test request' }).click();
+  await modal().locator('[data-testid="test-result"]').getByText('works').waitFor();
+  assert.equal(await modal().locator('[data-testid="test-status"]').textContent(), 'HTTP 200');
   await shot('accounts-test');
   await modal().getByRole('button', { name: 'Close' }).click();
+
+  await db.exec("INSERT INTO accounts (name, provider, base_url) VALUES ('hand-written', 'openai', 'http://')");
+  // An account whose credential the upstream refuses: the test says so, and what to do.
+  await fetch(`${mock.url}/_mock/faults`, { method: 'POST', body: JSON.stringify({ credential: 'sk-refused', status: 401 }) });
+  await page.getByRole('button', { name: 'New account' }).click();
+  await modal().locator('input[name="name"]').fill('mock-refused');
+  await modal().locator('input[name="base_url"]').fill(`${mock.url}/v1`);
+  await modal().locator('input[name="credential"]').fill('sk-refused');
+  await modal().locator('input[name="models"]').fill(MODEL);
+  await submitModal('Create account');
+  await row('mock-refused').getByRole('button', { name: 'Test' }).click();
+  assert.equal(await modal().locator('input[name="model"]').inputValue(), MODEL, 'the account\'s model is proposed');
+  await modal().getByRole('button', { name: 'Send test request' }).click();
+  await modal().locator('[data-testid="test-result"]').getByText('failed').waitFor();
+  assert.equal(await modal().locator('[data-testid="test-status"]').textContent(), 'HTTP 401');
+  await modal().getByText('store the right API key').waitFor();
+  await shot('accounts-test-failed');
+  await modal().getByRole('button', { name: 'Close' }).click();
+
+  // An account the gateway cannot use (written around the admin API) is shown broken, with why.
+  // (Inserted before mock-refused was created: that write made the gateway reload its accounts.)
+  await page.waitForFunction(async () => {
+    const r = await fetch('/admin/api/v1/accounts');
+    return (await r.json()).data.some((a) => a.name === 'hand-written' && a.problem);
+  }, null, { timeout: 5000 });
+  await page.reload();
+  await row('hand-written').waitFor();
+  assert.equal((await row('hand-written').locator('td[data-col="health"] .badge').textContent()).trim(), 'broken');
+  assert.match(await row('hand-written').locator('[data-testid="account-problem"]').textContent(), /base_url has no host/);
+  await shot('accounts-broken');
 
   await go('Groups');
   assert.equal((await row('standard').locator('td[data-col="accounts"]').textContent()).trim(), 'mock-a');

@@ -9,6 +9,7 @@ import { ago, ms, num, splitList, when } from '../format.js';
 import { navigate } from '../router.js';
 
 export function health(a, now = Date.now()) {
+  if (a.problem) return { kind: 'bad', text: 'broken', why: a.problem };
   if (a.status !== 'active') return { kind: 'neutral', text: 'disabled' };
   if (a.cooldown_until && Date.parse(a.cooldown_until) > now) return { kind: 'warn', text: `cooling down until ${when(a.cooldown_until)}` };
   if (!a.has_credential) return { kind: 'warn', text: 'no credential' };
@@ -108,17 +109,35 @@ function AccountForm({ account, groups, onDone, onCancel }) {
   );
 }
 
-/** What the console can tell about an account without a test endpoint. */
+/** The model a test sends by default: the account's own, else one its groups list. */
+function testModel(account, groups) {
+  const own = account.models?.[0] || Object.keys(account.model_map || {})[0];
+  if (own) return own;
+  const g = groups.find((x) => (account.groups || []).includes(x.id) && x.models?.length);
+  return g ? g.models[0] : '';
+}
+
+/** One small request through the account (POST accounts/{id}/test), and its last requests. */
 function TestInfo({ account, recent, groups, onClose }) {
   const rows = recent.filter((r) => r.account_id === account.id).slice(-20).reverse();
-  const gnames = groups.filter((g) => (account.groups || []).includes(g.id)).map((g) => g.name);
-  const model = account.models?.[0] || 'gpt-4o-mini';
+  const [result, setResult] = useState(null);
   return (
     <Modal title={`Test ${account.name}`} onClose={onClose} wide>
-      <Notice kind="warn">
-        The admin API has no endpoint that sends a test request through one account, so the console cannot test it by itself.
-        What it can show is the account's last requests; to test it now, send a request with a key of a group it serves.
-      </Notice>
+      {account.problem && <Notice kind="bad">The gateway cannot use this account: {account.problem}</Notice>}
+      <Form
+        submitLabel="Send test request"
+        busyLabel="Waiting for the upstream…"
+        onSubmit={async (v) => {
+          setResult(null);
+          const body = v.model.trim() ? { model: v.model.trim() } : {};
+          setResult(await api.post(`/accounts/${account.id}/test`, body));
+        }}
+      >
+        <Field label="Model" hint="Sent through this account's model map; the reply is capped at 8 tokens." wide>
+          <input name="model" defaultValue={testModel(account, groups)} placeholder="gpt-4o-mini" />
+        </Field>
+      </Form>
+      {result && <TestResult r={result} />}
       <h3>Last requests through this account (past hour)</h3>
       {rows.length ? (
         <table class="compact">
@@ -146,18 +165,43 @@ function TestInfo({ account, recent, groups, onClose }) {
           </tbody>
         </table>
       ) : (
-        <Empty title="No billed requests through this account in the past hour.">Send one as below, then open this again.</Empty>
+        <Empty title="No billed requests through this account in the past hour.">Test requests are not billed and not listed here.</Empty>
       )}
-      <h3>Test by hand</h3>
-      {gnames.length ? (
-        <pre class="mono">{`curl ${location.origin}/v1/chat/completions \\
-  -H "Authorization: Bearer <a key of group ${gnames[0]}>" \\
-  -H "Content-Type: application/json" \\
-  -d '{"model":"${model}","messages":[{"role":"user","content":"ping"}]}'`}</pre>
-      ) : (
-        <p>This account serves no group yet, so no key can reach it: edit it and tick a group.</p>
-      )}
+      {!(account.groups || []).length && <p>This account serves no group yet, so no key can reach it: edit it and tick a group.</p>}
     </Modal>
+  );
+}
+
+/** What the upstream answered to a test, in words an operator can act on. */
+function TestResult({ r }) {
+  const hint =
+    r.status === 401 || r.status === 403
+      ? 'The upstream refused the credential: edit the account and store the right API key.'
+      : r.status === 404
+        ? 'The upstream does not know this path or model: check the base URL (it usually ends in /v1) and the model name.'
+        : r.status === 429
+          ? 'The upstream is rate limiting this account right now.'
+          : r.error?.kind === 'connect'
+            ? 'The gateway could not connect: check the base URL host and port, and that the gateway can reach it.'
+            : r.error && /timeout/.test(r.error.kind)
+              ? 'The upstream did not answer in time.'
+              : '';
+  return (
+    <div class="test-result" data-testid="test-result" role="status">
+      <p>
+        <Badge kind={r.ok ? 'ok' : 'bad'}>{r.ok ? 'works' : 'failed'}</Badge>{' '}
+        <span data-testid="test-status">{r.status ? `HTTP ${r.status}` : 'no answer'}</span> · first byte {ms(r.first_byte_ms)} · total{' '}
+        {ms(r.total_ms)} · model {r.model}
+        {r.upstream_model !== r.model ? ` → ${r.upstream_model}` : ''} · POST …{r.path}
+      </p>
+      {r.error && (
+        <p class="bad" data-testid="test-error">
+          {r.error.message}
+        </p>
+      )}
+      {hint && <p class="hint">{hint}</p>}
+      {r.ok && r.reply != null && <p class="muted">Reply: {r.reply}</p>}
+    </div>
   );
 }
 
@@ -210,7 +254,12 @@ export function Accounts() {
       label: 'health',
       render: (a) => {
         const h = health(a);
-        return <Badge kind={h.kind}>{h.text}</Badge>;
+        return (
+          <>
+            <Badge kind={h.kind}>{h.text}</Badge>
+            {h.why && <div class="bad small-text" data-testid="account-problem">{h.why}</div>}
+          </>
+        );
       },
     },
     { key: 'load', label: 'load (past hour)', render: load },

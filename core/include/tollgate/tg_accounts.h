@@ -56,6 +56,7 @@ tg_snapshot_t *tg_accounts_snapshot(tg_accounts_t *a);
 void tg_snapshot_release(tg_snapshot_t *s);
 /** Number of accounts in the snapshot, and the generation (1, 2, ...). */
 size_t tg_snapshot_size(const tg_snapshot_t *s);
+uint64_t tg_snapshot_generation(const tg_snapshot_t *s);
 
 /**
  * The accounts of a group that serve one model, as two disjoint arrays owned by the
@@ -90,6 +91,14 @@ typedef struct {
  * Memberships naming an unknown account are ignored. Release with tg_snapshot_release.
  */
 tg_snapshot_t *tg_snapshot_build(const tg_account_t *accounts, size_t n, const tg_membership_t *m, size_t nm);
+
+/** The account with this id (binary search), or NULL: left out (see tg_snapshot_broken)
+ *  or not loaded yet. */
+const tg_account_t *tg_snapshot_account(const tg_snapshot_t *s, int64_t id);
+/** Why the account with this id cannot be used by this gateway (a base_url or
+ *  model_map that slipped past the admin API, a credential that cannot be opened, no
+ *  upstream client), or NULL. The snapshot owns the text. */
+const char *tg_snapshot_broken(const tg_snapshot_t *s, int64_t id);
 
 /** The model name to send upstream for this account (the mapping, or `model`). */
 const char *tg_account_map_model(const tg_account_t *acc, const char *model);

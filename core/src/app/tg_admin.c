@@ -8,6 +8,7 @@
  */
 #include "tollgate/tg_access_log.h"
 #include "tollgate/tg_admin.h"
+#include "tollgate/tg_admin_accounts.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -173,6 +174,7 @@ const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/keys/{id}",        "PATCH /admin/api/v1/keys/{id}",
     "DELETE /admin/api/v1/keys/{id}",     "GET /admin/api/v1/accounts",
     "POST /admin/api/v1/accounts",        "GET /admin/api/v1/accounts/{id}",
+    "POST /admin/api/v1/accounts/{id}/test",
     "PATCH /admin/api/v1/accounts/{id}",  "DELETE /admin/api/v1/accounts/{id}",
     "GET /admin/api/v1/prices",           "POST /admin/api/v1/prices",
     "GET /admin/api/v1/prices/{model}",   "PATCH /admin/api/v1/prices/{model}",
@@ -192,12 +194,14 @@ typedef struct {
     char new_key[64];
     int64_t topup_tenant, topup_nano; /* applied to the live Redis balance once committed */
     char *account_groups; /* JSON array text of group ids to set after an account write */
+    tg_acctest_t *test;   /* an account test in progress (tg_admin_accounts.c) */
     char path[256];
 } actx_t;
 
 enum { K_ROWS, K_ONE, K_CREATED, K_DELETED, K_PLAIN };
 
 static void actx_free(actx_t *a) {
+    tg_acctest_abort(a->test);
     free(a->account_groups);
     free(a);
 }
@@ -208,6 +212,8 @@ static void admin_abort(tg_request_t *req) {
         tg_pg_cancel(a->q);
         a->q = NULL;
     }
+    if (a)
+        tg_acctest_abort(a->test);
 }
 
 static void admin_finish(tg_request_t *req, int aborted) {
@@ -345,9 +351,18 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
     }
     switch (a->kind) {
     case K_ROWS:
-    case K_PLAIN:
-        reply_json(req, 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+    case K_PLAIN: {
+        /* Accounts read carry the live snapshot's "problem" (why the gateway skips one). */
+        char *annotated = a->kind == K_ROWS && !strcmp(a->res->path, "accounts")
+                              ? tg_admin_accounts_annotate(req, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0))
+                              : NULL;
+        if (annotated)
+            reply_json(req, 200, annotated, strlen(annotated));
+        else
+            reply_json(req, 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        free(annotated);
         break;
+    }
     case K_ONE:
         if (PQntuples(res) == 0)
             reply_error(req, 404, "not_found", "no such object");
@@ -360,7 +375,14 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
                 tg_billing_topup(st, a->topup_tenant, a->topup_nano);
             if (a->status_ok)
                 tg_state_publish_invalidation(st, "*");
-            reply_json(req, a->status_ok ? a->status_ok : 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+            char *annotated = !a->status_ok && !strcmp(a->res->path, "accounts")
+                                  ? tg_admin_accounts_annotate(req, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0))
+                                  : NULL;
+            if (annotated)
+                reply_json(req, 200, annotated, strlen(annotated));
+            else
+                reply_json(req, a->status_ok ? a->status_ok : 200, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+            free(annotated);
         }
         break;
     case K_CREATED: {
@@ -1101,6 +1123,11 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             delete_row(a, seg[1]);
         else
             reply_error(req, 405, "method_not_allowed", "use GET, PATCH or DELETE");
+    } else if (nseg == 3 && !strcmp(r->path, "accounts") && !strcmp(seg[2], "test")) {
+        if (m == HTTP_POST)
+            tg_acctest_start(req, atoll(seg[1]), &a->test);
+        else
+            reply_error(req, 405, "method_not_allowed", "use POST");
     } else if (nseg == 3 && !strcmp(r->path, "tenants") && !strcmp(seg[2], "topup")) {
         if (m == HTTP_POST)
             topup(a, seg[1]);

@@ -5,6 +5,7 @@
 
 #include <libpq-fe.h>
 #include <openssl/crypto.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,6 +39,11 @@ typedef struct {
     tg_price_t price;
 } model_price_t;
 
+typedef struct {
+    int64_t id;
+    char *why;
+} broken_t;
+
 struct tg_snapshot_s {
     int refs;
     model_price_t *prices; /* sorted by model */
@@ -47,6 +53,8 @@ struct tg_snapshot_s {
     size_t naccounts;
     group_t *groups;
     size_t ngroups;
+    broken_t *broken; /* accounts left out, by id, with the reason (the admin API shows it) */
+    size_t nbroken;
 };
 
 typedef struct upstream_entry_s {
@@ -102,6 +110,9 @@ static void snapshot_free(tg_snapshot_t *s) {
         free(s->groups[i].listed);
     }
     free(s->groups);
+    for (size_t i = 0; i < s->nbroken; i++)
+        free(s->broken[i].why);
+    free(s->broken);
     for (size_t i = 0; i < s->nprices; i++)
         free(s->prices[i].model);
     free(s->prices);
@@ -120,6 +131,31 @@ tg_snapshot_t *tg_accounts_snapshot(tg_accounts_t *a) {
 }
 
 size_t tg_snapshot_size(const tg_snapshot_t *s) { return s ? s->naccounts : 0; }
+
+uint64_t tg_snapshot_generation(const tg_snapshot_t *s) { return s ? s->generation : 0; }
+
+static const tg_account_t *account_by_id(const tg_snapshot_t *s, int64_t id);
+
+const tg_account_t *tg_snapshot_account(const tg_snapshot_t *s, int64_t id) { return s ? account_by_id(s, id) : NULL; }
+
+const char *tg_snapshot_broken(const tg_snapshot_t *s, int64_t id) {
+    for (size_t i = 0; s && i < s->nbroken; i++)
+        if (s->broken[i].id == id)
+            return s->broken[i].why;
+    return NULL;
+}
+
+/* Records why account `id` is left out of snapshot s (printf-style), and logs it. */
+static void snapshot_skip(tg_snapshot_t *s, int64_t id, const char *fmt, ...) {
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    tg_log_error("accounts: account %lld: %s; the account is skipped", (long long)id, why);
+    s->broken = realloc(s->broken, (s->nbroken + 1) * sizeof(*s->broken));
+    s->broken[s->nbroken++] = (broken_t){id, strdup(why)};
+}
 
 static tg_upstream_t *upstream_for(tg_accounts_t *a, const char *url) {
     for (upstream_entry_t *e = a->upstreams; e; e = e->next)
@@ -305,7 +341,24 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
          * base_url that is not a clean http(s) URL never gets an upstream. */
         const char *why = tg_valid_base_url(PQgetvalue(res, r, 3), (size_t)PQgetlength(res, r, 3));
         if (why) {
-            tg_log_error("accounts: account %lld: base_url %s; the account is skipped", (long long)acc->id, why);
+            snapshot_skip(s, acc->id, "base_url %s", why);
+            continue;
+        }
+        /* A model_map the proxy cannot read (not an object of strings): left out too,
+         * rather than answering 503 to every request of its groups. */
+        json_t *map = json_loads(PQgetvalue(res, r, 10), 0, NULL);
+        const char *mk = NULL;
+        json_t *mv;
+        if (map && !json_is_object(map))
+            why = "model_map is not an object";
+        else
+            json_object_foreach(map, mk, mv) if (!json_is_string(mv) || tg_valid_model(json_string_value(mv), json_string_length(mv)) || tg_valid_model(mk, strlen(mk))) {
+                why = "model_map maps a model to something other than a model name";
+                break;
+            }
+        if (why) {
+            snapshot_skip(s, acc->id, "%s", why);
+            json_decref(map);
             continue;
         }
         acc->name = strdup(PQgetvalue(res, r, 1));
@@ -322,19 +375,20 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
                 acc->credential = plain.data;
             } else if (opened) {
                 /* It would be a header of the upstream request: never sent. */
-                tg_log_error("accounts: account %lld: the credential %s; the account is skipped", (long long)acc->id,
-                             bad);
+                snapshot_skip(s, acc->id, "the credential %s", bad);
                 OPENSSL_cleanse(plain.data, plain.len);
                 tg_buf_free(&plain);
             } else {
-                tg_log_error("accounts: %s: the credential cannot be opened (%s); the account is skipped", acc->name,
-                             have_key ? "wrong TOLLGATE_SECRET_KEY?" : "no TOLLGATE_SECRET_KEY");
+                snapshot_skip(s, acc->id, "the credential cannot be opened (%s)",
+                              have_key ? "was it sealed with another TOLLGATE_SECRET_KEY? store it again"
+                                       : "the gateway has no TOLLGATE_SECRET_KEY");
                 tg_buf_free(&plain);
             }
             PQfreemem(raw);
             if (!acc->credential) {
                 free(acc->name);
                 free(acc->provider);
+                json_decref(map);
                 continue;
             }
         }
@@ -343,9 +397,11 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
         acc->priority = atoi(PQgetvalue(res, r, 7));
         acc->weight = atoi(PQgetvalue(res, r, 8));
         acc->models = json_string_list(PQgetvalue(res, r, 9), &acc->nmodels);
-        acc->model_map = json_loads(PQgetvalue(res, r, 10), 0, NULL);
+        acc->model_map = map;
         snprintf(acc->cost_multiplier, sizeof(acc->cost_multiplier), "%s", PQgetvalue(res, r, 11));
         acc->active = !strcmp(PQgetvalue(res, r, 12), "active") && acc->upstream;
+        if (!acc->upstream)
+            snapshot_skip(s, acc->id, "no upstream client for its base_url (see the gateway's error log)");
         acc->cooldown_until_ms = atoll(PQgetvalue(res, r, 13));
         acc->reset_at_ms = atoll(PQgetvalue(res, r, 14));
         json_t *groups = json_loads(PQgetvalue(res, r, 15), 0, NULL);
