@@ -17,12 +17,13 @@ export function setSessionLostHandler(fn) {
 }
 
 export class ApiError extends Error {
-  constructor(status, code, detail, plain) {
+  constructor(status, code, detail, plain, param = null) {
     super(plain);
     this.status = status;
     this.code = code;
     this.detail = detail;
     this.plain = plain;
+    this.param = param; // the request field the error concerns (shown next to it)
   }
 }
 
@@ -45,9 +46,11 @@ export function plainError(status, code, detail) {
     case 'database_timeout':
       return 'The database did not answer in time. Try again in a moment.';
     case 'conflict':
-      return `That already exists: pick another name${d}.`;
+    case 'in_use':
     case 'invalid_reference':
-      return `That refers to something that does not exist (any more)${d}.`;
+    case 'account_unusable':
+      // The gateway's sentence says what to do (tg_admin_errors.c).
+      return detail || (code === 'conflict' ? 'That already exists: pick another name.' : 'That refers to something that does not exist (any more).');
     case 'not_found':
       return 'It does not exist (any more): someone may have deleted it. Reload the list.';
     case 'reload_failed':
@@ -57,7 +60,8 @@ export function plainError(status, code, detail) {
     case 'invalid_json':
     case 'invalid_request':
     case 'invalid_value':
-      return `The gateway refused the values: ${detail || 'check the form'}.`;
+      if (!detail) return 'The gateway refused the values: check the form.';
+      return /[.!?]$/.test(detail) ? detail : `${detail[0].toUpperCase()}${detail.slice(1)}.`;
     default:
       break;
   }
@@ -72,14 +76,16 @@ export function plainError(status, code, detail) {
 async function errorOf(res) {
   let code = null;
   let detail = null;
+  let param = null;
   try {
     const j = await res.json();
     code = j?.error?.code ?? null;
     detail = j?.error?.message ?? null;
+    param = j?.error?.param ?? null;
   } catch {
     /* not JSON */
   }
-  return new ApiError(res.status, code, detail, plainError(res.status, code, detail));
+  return new ApiError(res.status, code, detail, plainError(res.status, code, detail), param);
 }
 
 function networkError(e) {

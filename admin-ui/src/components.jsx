@@ -1,6 +1,7 @@
 // Building blocks shared by the pages: loading and error states, empty states that say
 // what to do next, tables, forms, a confirmation dialog, and a hook for API loads.
-import { useCallback, useEffect, useRef, useState } from 'preact/hooks';
+import { createContext } from 'preact';
+import { useCallback, useContext, useEffect, useRef, useState } from 'preact/hooks';
 
 export function Spinner({ label = 'Loading…' }) {
   return (
@@ -11,11 +12,15 @@ export function Spinner({ label = 'Loading…' }) {
   );
 }
 
+/** A failure the operator did not cause (network, the gateway's 5xx) says so first;
+ *  a refused value is just the sentence that says what to change. */
 export function ErrorBox({ error, onRetry }) {
   if (!error) return null;
+  const theirs = error.status === 0 || error.status >= 500 || (!error.plain && !error.status);
   return (
     <div class="error" role="alert">
-      <strong>Something went wrong.</strong> {error.plain || error.message || String(error)}
+      {theirs && <strong>Something went wrong. </strong>}
+      {error.plain || error.message || String(error)}
       {onRetry && (
         <button type="button" class="link" onClick={onRetry}>
           Try again
@@ -98,12 +103,31 @@ export function ActionButton({ onClick, children, busyLabel, class: cls = '', on
   );
 }
 
-/** A labelled form field. */
+/** The error of the field a Form's last submit was refused for: {name, text}. */
+const FieldError = createContext(null);
+
+/** The text of an error that concerns one field, without the field's name (it is shown
+ *  under the field): `field "name" must be …` → `Must be …`. */
+export function fieldText(err) {
+  const t = String(err.detail || err.plain || err.message || '').replace(/^field "[^"]+"\s*(item \d+ )?:?\s*/, (m, item) => (item ? `Item ${item.trim().split(' ')[1]} ` : ''));
+  return t ? t[0].toUpperCase() + t.slice(1) : t;
+}
+
+/** A labelled form field; shows the Form's error next to it when it concerns its input. */
 export function Field({ label, hint, children, wide }) {
+  const fe = useContext(FieldError);
+  const name = children?.props?.name;
+  const err = fe && name && fe.name === name ? fe.text : null;
+  const id = name ? `err-${name}` : undefined;
   return (
-    <label class={`field ${wide ? 'wide' : ''}`}>
+    <label class={`field ${wide ? 'wide' : ''} ${err ? 'invalid' : ''}`}>
       <span class="field-label">{label}</span>
       {children}
+      {err && (
+        <span class="field-error" id={id} data-testid={`field-error-${name}`}>
+          {err}
+        </span>
+      )}
       {hint && <span class="hint">{hint}</span>}
     </label>
   );
@@ -116,6 +140,23 @@ export function Field({ label, hint, children, wide }) {
 export function Form({ onSubmit, submitLabel = 'Save', busyLabel = 'Saving…', children, onCancel, class: cls = '' }) {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState(null);
+  const [fieldError, setFieldError] = useState(null);
+  const ref = useRef(null);
+  // The refused field: marked invalid, described by its message, and focused.
+  useEffect(() => {
+    const form = ref.current;
+    if (!form) return;
+    for (const el of form.querySelectorAll('[aria-invalid]')) {
+      el.removeAttribute('aria-invalid');
+      el.removeAttribute('aria-describedby');
+    }
+    const el = fieldError && form.elements.namedItem(fieldError.name);
+    if (el && el.focus) {
+      el.setAttribute('aria-invalid', 'true');
+      el.setAttribute('aria-describedby', `err-${fieldError.name}`);
+      el.focus();
+    }
+  }, [fieldError]);
   const submit = async (e) => {
     e.preventDefault();
     const form = e.currentTarget;
@@ -131,17 +172,23 @@ export function Form({ onSubmit, submitLabel = 'Save', busyLabel = 'Saving…', 
     }
     setBusy(true);
     setError(null);
+    setFieldError(null);
     try {
       await onSubmit(values, form);
     } catch (err) {
-      setError(err);
+      const name = err?.field || err?.param;
+      const el = name && form.elements.namedItem(name);
+      if (el && el.type !== 'hidden' && !(el instanceof RadioNodeList)) setFieldError({ name, text: fieldText(err) });
+      else setError(err);
     } finally {
       setBusy(false);
     }
   };
   return (
-    <form class={`form ${cls}`} onSubmit={submit} noValidate>
-      <div class="form-fields">{children}</div>
+    <form class={`form ${cls}`} onSubmit={submit} noValidate ref={ref}>
+      <FieldError.Provider value={fieldError}>
+        <div class="form-fields">{children}</div>
+      </FieldError.Provider>
       <ErrorBox error={error} />
       <div class="form-actions">
         <button type="submit" class="primary" disabled={busy}>

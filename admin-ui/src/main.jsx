@@ -11,6 +11,7 @@ import { Capacity } from './pages/capacity.jsx';
 import { Dashboard } from './pages/dashboard.jsx';
 import { Groups } from './pages/groups.jsx';
 import { Keys } from './pages/keys.jsx';
+import { Ledger } from './pages/ledger.jsx';
 import { Plugins } from './pages/plugins.jsx';
 import { Prices } from './pages/prices.jsx';
 import { Tenants } from './pages/tenants.jsx';
@@ -27,6 +28,7 @@ const PAGES = [
   { path: 'prices', label: 'Prices', component: Prices },
   { path: 'plugins', label: 'Plugins', component: Plugins },
   { path: 'usage', label: 'Usage', component: Usage },
+  { path: 'ledger', label: 'Ledger', component: Ledger },
   { path: 'capacity', label: 'Capacity', component: Capacity },
 ];
 

@@ -132,7 +132,7 @@ test('log in: a wrong token is explained, the right one opens the dashboard', as
   assert.ok(c && c.httpOnly && c.sameSite === 'Strict' && c.path === '/admin', JSON.stringify(cookies));
 });
 
-test('tenants: empty state, create, a duplicate explained in plain words, top up', async () => {
+test('tenants: empty state, create, a duplicate explained next to the field, top up, edit, the ledger', async () => {
   await go('Tenants');
   await page.getByText('No tenants yet.').waitFor();
   await shot('tenants-empty');
@@ -147,7 +147,9 @@ test('tenants: empty state, create, a duplicate explained in plain words, top up
   await page.getByRole('button', { name: 'New tenant' }).click();
   await modal().locator('input[name="name"]').fill('acme');
   await modal().getByRole('button', { name: 'Create tenant' }).click();
-  await modal().getByText('That already exists: pick another name').waitFor();
+  await modal().locator('[data-testid="field-error-name"]').getByText('A tenant with this name already exists: pick another name.').waitFor();
+  assert.equal(await modal().locator('input[name="name"]').getAttribute('aria-invalid'), 'true');
+  assert.equal(await modal().locator('.error').count(), 0, 'no "Something went wrong" box below the form');
   await shot('tenants-duplicate-error');
   await modal().getByRole('button', { name: 'Cancel' }).click();
 
@@ -159,6 +161,33 @@ test('tenants: empty state, create, a duplicate explained in plain words, top up
   await shot('tenants');
   const ledger = await db.query("SELECT kind, amount::float8 AS amount, note FROM ledger WHERE kind = 'topup'");
   assert.deepEqual(ledger, [{ kind: 'topup', amount: 5.5, note: 'invoice 1' }], 'the top-up is in the ledger');
+
+  // Edit: budget and limits.
+  await row('acme').getByRole('button', { name: 'Edit' }).click();
+  await modal().locator('input[name="budget"]').fill('100');
+  await modal().locator('input[name="rpm"]').fill('-3');
+  await modal().getByRole('button', { name: 'Save tenant' }).click();
+  await modal().locator('[data-testid="field-error-rpm"]').waitFor();
+  await modal().locator('input[name="rpm"]').fill('6000');
+  await submitModal('Save tenant');
+  await page.waitForFunction(() => document.querySelector('tbody tr td[data-col="budget"]')?.textContent.trim() === '$100.00');
+  assert.deepEqual(await db.query("SELECT budget::float8 AS budget, rpm FROM tenants WHERE name = 'acme'"), [{ budget: 100, rpm: 6000 }]);
+
+  // Delete: refused, because the ledger must stay complete, in words that say what to do.
+  await row('acme').getByRole('button', { name: 'Delete' }).click();
+  await modal().getByRole('button', { name: 'Delete', exact: true }).click();
+  await modal().locator('.error').getByText('This tenant has billed usage or ledger entries').waitFor();
+  assert.match(await modal().locator('.error').textContent(), /cannot be deleted: suspend it instead/);
+  assert.doesNotMatch(await modal().textContent(), /fkey|foreign key|violates/);
+  await shot('tenants-delete-refused');
+  await modal().getByRole('button', { name: 'Cancel' }).click();
+
+  // The ledger, from the tenant's row.
+  await row('acme').getByRole('button', { name: 'Ledger' }).click();
+  await page.getByRole('heading', { level: 1, name: 'Ledger' }).waitFor();
+  await row('invoice 1').waitFor();
+  assert.equal((await row('invoice 1').locator('td[data-col="amount"]').textContent()).trim(), '$5.50');
+  await shot('ledger');
 });
 
 test('groups and accounts: a group, an account on the mock serving it, a price', async () => {
@@ -166,6 +195,10 @@ test('groups and accounts: a group, an account on the mock serving it, a price',
   await page.getByText('No groups yet.').waitFor();
   await page.getByRole('button', { name: 'New group' }).click();
   await modal().locator('input[name="name"]').fill('standard');
+  await modal().locator('input[name="rate_multiplier"]').fill('10000000');
+  await modal().getByRole('button', { name: 'Create group' }).click();
+  await modal().locator('[data-testid="field-error-rate_multiplier"]').getByText(/below 1000000/).waitFor();
+  await modal().locator('input[name="rate_multiplier"]').fill('1');
   await submitModal('Create group');
   await row('standard').waitFor();
 
@@ -174,6 +207,10 @@ test('groups and accounts: a group, an account on the mock serving it, a price',
   await shot('accounts-empty');
   await page.getByRole('button', { name: 'New account' }).click();
   await modal().locator('input[name="name"]').fill('mock-a');
+  await modal().locator('input[name="base_url"]').fill('http://exa mple.com/v1');
+  await modal().getByRole('button', { name: 'Create account' }).click();
+  await modal().locator('[data-testid="field-error-base_url"]').getByText(/contains a space/).waitFor();
+  await shot('accounts-bad-url');
   await modal().locator('input[name="base_url"]').fill(`${mock.url}/v1`);
   await modal().locator('input[name="credential"]').fill(UPSTREAM_KEY);
   await modal().locator('input[name="concurrency"]').fill('8');
@@ -222,6 +259,14 @@ test('groups and accounts: a group, an account on the mock serving it, a price',
   assert.match(await row('hand-written').locator('[data-testid="account-problem"]').textContent(), /base_url has no host/);
   await shot('accounts-broken');
 
+  // Delete the two: gone from the list and the database.
+  for (const name of ['hand-written', 'mock-refused']) {
+    await row(name).getByRole('button', { name: 'Delete' }).click();
+    await submitModal('Delete account');
+    await row(name).waitFor({ state: 'detached' });
+  }
+  assert.equal(await db.scalar("SELECT count(*) FROM accounts WHERE name IN ('hand-written', 'mock-refused')"), '0');
+
   await go('Groups');
   assert.equal((await row('standard').locator('td[data-col="accounts"]').textContent()).trim(), 'mock-a');
   await shot('groups');
@@ -259,6 +304,30 @@ test('keys: the new key is shown once with a copy button, and it works', async (
 
   await row('e2e-key').waitFor();
   assert.equal((await row('e2e-key').locator('td[data-col="status"]').textContent()).trim(), 'active');
+
+  // An expiry in the past is refused next to the field, before anything is created.
+  await page.getByRole('button', { name: 'New key' }).click();
+  await modal().locator('input[name="name"]').fill('stale');
+  await modal().locator('input[name="expires_at"]').fill('2020-01-01T10:00');
+  await modal().getByRole('button', { name: 'Create key' }).click();
+  await modal().locator('[data-testid="field-error-expires_at"]').getByText(/in the past/).waitFor();
+  await shot('keys-past-expiry');
+  // Without one, it is created in a group that is then deleted: "none", and Edit moves it.
+  await modal().locator('input[name="expires_at"]').fill('');
+  await modal().getByRole('button', { name: 'Create key' }).click();
+  await modal().getByRole('button', { name: 'I have copied it' }).click();
+  await modal().waitFor({ state: 'detached' });
+  const staleId = await db.scalar("SELECT id FROM api_keys WHERE name = 'stale'");
+  await db.exec(`WITH g AS (INSERT INTO groups (name) VALUES ('temp') RETURNING id) UPDATE api_keys SET group_id = (SELECT id FROM g) WHERE id = ${staleId}`);
+  await db.exec("DELETE FROM groups WHERE name = 'temp'");
+  await page.reload();
+  await row('stale').waitFor();
+  assert.equal((await row('stale').locator('td[data-col="group"]').textContent()).trim(), 'none');
+  await row('stale').getByRole('button', { name: 'Edit' }).click();
+  await modal().locator('select[name="group_id"]').selectOption({ label: 'standard' });
+  await submitModal('Save key');
+  await page.waitForFunction(() => [...document.querySelectorAll('tbody tr')].some((r) => r.textContent.includes('stale') && r.querySelector('td[data-col="group"]')?.textContent.trim() === 'standard'));
+  assert.equal(await db.scalar(`SELECT g.name FROM api_keys k JOIN groups g ON g.id = k.group_id WHERE k.id = ${staleId}`), 'standard');
   assert.match(await row('e2e-key').locator('td[data-col="limits"]').textContent(), /600 rpm/);
   await shot('keys');
   await page.reload();

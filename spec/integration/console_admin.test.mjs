@@ -183,3 +183,74 @@ test('hostile bodies to the test route: clear 400s in the admin error shape, and
   assert.equal(ok.status, 200, ok.text);
   assert.equal(ok.json.ok, true);
 });
+
+test('database refusals become sentences that say what to do, naming the field', async () => {
+  const t = await admin.create('/tenants', { name: 'payer', balance: '1' });
+  const dup = await admin.post('/tenants', { name: 'payer' });
+  assertAdminError(dup, 409, 'duplicate tenant');
+  assert.equal(dup.json.error.code, 'conflict');
+  assert.equal(dup.json.error.param, 'name');
+  assert.match(dup.json.error.message, /^A tenant with this name already exists: pick another name\.$/);
+  assert.ok(!/_key|constraint|duplicate key/.test(dup.json.error.message));
+
+  const long = await admin.post('/groups', { name: 'g'.repeat(201) });
+  assertAdminError(long, 400, 'long name');
+  assert.equal(long.json.error.param, 'name');
+  assert.match(long.json.error.message, /1 to 200 characters/);
+
+  const big = await admin.post('/groups', { name: 'big', rate_multiplier: '10000000' });
+  assertAdminError(big, 400, 'overflow');
+  assert.equal(big.json.error.param, 'rate_multiplier');
+  assert.match(big.json.error.message, /below 1000000/);
+  assert.ok(!/numeric field overflow/.test(big.json.error.message));
+
+  const fk = await admin.post('/keys', { tenant_id: t.id, group_id: 987654 });
+  assertAdminError(fk, 400, 'unknown group');
+  assert.equal(fk.json.error.code, 'invalid_reference');
+  assert.equal(fk.json.error.param, 'group_id');
+  assert.match(fk.json.error.message, /No group has this id/);
+
+  const when = await admin.post('/keys', { tenant_id: t.id, expires_at: 'next tuesday' });
+  assertAdminError(when, 400, 'bad date');
+  assert.equal(when.json.error.param, 'expires_at');
+  assert.match(when.json.error.message, /ISO 8601/);
+
+  // A tenant with a ledger (its top-up) cannot be deleted: the answer says to suspend it.
+  assert.equal((await admin.post(`/tenants/${t.id}/topup`, { amount: '2' })).status, 200);
+  const del = await admin.del(`/tenants/${t.id}`);
+  assertAdminError(del, 409, 'delete a tenant with a ledger');
+  assert.equal(del.json.error.code, 'in_use');
+  assert.match(del.json.error.message, /cannot be deleted: suspend it instead/);
+  assert.ok(!/fkey|foreign key/.test(del.json.error.message));
+
+  // Validation errors name their field in "param" too.
+  const bad = await admin.post('/accounts', { name: 'x', provider: 'openai', base_url: 'http://' });
+  assert.equal(bad.json.error.param, 'base_url');
+});
+
+test('the ledger: newest first, paged by before, filtered by tenant and kind; bad parameters are 400s', async () => {
+  const a = await admin.create('/tenants', { name: 'ledger-a' });
+  const b = await admin.create('/tenants', { name: 'ledger-b' });
+  for (let i = 1; i <= 5; i++) assert.equal((await admin.post(`/tenants/${a.id}/topup`, { amount: `${i}.000117`, note: `inv ${i}` })).status, 200);
+  assert.equal((await admin.post(`/tenants/${b.id}/topup`, { amount: '9' })).status, 200);
+  const p1 = await admin.read(`/ledger?tenant_id=${a.id}&limit=2`);
+  assert.deepEqual(p1.data.map((r) => r.note), ['inv 5', 'inv 4']);
+  assert.equal(p1.has_more, true);
+  assert.equal(p1.data[0].tenant, 'ledger-a');
+  assert.equal(p1.data[0].kind, 'topup');
+  assert.equal(String(p1.data[0].amount), '5.000117', 'the amount as stored');
+  const p2 = await admin.read(`/ledger?tenant_id=${a.id}&limit=2&before=${p1.next_before}`);
+  assert.deepEqual(p2.data.map((r) => r.note), ['inv 3', 'inv 2']);
+  const p3 = await admin.read(`/ledger?tenant_id=${a.id}&limit=2&before=${p2.next_before}`);
+  assert.deepEqual(p3.data.map((r) => r.note), ['inv 1']);
+  assert.equal(p3.has_more, false);
+  const all = await admin.read('/ledger?kind=topup&limit=500');
+  assert.ok(all.data.some((r) => r.tenant === 'ledger-b'));
+  assert.ok(all.data.every((r) => r.kind === 'topup'));
+  for (const q of ['limit=0', 'limit=501', 'limit=x', 'before=-1', 'tenant_id=abc', 'kind=refund']) {
+    assertAdminError(await admin.get(`/ledger?${q}`), 400, q);
+  }
+  assertAdminError(await admin.post('/ledger', {}), 405, 'POST ledger');
+  assertAdminError(await admin.del('/ledger'), 405, 'DELETE ledger');
+  assert.equal((await admin.get('/ledger')).status, 200, 'the worker is still up');
+});

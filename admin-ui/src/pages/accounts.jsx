@@ -24,13 +24,13 @@ function AccountForm({ account, groups, onDone, onCancel }) {
       busyLabel="Saving…"
       onCancel={onCancel}
       onSubmit={async (v) => {
-        if (!v.name.trim()) throw { plain: 'Give the account a name.' };
-        if (!/^https?:\/\//.test(v.base_url.trim())) throw { plain: 'The base URL must start with http:// or https://, e.g. https://api.openai.com/v1.' };
+        if (!v.name.trim()) throw { field: 'name', plain: 'Give the account a name.' };
+        if (!/^https?:\/\/[^/\s]/.test(v.base_url.trim())) throw { field: 'base_url', plain: 'The base URL is http:// or https:// and a host, e.g. https://api.openai.com/v1.' };
         let modelMap;
         try {
           modelMap = v.model_map.trim() ? JSON.parse(v.model_map) : {};
         } catch (e) {
-          throw { plain: `The model map must be a JSON object: ${e.message}` };
+          throw { field: 'model_map', plain: `The model map must be a JSON object: ${e.message}` };
         }
         const body = {
           name: v.name.trim(),
@@ -44,7 +44,7 @@ function AccountForm({ account, groups, onDone, onCancel }) {
         for (const k of ['concurrency', 'priority', 'weight']) {
           if (v[k].trim() === '') continue;
           const n = Number(v[k]);
-          if (!Number.isInteger(n)) throw { plain: `${k} must be a whole number.` };
+          if (!Number.isInteger(n)) throw { field: k, plain: `${k[0].toUpperCase()}${k.slice(1)} is a whole number.` };
           body[k] = n;
         }
         if (v.cost_multiplier.trim()) body.cost_multiplier = v.cost_multiplier.trim();
@@ -300,6 +300,21 @@ export function Accounts() {
             }
           >
             {a.status === 'active' ? 'Disable' : 'Enable'}
+          </button>
+          <button
+            type="button"
+            class="small danger-text"
+            onClick={() =>
+              setConfirm({
+                title: `Delete ${a.name}?`,
+                text: 'The account and its credential are deleted and no request is routed to it again; its past usage rows keep its id. To pause it, disable it instead.',
+                label: 'Delete account',
+                danger: true,
+                run: () => api.del(`/accounts/${a.id}`),
+              })
+            }
+          >
+            Delete
           </button>
           {a.cooldown_until && Date.parse(a.cooldown_until) > Date.now() && (
             <button

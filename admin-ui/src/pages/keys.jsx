@@ -30,10 +30,29 @@ function limitsBody(v) {
     budget: optDecimal(v.budget),
   };
   for (const k of ['rpm', 'tpm', 'concurrency']) {
-    if (body[k] !== null && !(Number.isInteger(body[k]) && body[k] >= 0)) throw { plain: `${k} must be a whole number of 0 or more, or blank for no limit.` };
+    if (body[k] !== null && !(Number.isInteger(body[k]) && body[k] >= 0)) throw { field: k, plain: 'A whole number of 0 or more, or blank for no limit.' };
   }
-  if (body.budget !== null && !(Number(body.budget) >= 0)) throw { plain: 'The budget must be an amount in dollars, or blank for none.' };
+  if (body.budget !== null && !(Number(body.budget) >= 0)) throw { field: 'budget', plain: 'The budget is an amount in dollars, or blank for none.' };
   return body;
+}
+
+/** The expiry of the form (a local date and time) as ISO 8601, or null; a time in the
+ *  past is refused: the key would be refused from its first request. */
+function expiryValue(v) {
+  if (!v.expires_at) return null;
+  const t = new Date(v.expires_at);
+  if (Number.isNaN(t.getTime())) throw { field: 'expires_at', plain: 'Pick a date and time, or leave it blank for never.' };
+  if (t.getTime() <= Date.now())
+    throw { field: 'expires_at', plain: 'This time is in the past: the key would be refused from its first request. Pick a later time, or leave it blank for never.' };
+  return t.toISOString();
+}
+
+/** A datetime-local input's value for an ISO time (local time, minutes). */
+function localInput(iso) {
+  if (!iso) return '';
+  const d = new Date(iso);
+  const p = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}`;
 }
 
 function LimitFields({ k = {} }) {
@@ -116,7 +135,18 @@ export function Keys() {
     { key: 'name', label: 'name', render: (k) => k.name || <span class="muted">unnamed</span> },
     { key: 'prefix', label: 'key', render: (k) => <code>{k.prefix}…</code> },
     { key: 'tenant', label: 'tenant', render: (k) => tenantName(k.tenant_id) },
-    { key: 'group', label: 'group', render: (k) => groupName(k.group_id) },
+    {
+      key: 'group',
+      label: 'group',
+      render: (k) =>
+        k.group_id == null ? (
+          <span class="muted" title="Served by the config's static upstream; Edit moves it to a group.">
+            none
+          </span>
+        ) : (
+          groupName(k.group_id)
+        ),
+    },
     {
       key: 'status',
       label: 'status',
@@ -134,7 +164,7 @@ export function Keys() {
       render: (k) => (
         <div class="row-actions">
           <button type="button" class="small" onClick={() => setEditing(k)}>
-            Limits
+            Edit
           </button>
           <button type="button" class="small" onClick={() => navigate(`usage?key_id=${k.id}`)}>
             Usage
@@ -223,7 +253,8 @@ export function Keys() {
               };
               const models = splitList(v.allowed_models);
               if (models.length) body.allowed_models = models;
-              if (v.expires_at) body.expires_at = new Date(v.expires_at).toISOString();
+              const expires = expiryValue(v);
+              if (expires) body.expires_at = expires;
               const k = await api.post('/keys', body);
               setCreating(false);
               setCreated(k);
@@ -259,16 +290,32 @@ export function Keys() {
       )}
       {created && <NewKey created={created} onClose={() => setCreated(null)} />}
       {editing && (
-        <Modal title={`Limits of key ${editing.prefix}…`} onClose={() => setEditing(null)}>
+        <Modal title={`Edit key ${editing.prefix}…`} onClose={() => setEditing(null)} wide>
           <Form
-            submitLabel="Save limits"
+            submitLabel="Save key"
             onCancel={() => setEditing(null)}
             onSubmit={async (v) => {
-              await api.patch(`/keys/${editing.id}`, limitsBody(v));
+              const body = { name: v.name.trim() || undefined, group_id: v.group_id ? Number(v.group_id) : null, ...limitsBody(v) };
+              const was = localInput(editing.expires_at);
+              if (v.expires_at !== was) body.expires_at = expiryValue(v);
+              await api.patch(`/keys/${editing.id}`, body);
               setEditing(null);
               keys.reload();
             }}
           >
+            <Field label="Group" hint="Moves the key: its next request uses the new group's models and accounts.">
+              <Select
+                name="group_id"
+                initial={editing.group_id == null ? '' : String(editing.group_id)}
+                options={[['', 'no group (static upstream)'], ...groups.map((g) => [String(g.id), g.name])]}
+              />
+            </Field>
+            <Field label="Name">
+              <input name="name" defaultValue={editing.name ?? ''} />
+            </Field>
+            <Field label="Expires" hint="blank: never">
+              <input name="expires_at" type="datetime-local" defaultValue={localInput(editing.expires_at)} />
+            </Field>
             <LimitFields k={editing} />
           </Form>
         </Modal>

@@ -20,7 +20,7 @@ function TopUp({ tenant, onClose, onDone }) {
         onSubmit={async (v) => {
           const amount = v.amount.trim();
           if (!/^\d+(\.\d+)?$/.test(amount) || Number(amount) <= 0) {
-            throw { plain: 'Type a positive amount in dollars, like 25 or 25.50.' };
+            throw { field: 'amount', plain: 'Type a positive amount in dollars, like 25 or 25.50.' };
           }
           await api.post(`/tenants/${tenant.id}/topup`, { amount, note: v.note.trim() || undefined });
           onDone();
@@ -29,8 +29,62 @@ function TopUp({ tenant, onClose, onDone }) {
         <Field label="Amount (USD)">
           <input name="amount" inputMode="decimal" placeholder="25.00" required />
         </Field>
-        <Field label="Note" hint="Shown in the ledger, e.g. an invoice number.">
+        <Field label="Note" hint="Shown in the tenant's ledger, e.g. an invoice number.">
           <input name="note" placeholder="invoice 1042" />
+        </Field>
+      </Form>
+    </Modal>
+  );
+}
+
+/** A limit field's value: blank → null (no limit), else a whole number ≥ 0. */
+function limitValue(v, name, label) {
+  const t = String(v[name] ?? '').trim();
+  if (!t) return null;
+  const n = Number(t);
+  if (!Number.isInteger(n) || n < 0) throw { field: name, plain: `${label} is a whole number of 0 or more, or blank for no limit.` };
+  return n;
+}
+
+/** Name, budget and limits of a tenant (its balance changes only through top-ups). */
+function EditTenant({ tenant, onClose, onDone }) {
+  return (
+    <Modal title={`Edit ${tenant.name}`} onClose={onClose}>
+      <Form
+        submitLabel="Save tenant"
+        onCancel={onClose}
+        onSubmit={async (v) => {
+          if (!v.name.trim()) throw { field: 'name', plain: 'Give the tenant a name.' };
+          const budget = optDecimal(v.budget);
+          if (budget !== null && !(Number(budget) >= 0)) throw { field: 'budget', plain: 'The budget is an amount in dollars, or blank for none.' };
+          await api.patch(`/tenants/${tenant.id}`, {
+            name: v.name.trim(),
+            budget,
+            rpm: limitValue(v, 'rpm', 'Requests per minute'),
+            rpm_burst: limitValue(v, 'rpm_burst', 'The burst'),
+            tpm: limitValue(v, 'tpm', 'Tokens per minute'),
+            concurrency: limitValue(v, 'concurrency', 'Concurrent requests'),
+          });
+          onDone();
+        }}
+      >
+        <Field label="Name">
+          <input name="name" defaultValue={tenant.name} />
+        </Field>
+        <Field label="Budget (USD)" hint="Spending cap over all its keys; blank for none.">
+          <input name="budget" inputMode="decimal" defaultValue={tenant.budget ?? ''} placeholder="none" />
+        </Field>
+        <Field label="Requests / minute" hint="All its keys together; blank: no limit.">
+          <input name="rpm" inputMode="numeric" defaultValue={tenant.rpm ?? ''} />
+        </Field>
+        <Field label="Burst (requests)" hint="blank: the rpm">
+          <input name="rpm_burst" inputMode="numeric" defaultValue={tenant.rpm_burst ?? ''} />
+        </Field>
+        <Field label="Tokens / minute" hint="blank: no limit">
+          <input name="tpm" inputMode="numeric" defaultValue={tenant.tpm ?? ''} />
+        </Field>
+        <Field label="Concurrent requests" hint="blank: no limit">
+          <input name="concurrency" inputMode="numeric" defaultValue={tenant.concurrency ?? ''} />
         </Field>
       </Form>
     </Modal>
@@ -41,6 +95,7 @@ export function Tenants() {
   const { data, error, loading, reload } = useLoad(() => listAll('/tenants'));
   const [creating, setCreating] = useState(false);
   const [topup, setTopup] = useState(null);
+  const [editing, setEditing] = useState(null);
   const [confirm, setConfirm] = useState(null);
   const rows = data || [];
 
@@ -60,8 +115,14 @@ export function Tenants() {
           <button type="button" class="small primary" onClick={() => setTopup(t)}>
             Top up
           </button>
+          <button type="button" class="small" onClick={() => setEditing(t)}>
+            Edit
+          </button>
           <button type="button" class="small" onClick={() => navigate(`keys?tenant_id=${t.id}`)}>
             Keys
+          </button>
+          <button type="button" class="small" onClick={() => navigate(`ledger?tenant_id=${t.id}`)}>
+            Ledger
           </button>
           <button
             type="button"
@@ -84,7 +145,7 @@ export function Tenants() {
             onClick={() =>
               setConfirm({
                 title: `Delete ${t.name}?`,
-                text: 'The tenant, its users and its keys are deleted. A tenant with billed usage cannot be deleted; suspend it instead.',
+                text: 'The tenant, its users and its keys are deleted. A tenant with a ledger (top-ups, billed usage) cannot be deleted: suspend it instead.',
                 label: 'Delete',
                 danger: true,
                 run: () => api.del(`/tenants/${t.id}`),
@@ -128,7 +189,7 @@ export function Tenants() {
             busyLabel="Creating…"
             onCancel={() => setCreating(false)}
             onSubmit={async (v) => {
-              if (!v.name.trim()) throw { plain: 'Give the tenant a name.' };
+              if (!v.name.trim()) throw { field: 'name', plain: 'Give the tenant a name.' };
               await api.post('/tenants', { name: v.name.trim(), balance: optDecimal(v.balance) ?? '0', budget: optDecimal(v.budget) });
               setCreating(false);
               reload();
@@ -145,6 +206,16 @@ export function Tenants() {
             </Field>
           </Form>
         </Modal>
+      )}
+      {editing && (
+        <EditTenant
+          tenant={editing}
+          onClose={() => setEditing(null)}
+          onDone={() => {
+            setEditing(null);
+            reload();
+          }}
+        />
       )}
       {topup && (
         <TopUp

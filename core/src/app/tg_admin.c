@@ -9,6 +9,7 @@
 #include "tollgate/tg_access_log.h"
 #include "tollgate/tg_admin.h"
 #include "tollgate/tg_admin_accounts.h"
+#include "tollgate/tg_admin_errors.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -179,7 +180,7 @@ const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/prices",           "POST /admin/api/v1/prices",
     "GET /admin/api/v1/prices/{model}",   "PATCH /admin/api/v1/prices/{model}",
     "DELETE /admin/api/v1/prices/{model}", "GET /admin/api/v1/usage",
-    "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/plugins",
+    "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/ledger",          "GET /admin/api/v1/plugins",
     "POST /admin/api/v1/plugins/reload",  NULL,
 };
 
@@ -227,25 +228,20 @@ static void admin_finish(tg_request_t *req, int aborted) {
 }
 
 static void reply_error(tg_request_t *req, int status, const char *code, const char *msg) {
-    tg_response_error(req, status, status >= 500 ? "server_error" : "invalid_request_error", code, msg);
+    tg_admin_reply_error(req, status, code, NULL, msg);
 }
 
 static void reply_json(tg_request_t *req, int status, const char *body, size_t n) {
     tg_response_send(req, status, "application/json", "Cache-Control: no-store\r\n", body, n);
 }
 
-/* Maps a database error to a client error where it is the client's fault. */
-static void reply_pg_error(tg_request_t *req, const PGresult *res, const char *err) {
-    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-    const char *detail = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-    char msg[512];
-    snprintf(msg, sizeof(msg), "%s", detail ? detail : err);
-    if (state && !strcmp(state, "23505"))
-        reply_error(req, 409, "conflict", msg);
-    else if (state && !strcmp(state, "23503"))
-        reply_error(req, 400, "invalid_reference", msg);
-    else if (state && (!strncmp(state, "22", 2) || !strncmp(state, "23", 2)))
-        reply_error(req, 400, "invalid_value", msg);
+/* Maps a database error to a client error in plain words where it is the client's fault
+ * (tg_admin_errors.c). */
+static void reply_pg_error(tg_request_t *req, const char *resource, int deleting, const PGresult *res,
+                           const char *err) {
+    tg_admin_err_t e;
+    if (tg_admin_pg_error(res, resource, deleting, &e))
+        tg_admin_reply_error(req, e.status, e.code, e.param, e.message);
     else if (err && !strcmp(err, "timeout"))
         reply_error(req, 504, "database_timeout", "the database did not answer in time");
     else {
@@ -346,7 +342,7 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
     tg_request_t *req = a->req;
     tg_state_t *st = req->worker->ctx->state; /* the request is gone once answered */
     if (err) {
-        reply_pg_error(req, res, err);
+        reply_pg_error(req, a->res ? a->res->path : NULL, a->kind == K_DELETED, res, err);
         return;
     }
     switch (a->kind) {
@@ -991,6 +987,51 @@ static void usage_query(actx_t *a, const char *query, int summary) {
     tg_buf_free(&where);
 }
 
+/* GET ledger: the balance changes (opening, top-ups, usage debits, adjustments), newest
+ * first, paged by ?before=<id>; ?tenant_id= and ?kind= filter. */
+static void ledger_query(actx_t *a, const char *query) {
+    char tenant[32] = "", kind[32] = "", limit[16] = "50", before[32] = "";
+    int ht = query_get(query, "tenant_id", tenant, sizeof(tenant));
+    int hk = query_get(query, "kind", kind, sizeof(kind));
+    int hb = query_get(query, "before", before, sizeof(before));
+    query_get(query, "limit", limit, sizeof(limit));
+    if ((ht && !is_digits(tenant)) || (hb && !is_digits(before)) || !is_digits(limit) || atoll(limit) < 1 ||
+        atoll(limit) > 500) {
+        reply_error(a->req, 400, "invalid_request", "tenant_id and before must be ids; limit 1 to 500");
+        return;
+    }
+    if (hk && strcmp(kind, "opening") && strcmp(kind, "topup") && strcmp(kind, "usage") && strcmp(kind, "adjustment")) {
+        reply_error(a->req, 400, "invalid_request", "kind must be opening, topup, usage or adjustment");
+        return;
+    }
+    const char *params[4];
+    int np = 0;
+    tg_buf_t sql;
+    tg_buf_init(&sql);
+    params[np++] = limit;
+    tg_buf_appends(&sql, "WITH page AS (SELECT l.*, t.name AS tenant FROM ledger l JOIN tenants t ON t.id = l.tenant_id "
+                         "WHERE true");
+    if (ht) {
+        params[np++] = tenant;
+        tg_buf_printf(&sql, " AND l.tenant_id = $%d::bigint", np);
+    }
+    if (hk) {
+        params[np++] = kind;
+        tg_buf_printf(&sql, " AND l.kind = $%d", np);
+    }
+    if (hb) {
+        params[np++] = before;
+        tg_buf_printf(&sql, " AND l.id < $%d::bigint", np);
+    }
+    tg_buf_appends(&sql, " ORDER BY l.id DESC LIMIT $1::int + 1), shown AS (SELECT * FROM page ORDER BY id DESC LIMIT "
+                         "$1::int) SELECT json_build_object('data', coalesce((SELECT json_agg(json_build_object('id', id, "
+                         "'tenant_id', tenant_id, 'tenant', tenant, 'kind', kind, 'amount', amount, 'request_id', "
+                         "request_id, 'note', note, 'created_at', created_at) ORDER BY id DESC) FROM shown), '[]'), "
+                         "'has_more', (SELECT count(*) FROM page) > $1::int, 'next_before', (SELECT min(id) FROM shown))");
+    run(a, sql.data, np, params, K_PLAIN);
+    tg_buf_free(&sql);
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static int admin_authorized(tg_request_t *req) {
@@ -1082,6 +1123,15 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
         } else {
             reply_error(req, 404, "not_found", "unknown admin route");
         }
+        return;
+    }
+    if (!strcmp(seg[0], "ledger")) {
+        if (m != HTTP_GET)
+            reply_error(req, 405, "method_not_allowed", "the ledger is read-only: top up a tenant to add to it");
+        else if (nseg == 1)
+            ledger_query(a, query);
+        else
+            reply_error(req, 404, "not_found", "unknown admin route");
         return;
     }
     if (!strcmp(seg[0], "usage")) {
