@@ -62,7 +62,7 @@ test('unusable base URLs and model maps are refused on write, naming the field (
   for (const [field, body] of cases) {
     const r = await tool(['apply', stateFile({ accounts: [body] })], { db });
     assert.notEqual(r.code, 0, `apply accepted ${JSON.stringify(body)}`);
-    assert.match(r.stderr, new RegExp(`accounts\\[1\\]: ${field}\\b`), r.stderr);
+    assert.match(r.stderr, new RegExp(`accounts\\[1\\]: field "${field}"`), r.stderr);
   }
   assert.equal(await db.scalar('SELECT count(*) FROM accounts'), before, 'nothing was written');
 });

@@ -137,7 +137,7 @@ test('tollgate apply refuses the same values, naming the field, and writes nothi
     change(s);
     const r = await tool(['apply', stateFile(s)], { db });
     assert.notEqual(r.code, 0, `apply accepted a bad ${field}: ${r.stdout}`);
-    assert.match(r.stderr, new RegExp(`apply: [a-z]+\\[1\\]: ${field}\\b`), `the error names ${field}: ${r.stderr}`);
+    assert.match(r.stderr, new RegExp(`apply: [a-z]+\\[1\\]: field "${field}"`), `the error names ${field}: ${r.stderr}`);
     assert.ok(!r.stderr.includes('\r'), 'the message carries no raw CR');
   }
   assert.equal(JSON.stringify(await db.query('SELECT name, base_url, credential, model_map FROM accounts ORDER BY id')), dump);

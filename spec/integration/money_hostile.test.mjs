@@ -181,9 +181,9 @@ test('money inputs past what tollgate holds are refused, naming the field and th
   assert.match(created.json.error.message, /"balance".*1000000000/);
   // tollgate apply, the same rule.
   await assert.rejects(applyState(broke.db, { tenants: [{ name: 'acme2', balance: '5000000000' }] }, { redis: broke.redis }),
-    /balance must be a decimal amount from 0 to 1000000000/);
+    /apply: tenants\[1\]: field "balance" must be a decimal amount from 0 to 1000000000/);
   await assert.rejects(applyState(broke.db, { prices: [{ model: 'x', input: 1e15, output: '1' }] }, { redis: broke.redis }),
-    /input must be a decimal amount from 0 to 1000000000/);
+    /apply: prices\[1\]: field "input" must be a decimal amount from 0 to 1000000000/);
   assert.match(await verifyLedger(broke), /all invariants hold/);
 });
 

@@ -1,7 +1,8 @@
 /*
- * The admin REST API (see tg_admin.h). Resources are described by tables of columns;
- * one generic handler does list / get / create / update / delete for all of them, with
- * JSON validated here (types, enums, unknown fields → 400) and written by Postgres's own
+ * The admin REST API (see tg_admin.h). Resources are the tables of tg_tables.c, which
+ * `tollgate apply` writes from the same description; one generic handler does list /
+ * get / create / update / delete for all of them, with JSON validated by the tables'
+ * checks (types, enums, unknown fields → 400) and written by Postgres's own
  * json_populate_record, so a value is converted exactly once, by the database's types.
  * Responses are built by Postgres too (json_build_object), so NUMERIC money never passes
  * through a C double.
@@ -12,7 +13,6 @@
 #include "tollgate/tg_admin_errors.h"
 
 #include <jansson.h>
-#include <math.h>
 #include <libpq-fe.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -24,143 +24,12 @@
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_state.h"
+#include "tollgate/tg_tables.h"
 #include "tollgate/tg_ui.h"
-#include "tollgate/tg_valid.h"
 #include "tollgate/tg_worker.h"
 
-/* C_MONEY: a numeric column of money (balance, budget, price), 0 to TG_MONEY_BALANCE_MAX. */
-typedef enum { C_ID, C_REF, C_TEXT, C_INT, C_SINT, C_NUMERIC, C_MONEY, C_TEXTARR, C_JSONOBJ, C_TIME, C_BOOL, C_SECRET } ctype_t;
-
-enum { RO = 0, RW = 1, CREATE_ONLY = 2, WO = 3 };
-
-typedef struct {
-    const char *name;
-    ctype_t type;
-    int access;
-    int required;          /* on create */
-    int nullable;
-    const char *const *enums;
-} col_t;
-
-typedef struct {
-    const char *path;      /* "tenants" */
-    const char *table;
-    const char *id_col;    /* "id", or "model" for prices */
-    int text_id;
-    const col_t *cols;
-    const char *extra_json; /* more json_build_object pairs, may reference t.<col> */
-} resource_t;
-
-static const char *const status_active_suspended[] = {"active", "suspended", NULL};
-static const char *const status_active_revoked[] = {"active", "revoked", NULL};
-static const char *const status_active_disabled[] = {"active", "disabled", NULL};
-static const char *const roles[] = {"owner", "admin", "member", NULL};
-static const char *const providers[] = {"openai", "anthropic", NULL};
-static const char *const kinds[] = {"metered", "subscription", NULL};
-
-static const col_t tenant_cols[] = {
-    {"id", C_ID, RO, 0, 0, NULL},
-    {"name", C_TEXT, RW, 1, 0, NULL},
-    {"balance", C_MONEY, CREATE_ONLY, 0, 0, NULL},
-    {"budget", C_MONEY, RW, 0, 1, NULL},
-    {"spend", C_NUMERIC, RO, 0, 0, NULL},
-    {"status", C_TEXT, RW, 0, 0, status_active_suspended},
-    {"rpm", C_INT, RW, 0, 1, NULL},
-    {"rpm_burst", C_INT, RW, 0, 1, NULL},
-    {"tpm", C_INT, RW, 0, 1, NULL},
-    {"concurrency", C_INT, RW, 0, 1, NULL},
-    {"created_at", C_TIME, RO, 0, 0, NULL},
-    {"updated_at", C_TIME, RO, 0, 0, NULL},
-    {NULL, 0, 0, 0, 0, NULL},
-};
-
-static const col_t user_cols[] = {
-    {"id", C_ID, RO, 0, 0, NULL},
-    {"tenant_id", C_REF, CREATE_ONLY, 1, 0, NULL},
-    {"email", C_TEXT, RW, 1, 0, NULL},
-    {"name", C_TEXT, RW, 0, 1, NULL},
-    {"role", C_TEXT, RW, 0, 0, roles},
-    {"created_at", C_TIME, RO, 0, 0, NULL},
-    {"updated_at", C_TIME, RO, 0, 0, NULL},
-    {NULL, 0, 0, 0, 0, NULL},
-};
-
-static const col_t group_cols[] = {
-    {"id", C_ID, RO, 0, 0, NULL},
-    {"name", C_TEXT, RW, 1, 0, NULL},
-    {"models", C_TEXTARR, RW, 0, 0, NULL},
-    {"rate_multiplier", C_NUMERIC, RW, 0, 0, NULL},
-    {"plugins", C_JSONOBJ, RW, 0, 0, NULL},
-    {"created_at", C_TIME, RO, 0, 0, NULL},
-    {"updated_at", C_TIME, RO, 0, 0, NULL},
-    {NULL, 0, 0, 0, 0, NULL},
-};
-
-static const col_t key_cols[] = {
-    {"id", C_ID, RO, 0, 0, NULL},
-    {"tenant_id", C_REF, CREATE_ONLY, 1, 0, NULL},
-    {"user_id", C_REF, RW, 0, 1, NULL},
-    {"group_id", C_REF, RW, 0, 1, NULL},
-    {"name", C_TEXT, RW, 0, 0, NULL},
-    {"prefix", C_TEXT, RO, 0, 0, NULL},
-    {"status", C_TEXT, RW, 0, 0, status_active_revoked},
-    {"expires_at", C_TIME, RW, 0, 1, NULL},
-    {"allowed_models", C_TEXTARR, RW, 0, 1, NULL},
-    {"ip_allow", C_TEXTARR, RW, 0, 1, NULL},
-    {"rpm", C_INT, RW, 0, 1, NULL},
-    {"rpm_burst", C_INT, RW, 0, 1, NULL},
-    {"tpm", C_INT, RW, 0, 1, NULL},
-    {"concurrency", C_INT, RW, 0, 1, NULL},
-    {"budget", C_MONEY, RW, 0, 1, NULL},
-    {"spend", C_NUMERIC, RO, 0, 0, NULL},
-    {"created_at", C_TIME, RO, 0, 0, NULL},
-    {"updated_at", C_TIME, RO, 0, 0, NULL},
-    {NULL, 0, 0, 0, 0, NULL},
-};
-
-static const col_t account_cols[] = {
-    {"id", C_ID, RO, 0, 0, NULL},
-    {"name", C_TEXT, RW, 1, 0, NULL},
-    {"provider", C_TEXT, RW, 1, 0, providers},
-    {"base_url", C_TEXT, RW, 1, 0, NULL},
-    {"credential", C_SECRET, WO, 0, 1, NULL},
-    {"kind", C_TEXT, RW, 0, 0, kinds},
-    {"concurrency", C_INT, RW, 0, 0, NULL},
-    {"priority", C_SINT, RW, 0, 0, NULL},
-    {"weight", C_INT, RW, 0, 0, NULL},
-    {"models", C_TEXTARR, RW, 0, 0, NULL},
-    {"model_map", C_JSONOBJ, RW, 0, 0, NULL},
-    {"cost_multiplier", C_NUMERIC, RW, 0, 0, NULL},
-    {"status", C_TEXT, RW, 0, 0, status_active_disabled},
-    {"cooldown_until", C_TIME, RW, 0, 1, NULL},
-    {"reset_at", C_TIME, RW, 0, 1, NULL},
-    {"created_at", C_TIME, RO, 0, 0, NULL},
-    {"updated_at", C_TIME, RO, 0, 0, NULL},
-    {NULL, 0, 0, 0, 0, NULL},
-};
-
-static const col_t price_cols[] = {
-    {"model", C_TEXT, CREATE_ONLY, 1, 0, NULL},
-    {"input", C_MONEY, RW, 0, 0, NULL},
-    {"output", C_MONEY, RW, 0, 0, NULL},
-    {"cache_read", C_MONEY, RW, 0, 0, NULL},
-    {"cache_write", C_MONEY, RW, 0, 0, NULL},
-    {"reasoning", C_MONEY, RW, 0, 1, NULL},
-    {"updated_at", C_TIME, RO, 0, 0, NULL},
-    {NULL, 0, 0, 0, 0, NULL},
-};
-
-static const resource_t resources[] = {
-    {"tenants", "tenants", "id", 0, tenant_cols, NULL},
-    {"users", "users", "id", 0, user_cols, NULL},
-    {"groups", "groups", "id", 0, group_cols, NULL},
-    {"keys", "api_keys", "id", 0, key_cols, NULL},
-    {"accounts", "accounts", "id", 0, account_cols,
-     "'has_credential', t.credential IS NOT NULL, 'groups', (SELECT coalesce(json_agg(ag.group_id ORDER BY "
-     "ag.group_id), '[]') FROM account_groups ag WHERE ag.account_id = t.id)"},
-    {"prices", "model_prices", "model", 1, price_cols, NULL},
-    {NULL, NULL, NULL, 0, NULL, NULL},
-};
+/* A resource of the API is a table of tg_tables.c: its path is the table's name. */
+typedef tg_table_t resource_t;
 
 const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/tenants",          "POST /admin/api/v1/tenants",
@@ -292,41 +161,13 @@ static int is_digits(const char *s) {
     return n >= 1 && n <= 18;
 }
 
-static int is_decimal(const char *s) {
-    if (*s == '-')
-        s++;
-    int digits = 0, dot = 0;
-    for (; *s; s++) {
-        if (*s >= '0' && *s <= '9')
-            digits++;
-        else if (*s == '.' && !dot)
-            dot = 1;
-        else
-            return 0;
-    }
-    return digits > 0;
-}
-
-/* Whether a decimal has a non-zero digit past the 9th after the point: less than one
- * nano-USD, which the live balance (integer nano-USD) cannot hold, so Postgres and Redis
- * would disagree from then on. */
-static int sub_nano(const char *s) {
-    const char *d = strchr(s, '.');
-    if (!d)
-        return 0;
-    for (int i = 0; *++d; i++)
-        if (i >= 9 && *d != '0')
-            return 1;
-    return 0;
-}
-
 /* ---- SQL building -------------------------------------------------------------------- */
 
 static void select_json(const resource_t *r, tg_buf_t *b) {
     tg_buf_appends(b, "json_build_object(");
     int first = 1;
-    for (const col_t *c = r->cols; c->name; c++) {
-        if (c->access == WO)
+    for (const tg_column_t *c = r->cols; c->name; c++) {
+        if (c->access == TG_COL_WO)
             continue;
         tg_buf_printf(b, "%s'%s', t.%s", first ? "" : ", ", c->name, c->name);
         first = 0;
@@ -342,14 +183,14 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
     tg_request_t *req = a->req;
     tg_state_t *st = req->worker->ctx->state; /* the request is gone once answered */
     if (err) {
-        reply_pg_error(req, a->res ? a->res->path : NULL, a->kind == K_DELETED, res, err);
+        reply_pg_error(req, a->res ? a->res->name : NULL, a->kind == K_DELETED, res, err);
         return;
     }
     switch (a->kind) {
     case K_ROWS:
     case K_PLAIN: {
         /* Accounts read carry the live snapshot's "problem" (why the gateway skips one). */
-        char *annotated = a->kind == K_ROWS && !strcmp(a->res->path, "accounts")
+        char *annotated = a->kind == K_ROWS && !strcmp(a->res->name, "accounts")
                               ? tg_admin_accounts_annotate(req, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0))
                               : NULL;
         if (annotated)
@@ -371,7 +212,7 @@ static void rows_cb(void *ud, const PGresult *res, const char *err) {
                 tg_billing_topup(st, a->topup_tenant, a->topup_nano);
             if (a->status_ok)
                 tg_state_publish_invalidation(st, "*");
-            char *annotated = !a->status_ok && !strcmp(a->res->path, "accounts")
+            char *annotated = !a->status_ok && !strcmp(a->res->name, "accounts")
                                   ? tg_admin_accounts_annotate(req, PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0))
                                   : NULL;
             if (annotated)
@@ -422,61 +263,6 @@ static void run(actx_t *a, const char *sql, int n, const char *const *params, in
     a->q = tg_pg_query(pg, sql, n, params, rows_cb, a);
 }
 
-/* What reaches an upstream request, a log line or a model lookup is checked before its
- * type: no control byte in any text (a CR/LF in a base_url or credential would be a
- * header of the upstream request), base_url a well-formed http(s) URL, model names and
- * model_map entries non-empty strings. Returns 0, or -1 with msg naming the field. */
-static int check_text(const resource_t *r, const char *key, const col_t *c, json_t *v, char *msg, size_t msglen) {
-    const char *why = NULL;
-    const char *what = NULL;
-    if ((c->type == C_TEXT || c->type == C_SECRET) && json_is_string(v)) {
-        if (!strcmp(r->path, "accounts") && !strcmp(key, "base_url")) {
-            why = tg_valid_base_url(json_string_value(v), json_string_length(v));
-            what = "an http:// or https:// URL with a host";
-        } else {
-            why = tg_valid_no_ctl(json_string_value(v), json_string_length(v));
-        }
-    } else if (c->type == C_TEXTARR && json_is_array(v)) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(v, i, e) {
-            if (!json_is_string(e))
-                continue; /* the type check says so */
-            why = tg_valid_model(json_string_value(e), json_string_length(e));
-            if (why) {
-                snprintf(msg, msglen, "field \"%s\" item %zu %s", key, i, why);
-                return -1;
-            }
-        }
-    } else if (c->type == C_JSONOBJ && json_is_object(v) && !strcmp(key, "model_map")) {
-        const char *k;
-        json_t *e;
-        json_object_foreach(v, k, e) {
-            why = tg_valid_model(k, strlen(k));
-            if (!why && !json_is_string(e))
-                why = "must map to a string";
-            if (!why)
-                why = tg_valid_model(json_string_value(e), json_string_length(e));
-            if (why) {
-                tg_buf_t name;
-                tg_buf_init(&name);
-                tg_buf_append_json_escaped(&name, k, strnlen(k, 64));
-                snprintf(msg, msglen, "field \"model_map\" entry \"%s\": %s (model names are 1 to 256 bytes without "
-                         "control characters)", name.data ? name.data : "", why);
-                tg_buf_free(&name);
-                return -1;
-            }
-        }
-    }
-    if (!why)
-        return 0;
-    if (what)
-        snprintf(msg, msglen, "field \"%s\" must be %s: it %s", key, what, why);
-    else
-        snprintf(msg, msglen, "field \"%s\" %s", key, why);
-    return -1;
-}
-
 /* Validates a JSON body against the resource's columns. On success returns 0 and fills
  * `cols` with the names present (comma-separated). */
 static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *msg, size_t msglen) {
@@ -488,7 +274,7 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
     const char *key;
     json_t *v;
     json_object_foreach(body, key, v) {
-        if (!strcmp(r->path, "accounts") && !strcmp(key, "groups")) {
+        if (!strcmp(r->name, "accounts") && !strcmp(key, "groups")) {
             if (!json_is_array(v)) {
                 snprintf(msg, msglen, "groups must be an array of group ids");
                 return -1;
@@ -501,123 +287,23 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
             }
             continue;
         }
-        const col_t *c = r->cols;
-        while (c->name && strcmp(c->name, key))
-            c++;
-        if (!c->name) {
+        const tg_column_t *c = tg_table_column(r, key);
+        if (!c) {
             snprintf(msg, msglen, "unknown field \"%s\"", key);
             return -1;
         }
-        if (c->access == RO || (c->access == CREATE_ONLY && !create)) {
+        if (c->access == TG_COL_RO || (c->access == TG_COL_CREATE_ONLY && !create)) {
             snprintf(msg, msglen, "field \"%s\" cannot be %s", key, create ? "set" : "changed");
             return -1;
         }
-        if (json_is_null(v)) {
-            if (!c->nullable) {
-                snprintf(msg, msglen, "field \"%s\" cannot be null", key);
-                return -1;
-            }
-        } else if (check_text(r, key, c, v, msg, msglen) != 0) {
+        if (tg_column_check(c, v, &a->req->worker->gw->cfg->plugins, msg, msglen) != 0)
             return -1;
-        } else {
-            int ok = 1;
-            switch (c->type) {
-            case C_TEXT:
-            case C_SECRET:
-                ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) <= 4096;
-                if (ok && c->enums) {
-                    ok = 0;
-                    for (const char *const *e = c->enums; *e; e++)
-                        ok |= !strcmp(*e, json_string_value(v));
-                }
-                break;
-            case C_INT: /* counts and limits: integer columns */
-                ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 2147483647;
-                break;
-            case C_SINT: /* a signed integer column (account priority) */
-                ok = json_is_integer(v) && json_integer_value(v) >= -2147483647 - 1 &&
-                     json_integer_value(v) <= 2147483647;
-                break;
-            case C_REF: /* a bigint id of another row */
-                ok = json_is_integer(v) && json_integer_value(v) >= 1;
-                break;
-            case C_NUMERIC:
-                ok = json_is_number(v) ? json_number_value(v) >= 0
-                                       : json_is_string(v) && is_decimal(json_string_value(v)) &&
-                                             json_string_value(v)[0] != '-';
-                break;
-            case C_MONEY:
-                /* Past TG_MONEY_BALANCE_MAX the gateway could not hold it (was: accepted,
-                 * then every request of the tenant 503). */
-                ok = json_is_number(v) ? json_number_value(v) >= 0 && json_number_value(v) <= 1e9
-                                       : json_is_string(v) && is_decimal(json_string_value(v)) &&
-                                             tg_money_check(json_string_value(v)) == TG_OK;
-                /* A balance or budget is held in whole nano-USD (a price is per million
-                 * tokens and may be finer). */
-                if (ok && strcmp(r->path, "prices")) {
-                    double x = json_is_number(v) ? json_number_value(v) : 0;
-                    ok = json_is_number(v) ? fabs(x * 1e9 - nearbyint(x * 1e9)) < 1e-3 : !sub_nano(json_string_value(v));
-                }
-                break;
-            case C_TEXTARR: {
-                ok = json_is_array(v) && json_array_size(v) <= 10000;
-                size_t i;
-                json_t *s;
-                json_array_foreach(v, i, s) ok = ok && json_is_string(s);
-                break;
-            }
-            case C_JSONOBJ:
-                ok = json_is_object(v);
-                if (ok && !strcmp(r->path, "groups") && !strcmp(key, "plugins")) {
-                    /* Each plugin's config against its schema, as a reload would check it. */
-                    char *text = json_dumps(v, JSON_COMPACT);
-                    int vrc = tg_plugins_validate_group(&a->req->worker->gw->cfg->plugins, text, strlen(text), msg,
-                                                        msglen);
-                    free(text);
-                    if (vrc != TG_OK)
-                        return -1;
-                }
-                break;
-            case C_TIME:
-                ok = json_is_string(v);
-                break;
-            case C_BOOL:
-                ok = json_is_boolean(v);
-                break;
-            case C_ID:
-                ok = 0;
-                break;
-            }
-            if (!ok) {
-                const char *want = c->type == C_INT       ? "a non-negative integer (at most 2147483647)"
-                                   : c->type == C_SINT    ? "an integer from -2147483648 to 2147483647"
-                                   : c->type == C_REF     ? "a positive integer id"
-                                   : c->type == C_NUMERIC ? "a non-negative decimal number (or string)"
-                                   : c->type == C_MONEY   ? "a decimal amount from 0 to " TG_MONEY_BALANCE_MAX_TEXT
-                                                            " (USD, the largest amount tollgate holds)"
-                                   : c->type == C_TEXTARR ? "an array of strings"
-                                   : c->type == C_JSONOBJ ? "an object"
-                                   : c->type == C_TIME    ? "a timestamp string (ISO 8601)"
-                                   : c->enums             ? "one of the allowed values"
-                                                          : "a non-empty string";
-                if (c->enums) {
-                    char allowed[128] = "";
-                    for (const char *const *e = c->enums; *e; e++)
-                        snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s%s",
-                                 e == c->enums ? "" : ", ", *e);
-                    snprintf(msg, msglen, "field \"%s\" must be one of: %s", key, allowed);
-                } else {
-                    snprintf(msg, msglen, "field \"%s\" must be %s", key, want);
-                }
-                return -1;
-            }
-        }
         tg_buf_printf(cols, "%s%s", cols->len ? ", " : "", key);
     }
     if (create)
-        for (const col_t *c = r->cols; c->name; c++)
+        for (const tg_column_t *c = r->cols; c->name; c++)
             if (c->required && !json_object_get(body, c->name)) {
-                snprintf(msg, msglen, "field \"%s\" is required", c->name);
+                tg_column_missing(c, msg, msglen);
                 return -1;
             }
     return 0;
@@ -641,7 +327,7 @@ static void write_row(actx_t *a, const char *id, int create) {
         goto done;
     }
     const resource_t *r = a->res;
-    if (!strcmp(r->path, "accounts")) {
+    if (!strcmp(r->name, "accounts")) {
         json_t *groups = json_object_get(body, "groups");
         if (groups) {
             a->account_groups = json_dumps(groups, JSON_COMPACT);
@@ -674,7 +360,7 @@ static void write_row(actx_t *a, const char *id, int create) {
             OPENSSL_cleanse(key, sizeof(key));
         }
     }
-    if (!strcmp(r->path, "keys") && create) {
+    if (!strcmp(r->name, "keys") && create) {
         char plain[64];
         tg_crypto_new_api_key(plain);
         uint8_t d[32];
@@ -693,10 +379,11 @@ static void write_row(actx_t *a, const char *id, int create) {
         snprintf(a->new_key, sizeof(a->new_key), "%s", plain);
         OPENSSL_cleanse(plain, sizeof(plain));
     }
-    if (!strcmp(r->path, "tenants") && create && json_object_get(body, "balance")) {
-        json_object_set(body, "opening_balance", json_object_get(body, "balance"));
-        tg_buf_appends(&cols, ", opening_balance");
-    }
+    for (const tg_column_t *c = r->cols; create && c->name; c++)
+        if (c->also && json_object_get(body, c->name)) { /* a tenant's opening_balance */
+            json_object_set(body, c->also, json_object_get(body, c->name));
+            tg_buf_printf(&cols, ", %s", c->also);
+        }
     if (!create && cols.len == 0 && !a->account_groups) {
         reply_error(req, 400, "invalid_request", "nothing to change");
         goto done;
@@ -799,7 +486,7 @@ static void list_rows(actx_t *a, const char *query) {
         return;
     }
     int has_tenant = query_get(query, "tenant_id", tenant, sizeof(tenant));
-    if (has_tenant && (!is_digits(tenant) || (strcmp(r->path, "keys") && strcmp(r->path, "users")))) {
+    if (has_tenant && (!is_digits(tenant) || (strcmp(r->name, "keys") && strcmp(r->name, "users")))) {
         reply_error(a->req, 400, "invalid_request", "tenant_id filters keys and users and must be an id");
         return;
     }
@@ -845,7 +532,7 @@ static void get_row(actx_t *a, const char *id) {
 }
 
 static void delete_row(actx_t *a, const char *id) {
-    if (!strcmp(a->res->path, "keys")) {
+    if (!strcmp(a->res->name, "keys")) {
         /* A key with billing history is revoked instead (its usage rows and ledger keep
          * pointing at it); one without is deleted. Either way it stops working at once. */
         const char *params[1] = {id};
@@ -876,7 +563,7 @@ static void topup(actx_t *a, const char *id) {
         snprintf(amt, sizeof(amt), "%.10f", json_number_value(amount)); /* plain digits, so the range is checked */
     else if (json_is_number(amount))
         snprintf(amt, sizeof(amt), "%s", TG_MONEY_BALANCE_MAX_TEXT "0"); /* past the largest: refused below */
-    if (!is_decimal(amt) || amt[0] == '-' || strspn(amt, "0.") == strlen(amt) || sub_nano(amt)) {
+    if (!tg_decimal_plain(amt) || amt[0] == '-' || strspn(amt, "0.") == strlen(amt) || tg_decimal_sub_nano(amt)) {
         reply_error(req, 400, "invalid_request",
                     "amount must be a positive decimal number of at most 9 decimal places, e.g. \"25.00\"");
         json_decref(body);
@@ -1145,10 +832,8 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             reply_error(req, 404, "not_found", "unknown admin route");
         return;
     }
-    const resource_t *r = resources;
-    while (r->path && strcmp(r->path, seg[0]))
-        r++;
-    if (!r->path) {
+    const resource_t *r = tg_table_find(seg[0]);
+    if (!r) {
         reply_error(req, 404, "not_found", "unknown admin route");
         return;
     }
@@ -1173,12 +858,12 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             delete_row(a, seg[1]);
         else
             reply_error(req, 405, "method_not_allowed", "use GET, PATCH or DELETE");
-    } else if (nseg == 3 && !strcmp(r->path, "accounts") && !strcmp(seg[2], "test")) {
+    } else if (nseg == 3 && !strcmp(r->name, "accounts") && !strcmp(seg[2], "test")) {
         if (m == HTTP_POST)
             tg_acctest_start(req, atoll(seg[1]), &a->test);
         else
             reply_error(req, 405, "method_not_allowed", "use POST");
-    } else if (nseg == 3 && !strcmp(r->path, "tenants") && !strcmp(seg[2], "topup")) {
+    } else if (nseg == 3 && !strcmp(r->name, "tenants") && !strcmp(seg[2], "topup")) {
         if (m == HTTP_POST)
             topup(a, seg[1]);
         else

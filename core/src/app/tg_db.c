@@ -3,7 +3,8 @@
  *
  * apply reads a Lua file returning { tenants, groups, accounts, keys, prices } and
  * upserts each row by its natural key (a name; keys by tenant + name; prices by model)
- * in one transaction. Differences are found by Postgres itself (`col IS DISTINCT FROM
+ * in one transaction. The fields of an item and their checks are the columns of
+ * tg_tables.c, which the admin API uses too: a value is refused by both with one message. Differences are found by Postgres itself (`col IS DISTINCT FROM
  * $n::type`), so "unchanged" means unchanged in the database's own types. Plain API
  * keys in the file are stored as SHA-256 only; account credentials are sealed with
  * AES-256-GCM. Applying the same file twice changes nothing and prints nothing but
@@ -22,9 +23,7 @@
 
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_embed.h"
-#include "tollgate/tg_money.h"
-#include "tollgate/tg_plugin.h"
-#include "tollgate/tg_valid.h"
+#include "tollgate/tg_tables.h"
 
 #define MIGRATION_LOCK 71770001
 
@@ -213,146 +212,101 @@ static json_t *lua_to_json(lua_State *L, int depth) {
     }
 }
 
-/* A Postgres array literal from a Lua list of strings. */
-static int lua_to_pgarray(apply_t *a, const char *field, tg_buf_t *out) {
-    lua_State *L = a->L;
-    if (!lua_istable(L, -1))
-        return afail(a, "%s must be a list of strings", field);
-    size_t n = lua_objlen(L, -1);
+/* A Postgres array literal from a JSON array of strings. */
+static void json_to_pgarray(const json_t *arr, tg_buf_t *out) {
     tg_buf_appends(out, "{");
-    for (size_t i = 1; i <= n; i++) {
-        lua_rawgeti(L, -1, (int)i);
-        if (lua_type(L, -1) != LUA_TSTRING) {
-            lua_pop(L, 1);
-            return afail(a, "%s[%zu] must be a string", field, i);
-        }
-        size_t len;
-        const char *s = lua_tolstring(L, -1, &len);
-        const char *why = tg_valid_model(s, len);
-        if (why) {
-            lua_pop(L, 1);
-            return afail(a, "%s[%zu] %s", field, i, why);
-        }
-        tg_buf_appends(out, i > 1 ? ",\"" : "\"");
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        const char *s = json_string_value(e);
+        size_t len = json_string_length(e);
+        tg_buf_appends(out, i ? ",\"" : "\"");
         for (size_t k = 0; k < len; k++) {
             if (s[k] == '"' || s[k] == '\\')
                 tg_buf_append(out, "\\", 1);
             tg_buf_append(out, &s[k], 1);
         }
         tg_buf_appends(out, "\"");
-        lua_pop(L, 1);
     }
     tg_buf_appends(out, "}");
-    return TG_OK;
 }
 
-/* F_MONEY: a numeric column of money (balance, budget, price), from 0 to
- * TG_MONEY_BALANCE_MAX. */
-typedef enum { F_TEXT, F_INT, F_NUMERIC, F_MONEY, F_TEXTARR, F_CIDRARR, F_JSONB, F_TIMESTAMPTZ, F_BYTEA } ftype_t;
-
-typedef struct {
-    const char *lua;   /* key in the state file */
-    const char *col;
-    ftype_t type;
-    int create_only;   /* used on insert, never compared or updated */
-    const char *def;   /* the value an absent field means (the column default), or NULL */
-} field_t;
-
-static const char *pgtype(ftype_t t) {
+/* The Postgres type a column's value is cast to. */
+static const char *pgtype(tg_col_type_t t) {
     switch (t) {
-    case F_INT: return "integer";
-    case F_NUMERIC:
-    case F_MONEY: return "numeric";
-    case F_TEXTARR: return "text[]";
-    case F_CIDRARR: return "cidr[]";
-    case F_JSONB: return "jsonb";
-    case F_TIMESTAMPTZ: return "timestamptz";
-    case F_BYTEA: return "bytea";
+    case TG_COL_INT:
+    case TG_COL_SINT: return "integer";
+    case TG_COL_ID:
+    case TG_COL_REF: return "bigint";
+    case TG_COL_NUMERIC:
+    case TG_COL_MONEY:
+    case TG_COL_PRICE: return "numeric";
+    case TG_COL_TEXTARR: return "text[]";
+    case TG_COL_CIDRARR: return "cidr[]";
+    case TG_COL_JSONOBJ:
+    case TG_COL_MODEL_MAP:
+    case TG_COL_PLUGINS: return "jsonb";
+    case TG_COL_TIME: return "timestamptz";
     default: return "text";
     }
 }
 
-/* Reads field f of the item table at the stack top into *out (NULL when absent). */
-static int read_field(apply_t *a, const field_t *f, char **out) {
-    lua_State *L = a->L;
-    lua_getfield(L, -1, f->lua);
+/* The Lua value at the stack top as the JSON value of column c, checked as the admin
+ * API checks it (tg_column_check): the same values are refused with the same message. */
+static int read_value(apply_t *a, const tg_column_t *c, json_t **out) {
+    json_t *v = lua_to_json(a->L, 0);
     *out = NULL;
+    if (!v)
+        return afail(a, "field \"%s\" must be a string, a number or a table of them", c->name);
+    if ((c->type == TG_COL_TEXTARR || c->type == TG_COL_CIDRARR) && json_is_object(v) && !json_object_size(v)) {
+        json_decref(v); /* {} in Lua is an empty list as well */
+        v = json_array();
+    }
+    char msg[768];
+    if (tg_column_check(c, v, &a->cfg->plugins, msg, sizeof(msg)) != 0) {
+        /* As printable text: it may quote the very control character refused. */
+        for (char *m = msg; *m; m++)
+            if ((unsigned char)*m < 0x20 || *m == 0x7f)
+                *m = '?';
+        json_decref(v);
+        return afail(a, "%s", msg);
+    }
+    *out = v;
+    return TG_OK;
+}
+
+/* Reads column c of the item table at the stack top into *out as SQL text (NULL when
+ * absent and without a default). */
+static int read_field(apply_t *a, const tg_column_t *c, char **out) {
+    lua_State *L = a->L;
+    lua_getfield(L, -1, c->name);
+    *out = NULL;
+    json_t *v = NULL;
     int rc = TG_OK;
-    int t = lua_type(L, -1);
-    if (t == LUA_TNIL) {
-        if (f->def)
-            *out = strdup(f->def);
-    } else if (f->type == F_TEXTARR || f->type == F_CIDRARR) {
+    if (lua_isnil(L, -1)) {
+        if (c->file_default)
+            *out = strdup(c->file_default);
+    } else if ((rc = read_value(a, c, &v)) == TG_OK) {
+        char tmp[400];
         tg_buf_t b;
-        tg_buf_init(&b);
-        rc = lua_to_pgarray(a, f->lua, &b);
-        *out = rc == TG_OK ? b.data : NULL;
-        if (rc != TG_OK)
-            tg_buf_free(&b);
-    } else if (f->type == F_JSONB) {
-        json_t *j = lua_to_json(L, 0);
-        const char *why = NULL, *k = NULL;
-        if (j && !strcmp(f->lua, "model_map")) {
-            /* Model names to model names, as the admin API checks them. */
-            json_t *v;
-            if (!json_is_object(j))
-                why = "must be a table of model names to model names";
-            json_object_foreach(j, k, v) {
-                why = tg_valid_model(k, strlen(k));
-                if (!why)
-                    why = json_is_string(v) ? tg_valid_model(json_string_value(v), json_string_length(v))
-                                            : "must map to a string";
-                if (why)
-                    break;
-            }
-        }
-        if (!j)
-            rc = afail(a, "%s must be a table of strings, numbers and booleans", f->lua);
-        else if (why) {
-            /* The key as printable text: it may be the very control character refused. */
-            char shown[65] = "";
-            for (size_t i = 0; k && k[i] && i + 1 < sizeof(shown); i++)
-                shown[i] = (unsigned char)k[i] < 0x20 || k[i] == 0x7f ? '?' : k[i];
-            rc = k ? afail(a, "%s[\"%s\"] %s", f->lua, shown, why) : afail(a, "%s %s", f->lua, why);
-            json_decref(j);
+        if (json_is_string(v)) {
+            *out = strdup(json_string_value(v)); /* money as exact decimal text, e.g. "12.50" */
+        } else if (json_is_integer(v)) {
+            snprintf(tmp, sizeof(tmp), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+            *out = strdup(tmp);
+        } else if (json_is_real(v)) {
+            /* Money in plain decimals (not 1e+12). */
+            snprintf(tmp, sizeof(tmp), c->type == TG_COL_MONEY || c->type == TG_COL_PRICE ? "%.10f" : "%.10g",
+                     json_real_value(v));
+            *out = strdup(tmp);
+        } else if (json_is_array(v)) {
+            tg_buf_init(&b);
+            json_to_pgarray(v, &b);
+            *out = b.data;
         } else {
-            *out = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
-            json_decref(j);
+            *out = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
         }
-    } else if (f->type == F_INT || f->type == F_NUMERIC || f->type == F_MONEY) {
-        if (t == LUA_TNUMBER) {
-            char tmp[400];
-            double d = lua_tonumber(L, -1);
-            if (f->type == F_INT && d != (double)(long long)d)
-                rc = afail(a, "%s must be a whole number", f->lua);
-            else {
-                /* Money in plain decimals (not 1e+12), so that its range can be checked. */
-                snprintf(tmp, sizeof(tmp), f->type == F_INT ? "%.0f" : f->type == F_MONEY ? "%.10f" : "%.10g", d);
-                *out = strdup(tmp);
-            }
-        } else if (t == LUA_TSTRING && f->type != F_INT) {
-            *out = strdup(lua_tostring(L, -1)); /* exact decimal as text, e.g. "12.50" */
-        } else {
-            rc = afail(a, "%s must be a number", f->lua);
-        }
-        if (rc == TG_OK && f->type == F_MONEY && *out && tg_money_check(*out) != TG_OK) {
-            rc = afail(a, "%s must be a decimal amount from 0 to %s (USD, the largest amount tollgate holds)", f->lua,
-                       TG_MONEY_BALANCE_MAX_TEXT);
-            free(*out);
-            *out = NULL;
-        }
-    } else if (t == LUA_TSTRING) {
-        size_t len;
-        const char *v = lua_tolstring(L, -1, &len);
-        const char *why = !strcmp(f->lua, "base_url") ? tg_valid_base_url(v, len) : tg_valid_no_ctl(v, len);
-        if (why && !strcmp(f->lua, "base_url"))
-            rc = afail(a, "base_url must be an http:// or https:// URL with a host: it %s", why);
-        else if (why)
-            rc = afail(a, "%s %s", f->lua, why);
-        else
-            *out = strdup(v);
-    } else {
-        rc = afail(a, "%s must be a string", f->lua);
+        json_decref(v);
     }
     lua_pop(L, 1);
     return rc;
@@ -363,7 +317,7 @@ static int read_field(apply_t *a, const field_t *f, char **out) {
  * vals are text (NULL = SQL NULL). Returns the row id via *id_out.
  */
 static int upsert(apply_t *a, const char *table, const char *label, const char *const *cols,
-                  const ftype_t *types, const int *create_only, char *const *vals, int nkey, int ncols,
+                  const char *const *types, const int *create_only, char *const *vals, int nkey, int ncols,
                   long long *id_out) {
     tg_buf_t q;
     tg_buf_init(&q);
@@ -374,12 +328,12 @@ static int upsert(apply_t *a, const char *table, const char *label, const char *
         if (create_only[i])
             continue;
         params[np++] = vals[i];
-        tg_buf_printf(&q, ", (%s IS DISTINCT FROM $%d::%s)", cols[i], np, pgtype(types[i]));
+        tg_buf_printf(&q, ", (%s IS DISTINCT FROM $%d::%s)", cols[i], np, types[i]);
     }
     tg_buf_printf(&q, " FROM %s WHERE ", table);
     for (int i = 0; i < nkey; i++) {
         params[np++] = vals[i];
-        tg_buf_printf(&q, "%s%s = $%d::%s", i ? " AND " : "", cols[i], np, pgtype(types[i]));
+        tg_buf_printf(&q, "%s%s = $%d::%s", i ? " AND " : "", cols[i], np, types[i]);
     }
     PGresult *r = PQexecParams(a->c, q.data, np, NULL, params, NULL, NULL, 0);
     tg_buf_free(&q);
@@ -397,7 +351,7 @@ static int upsert(apply_t *a, const char *table, const char *label, const char *
             params[np++] = vals[i];
             /* Absent optional fields take the column default. */
             if (vals[i])
-                tg_buf_printf(&q, "%s$%d::%s", i ? ", " : "", np, pgtype(types[i]));
+                tg_buf_printf(&q, "%s$%d::%s", i ? ", " : "", np, types[i]);
             else
                 tg_buf_printf(&q, "%sDEFAULT", i ? ", " : "");
         }
@@ -443,7 +397,7 @@ static int upsert(apply_t *a, const char *table, const char *label, const char *
             continue;
         if (PQgetvalue(r, 0, col++)[0] == 't') {
             params[np++] = vals[i];
-            tg_buf_printf(&upd, "%s = $%d::%s, ", cols[i], np, pgtype(types[i]));
+            tg_buf_printf(&upd, "%s = $%d::%s, ", cols[i], np, types[i]);
             tg_buf_printf(&changed, "%s%s", changed.len ? ", " : "", cols[i]);
         }
     }
@@ -471,20 +425,22 @@ static int upsert(apply_t *a, const char *table, const char *label, const char *
     return rc;
 }
 
-/* Upserts every item of section `name` with the generic field list; `extra` adds or
- * overrides columns per item (foreign keys, hashes, sealed values). */
-typedef int (*extra_fn)(apply_t *a, const char **cols, ftype_t *types, int *create_only, char **vals,
+/* Upserts every item of the state file's section of table t with the columns it reads
+ * (tg_tables.c); `extra` adds or overrides columns per item (foreign keys, hashes, sealed
+ * values), `extra_keys` are the other fields an item may have. */
+typedef int (*extra_fn)(apply_t *a, const char **cols, const char **types, int *create_only, char **vals,
                         int *n, char *label, size_t labellen);
 
-static int apply_section(apply_t *a, const char *name, const char *table, const field_t *fields,
-                         int nkey, extra_fn extra, int (*after)(apply_t *a, long long id, int created)) {
+static int apply_section(apply_t *a, const char *section, int nkey, const char *const *extra_keys, extra_fn extra,
+                         int (*after)(apply_t *a, long long id, int created)) {
+    const tg_table_t *t = tg_table_find(section);
     lua_State *L = a->L;
-    lua_getfield(L, -1, name);
+    lua_getfield(L, -1, t->name);
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
         return TG_OK;
     }
-    snprintf(a->where, sizeof(a->where), "%s", name);
+    snprintf(a->where, sizeof(a->where), "%s", t->name);
     if (!lua_istable(L, -1)) {
         lua_pop(L, 1);
         return afail(a, "must be a list of tables");
@@ -493,24 +449,21 @@ static int apply_section(apply_t *a, const char *name, const char *table, const 
     size_t count = lua_objlen(L, -1);
     for (size_t i = 1; i <= count && rc == TG_OK; i++) {
         lua_rawgeti(L, -1, (int)i);
-        snprintf(a->where, sizeof(a->where), "%s[%zu]", name, i);
+        snprintf(a->where, sizeof(a->where), "%s[%zu]", t->name, i);
         if (!lua_istable(L, -1)) {
             rc = afail(a, "must be a table");
             lua_pop(L, 1);
             break;
         }
         /* Every field of the item must be known: a typo is refused, naming it. */
-        static const char *const extra_keys[] = {"tenant", "group", "key", "key_sha256", "credential", "groups", NULL};
         lua_pushnil(L);
         while (rc == TG_OK && lua_next(L, -2)) {
             lua_pop(L, 1);
             const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-            int known = 0;
-            for (const field_t *f = fields; k && f->lua && !known; f++)
-                known = !strcmp(f->lua, k);
-            for (const char *const *e = extra_keys; k && *e && !known; e++)
-                known = !strcmp(*e, k) && ((!strcmp(table, "api_keys") && strcmp(*e, "credential") && strcmp(*e, "groups")) ||
-                                           (!strcmp(table, "accounts") && (!strcmp(*e, "credential") || !strcmp(*e, "groups"))));
+            const tg_column_t *c = k ? tg_table_column(t, k) : NULL;
+            int known = c && c->in_file;
+            for (const char *const *e = extra_keys; k && e && *e && !known; e++)
+                known = !strcmp(*e, k);
             if (!known) {
                 rc = afail(a, "unknown field \"%s\"", k ? k : "?");
                 lua_pop(L, 1);
@@ -522,28 +475,40 @@ static int apply_section(apply_t *a, const char *name, const char *table, const 
             break;
         }
         const char *cols[32];
-        ftype_t types[32];
+        const char *types[32];
         int create_only[32];
         char *vals[32];
         int n = 0;
-        for (const field_t *f = fields; f->lua && rc == TG_OK; f++) {
-            cols[n] = f->col;
-            types[n] = f->type;
-            create_only[n] = f->create_only;
-            rc = read_field(a, f, &vals[n]);
+        for (const tg_column_t *c = t->cols; c->name && rc == TG_OK; c++) {
+            if (!c->in_file)
+                continue;
+            cols[n] = c->name;
+            types[n] = pgtype(c->type);
+            create_only[n] = c->access == TG_COL_CREATE_ONLY;
+            rc = read_field(a, c, &vals[n]);
             n++;
+            if (rc == TG_OK && !vals[n - 1] && (n == 1 || c->required)) {
+                char msg[128];
+                tg_column_missing(c, msg, sizeof(msg));
+                rc = afail(a, "%s", msg);
+            }
+            if (c->also) { /* a tenant's opening_balance */
+                cols[n] = c->also;
+                types[n] = types[n - 1];
+                create_only[n] = 1;
+                vals[n] = vals[n - 1] ? strdup(vals[n - 1]) : NULL;
+                n++;
+            }
         }
-        if (rc == TG_OK && !vals[0])
-            rc = afail(a, "%s is required", fields[0].lua);
         char label[256];
         if (rc == TG_OK)
-            snprintf(label, sizeof(label), "%s %s", table, vals[0]);
+            snprintf(label, sizeof(label), "%s %s", t->table, vals[0]);
         if (rc == TG_OK && extra)
             rc = extra(a, cols, types, create_only, vals, &n, label, sizeof(label));
         long long id = 0;
         int res = 0;
         if (rc == TG_OK) {
-            res = upsert(a, table, label, cols, types, create_only, vals, nkey, n, &id);
+            res = upsert(a, t->table, label, cols, types, create_only, vals, nkey, n, &id);
             if (res < 0)
                 rc = TG_ERROR;
         }
@@ -558,19 +523,6 @@ static int apply_section(apply_t *a, const char *name, const char *table, const 
 }
 
 /* ---- apply: the sections ------------------------------------------------------------- */
-
-static const field_t tenant_fields[] = {
-    {"name", "name", F_TEXT, 0, NULL},
-    {"budget", "budget", F_MONEY, 0, NULL},
-    {"status", "status", F_TEXT, 0, "active"},
-    {"rpm", "rpm", F_INT, 0, NULL},
-    {"rpm_burst", "rpm_burst", F_INT, 0, NULL},
-    {"tpm", "tpm", F_INT, 0, NULL},
-    {"concurrency", "concurrency", F_INT, 0, NULL},
-    {"balance", "balance", F_MONEY, 1, NULL},
-    {"balance", "opening_balance", F_MONEY, 1, NULL},
-    {NULL, NULL, 0, 0, NULL},
-};
 
 static int tenant_after(apply_t *a, long long id, int created) {
     if (!created)
@@ -587,46 +539,6 @@ static int tenant_after(apply_t *a, long long id, int created) {
     PQclear(r);
     return TG_OK;
 }
-
-static const field_t group_fields[] = {
-    {"name", "name", F_TEXT, 0, NULL},
-    {"models", "models", F_TEXTARR, 0, "{}"},
-    {"rate_multiplier", "rate_multiplier", F_NUMERIC, 0, "1"},
-    {"plugins", "plugins", F_JSONB, 0, "{}"},
-    {NULL, NULL, 0, 0, NULL},
-};
-
-/* A group's plugins setting is checked against the plugins' schemas before it is written. */
-static int group_extra(apply_t *a, const char **cols, ftype_t *types, int *create_only, char **vals, int *n,
-                       char *label, size_t labellen) {
-    TG_UNUSED(types);
-    TG_UNUSED(create_only);
-    TG_UNUSED(label);
-    TG_UNUSED(labellen);
-    for (int i = 0; i < *n; i++) {
-        if (strcmp(cols[i], "plugins") != 0 || !vals[i])
-            continue;
-        char err[768];
-        if (tg_plugins_validate_group(&a->cfg->plugins, vals[i], strlen(vals[i]), err, sizeof(err)) != TG_OK)
-            return afail(a, "%s", err);
-    }
-    return TG_OK;
-}
-
-static const field_t account_fields[] = {
-    {"name", "name", F_TEXT, 0, NULL},
-    {"provider", "provider", F_TEXT, 0, NULL},
-    {"base_url", "base_url", F_TEXT, 0, NULL},
-    {"kind", "kind", F_TEXT, 0, "metered"},
-    {"concurrency", "concurrency", F_INT, 0, "16"},
-    {"priority", "priority", F_INT, 0, "0"},
-    {"weight", "weight", F_INT, 0, "100"},
-    {"models", "models", F_TEXTARR, 0, "{}"},
-    {"model_map", "model_map", F_JSONB, 0, "{}"},
-    {"cost_multiplier", "cost_multiplier", F_NUMERIC, 0, "1"},
-    {"status", "status", F_TEXT, 0, "active"},
-    {NULL, NULL, 0, 0, NULL},
-};
 
 static char *hex_bytea(const uint8_t *p, size_t n) {
     static const char hex[] = "0123456789abcdef";
@@ -650,21 +562,17 @@ static int account_credential(apply_t *a, long long id_known, const char *name, 
         lua_pop(a->L, 1);
         return TG_OK;
     }
-    if (lua_type(a->L, -1) != LUA_TSTRING) {
-        lua_pop(a->L, 1);
-        return afail(a, "credential must be a string");
-    }
+    json_t *v;
+    int rc = read_value(a, tg_table_column(tg_table_find("accounts"), "credential"), &v);
+    lua_pop(a->L, 1);
+    if (rc != TG_OK)
+        return rc;
     if (!a->have_key) {
-        lua_pop(a->L, 1);
+        json_decref(v);
         return afail(a, "credential needs TOLLGATE_SECRET_KEY (or secret_key in the config) to be sealed");
     }
-    size_t plen;
-    const char *plain = lua_tolstring(a->L, -1, &plen);
-    const char *why = tg_valid_no_ctl(plain, plen);
-    if (why) {
-        lua_pop(a->L, 1);
-        return afail(a, "credential %s", why);
-    }
+    size_t plen = json_string_length(v);
+    const char *plain = json_string_value(v);
     const char *p[1] = {name};
     PGresult *r = PQexecParams(a->c, "SELECT credential FROM accounts WHERE name = $1", 1, NULL, p, NULL, NULL, 1);
     int same = 0;
@@ -685,7 +593,7 @@ static int account_credential(apply_t *a, long long id_known, const char *name, 
         tg_buf_free(&sealed);
         *changed = 1;
     }
-    lua_pop(a->L, 1);
+    json_decref(v);
     return TG_OK;
 }
 
@@ -720,14 +628,17 @@ static int account_after(apply_t *a, long long id, int created) {
         lua_pop(a->L, 1);
         return TG_OK;
     }
+    /* Group names, checked as the model lists are. */
+    static const tg_column_t groups_col = {"groups", TG_COL_TEXTARR, TG_COL_RW, 0, 0, NULL, 1, NULL, NULL};
+    json_t *names;
+    int rc = read_value(a, &groups_col, &names);
+    lua_pop(a->L, 1);
+    if (rc != TG_OK)
+        return rc;
     tg_buf_t arr;
     tg_buf_init(&arr);
-    int rc = lua_to_pgarray(a, "groups", &arr);
-    lua_pop(a->L, 1);
-    if (rc != TG_OK) {
-        tg_buf_free(&arr);
-        return rc;
-    }
+    json_to_pgarray(names, &arr);
+    json_decref(names);
     const char *p[2] = {idbuf, arr.data};
     PGresult *r = PQexecParams(a->c,
                                "SELECT count(*) FROM unnest($1::text[]) g(name) WHERE NOT EXISTS "
@@ -759,20 +670,6 @@ static int account_after(apply_t *a, long long id, int created) {
     return TG_OK;
 }
 
-static const field_t key_fields[] = {
-    {"name", "name", F_TEXT, 0, NULL},
-    {"status", "status", F_TEXT, 0, "active"},
-    {"expires_at", "expires_at", F_TIMESTAMPTZ, 0, NULL},
-    {"allowed_models", "allowed_models", F_TEXTARR, 0, NULL},
-    {"ip_allow", "ip_allow", F_CIDRARR, 0, NULL},
-    {"rpm", "rpm", F_INT, 0, NULL},
-    {"rpm_burst", "rpm_burst", F_INT, 0, NULL},
-    {"tpm", "tpm", F_INT, 0, NULL},
-    {"concurrency", "concurrency", F_INT, 0, NULL},
-    {"budget", "budget", F_MONEY, 0, NULL},
-    {NULL, NULL, 0, 0, NULL},
-};
-
 static int lookup_id(apply_t *a, const char *table, const char *name, char out[32]) {
     char sql[128];
     snprintf(sql, sizeof(sql), "SELECT id FROM %s WHERE name = $1", table);
@@ -789,7 +686,7 @@ static int lookup_id(apply_t *a, const char *table, const char *name, char out[3
     return TG_OK;
 }
 
-static int key_extra(apply_t *a, const char **cols, ftype_t *types, int *create_only, char **vals, int *n,
+static int key_extra(apply_t *a, const char **cols, const char **types, int *create_only, char **vals, int *n,
                      char *label, size_t labellen) {
     lua_State *L = a->L;
     lua_getfield(L, -1, "tenant");
@@ -809,7 +706,7 @@ static int key_extra(apply_t *a, const char **cols, ftype_t *types, int *create_
     memmove(create_only + 1, create_only, sizeof(*create_only) * (size_t)*n);
     memmove(vals + 1, vals, sizeof(*vals) * (size_t)*n);
     cols[0] = "tenant_id";
-    types[0] = F_INT;
+    types[0] = "bigint";
     create_only[0] = 0;
     vals[0] = strdup(tenant_id);
     (*n)++;
@@ -821,7 +718,7 @@ static int key_extra(apply_t *a, const char **cols, ftype_t *types, int *create_
             return rc;
         }
         cols[*n] = "group_id";
-        types[*n] = F_INT;
+        types[*n] = "bigint";
         create_only[*n] = 0;
         vals[(*n)++] = strdup(group_id);
     }
@@ -875,28 +772,19 @@ static int key_extra(apply_t *a, const char **cols, ftype_t *types, int *create_
         printf("  new key for %s (shown once): %s\n", label, fresh);
     }
     cols[*n] = "key_hash";
-    types[*n] = F_BYTEA;
+    types[*n] = "bytea";
     create_only[*n] = 1;
     vals[(*n)++] = hex_bytea(digest, 32);
     cols[*n] = "prefix";
-    types[*n] = F_TEXT;
+    types[*n] = "text";
     create_only[*n] = 1;
     vals[(*n)++] = strdup(prefix);
     return TG_OK;
 }
 
-static const field_t price_fields[] = {
-    {"model", "model", F_TEXT, 0, NULL},
-    {"input", "input", F_MONEY, 0, NULL},
-    {"output", "output", F_MONEY, 0, NULL},
-    {"cache_read", "cache_read", F_MONEY, 0, NULL},
-    {"cache_write", "cache_write", F_MONEY, 0, NULL},
-    {"reasoning", "reasoning", F_MONEY, 0, NULL},
-    {NULL, NULL, 0, 0, NULL},
-};
-
 /* model_prices is keyed by model and has no id column: a thin wrapper. */
 static int price_section(apply_t *a) {
+    const tg_table_t *prices = tg_table_find("prices");
     lua_State *L = a->L;
     lua_getfield(L, -1, "prices");
     if (lua_isnil(L, -1)) {
@@ -908,15 +796,20 @@ static int price_section(apply_t *a) {
     for (size_t i = 1; i <= count && rc == TG_OK; i++) {
         lua_rawgeti(L, -1, (int)i);
         snprintf(a->where, sizeof(a->where), "prices[%zu]", i);
+        /* model, input, output, cache_read, cache_write, reasoning */
+        const tg_column_t *c = prices->cols;
         char *vals[6] = {0};
         for (int k = 0; k < 6 && rc == TG_OK; k++)
-            rc = read_field(a, &price_fields[k], &vals[k]);
-        if (rc == TG_OK && !vals[0])
-            rc = afail(a, "model is required");
+            rc = read_field(a, &c[k], &vals[k]);
+        if (rc == TG_OK && !vals[0]) {
+            char msg[128];
+            tg_column_missing(&c[0], msg, sizeof(msg));
+            rc = afail(a, "%s", msg);
+        }
         if (rc == TG_OK) {
             const char *p[6];
             for (int k = 0; k < 6; k++)
-                p[k] = vals[k] ? vals[k] : (k == 5 ? NULL : "0");
+                p[k] = vals[k];
             PGresult *r = PQexecParams(
                 a->c,
                 "WITH old AS (SELECT * FROM model_prices WHERE model = $1), "
@@ -1009,10 +902,12 @@ int tg_db_apply(PGconn *c, const tg_config_t *cfg, const char *state_path, int d
         }
     }
     int rc = exec_ok(c, "BEGIN", err, errlen);
-    rc = rc ?: apply_section(&a, "tenants", "tenants", tenant_fields, 1, NULL, tenant_after);
-    rc = rc ?: apply_section(&a, "groups", "groups", group_fields, 1, group_extra, NULL);
-    rc = rc ?: apply_section(&a, "accounts", "accounts", account_fields, 1, NULL, account_after);
-    rc = rc ?: apply_section(&a, "keys", "api_keys", key_fields, 2, key_extra, NULL);
+    static const char *const account_keys[] = {"credential", "groups", NULL};
+    static const char *const key_keys[] = {"tenant", "group", "key", "key_sha256", NULL};
+    rc = rc ?: apply_section(&a, "tenants", 1, NULL, NULL, tenant_after);
+    rc = rc ?: apply_section(&a, "groups", 1, NULL, NULL, NULL);
+    rc = rc ?: apply_section(&a, "accounts", 1, account_keys, NULL, account_after);
+    rc = rc ?: apply_section(&a, "keys", 2, key_keys, key_extra, NULL);
     rc = rc ?: price_section(&a);
     if (rc != TG_OK || dry_run) {
         PQclear(PQexec(c, "ROLLBACK"));
