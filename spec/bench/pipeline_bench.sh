@@ -478,7 +478,7 @@ profile_callgrind() { # INSTANCE: a fresh full gateway under callgrind, the same
 profile_perf() { # INSTANCE: cpu-clock samples of everything on the server core under wrk
     local i=$1 port n wp secs=5 f=999
     port=${PORT[full-$1]}
-    wait_spool "$i"
+    for j in "${INST[@]}"; do wait_spool "$j"; done # no replay of another gateway in the window
     for _ in $(seq 100); do
         curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer $KEY" \
             -d "$BODY" | grep -q 200 && break
