@@ -7,7 +7,7 @@
 # of it fits in about a quarter of an hour. Each side runs its own checkout's script
 # with its own build (limits_bench.sh compiles an in-process benchmark against the
 # checkout's headers and build/libtollgate_core.a, which must match); the run says when
-# the two checkouts' scripts differ (then the methods differ too). Prints every run's
+# the two checkouts' scripts (work tree files) differ (then the methods differ too). Prints every run's
 # Markdown, each headed by the side; spec/bench/RESULTS.md ("House (issue 16)") is
 # written from it, next to the instruction counts of core_callgrind.sh (which do not
 # move with the load).
@@ -49,8 +49,8 @@ run_one() { # SCRIPT SIDE DIR
 }
 i=0
 for s in "$@"; do
-    if ! diff -q <(git -C "$BEFORE" show "HEAD:spec/bench/${s}_bench.sh") <(git -C "$AFTER" show "HEAD:spec/bench/${s}_bench.sh") >/dev/null ||
-        ! diff -q <(git -C "$BEFORE" show HEAD:spec/bench/lib.sh) <(git -C "$AFTER" show HEAD:spec/bench/lib.sh) >/dev/null; then
+    if ! diff -q "$BEFORE/spec/bench/${s}_bench.sh" "$AFTER/spec/bench/${s}_bench.sh" >/dev/null ||
+        ! diff -q "$BEFORE/spec/bench/lib.sh" "$AFTER/spec/bench/lib.sh" >/dev/null; then
         echo "(${s}_bench.sh or lib.sh differ between the two checkouts: the methods may differ)"
     fi
     if [ $((i % 2)) = 0 ]; then

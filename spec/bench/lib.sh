@@ -264,7 +264,9 @@ wrk_result() {
     WRK_P99=$(to_us "$(awk '$1 == "99%" {print $2}' "$1")")
     WRK_ERRS=$(awk '/Non-2xx/ {n += $NF} /Socket errors/ {gsub(/,/, ""); n += $4 + $6 + $8 + $10} END {print n + 0}' "$1")
 }
-metric() { curl -s -m 5 "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 { print $NF; exit }'; }
+metric() { # reads the whole page: an awk that stopped early would fail curl (exit 23) under pipefail
+    curl -s -m 5 "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 && !found { print $NF; found = 1 }'
+}
 
 # ---- reporting ------------------------------------------------------------------------------
 say() { echo "$*" | tee -a "$SUMMARY"; }
