@@ -258,17 +258,21 @@ export function Confirm({ title, children, confirmLabel = 'Confirm', danger, onC
   );
 }
 
-/** A data table: columns [{key, label, render?(row), num?}], rows, a row key. */
-export function Table({ columns, rows, rowKey = (r) => r.id, empty, class: cls = '' }) {
+/** A data table: columns [{key, label, render?(row), num?}], rows, a row key. On narrow
+ *  screens it scrolls sideways with its `sticky` column (default: "name", else the
+ *  first) held at the left; an "actions" column always sticks to the right. */
+export function Table({ columns, rows, rowKey = (r) => r.id, empty, class: cls = '', sticky }) {
   if (!rows.length) return empty || null;
+  const pin = sticky || (columns.some((c) => c.key === 'name') ? 'name' : columns[0]?.key);
+  const cellClass = (c) => [c.num ? 'num' : '', c.key === pin ? 'sticky' : '', c.key === 'actions' ? 'actions' : '', c.key === 'id' ? 'col-id' : ''].filter(Boolean).join(' ');
   return (
-    <div class="table-wrap">
+    <div class="table-wrap" tabIndex={0} role="region" aria-label="table (scrolls sideways)">
       <table class={cls}>
         <thead>
           <tr>
             {columns.map((c) => (
-              <th key={c.key} class={c.num ? 'num' : ''}>
-                {c.label}
+              <th key={c.key} class={cellClass(c)} scope="col">
+                {c.label || (c.key === 'actions' ? <span class="visually-hidden">actions</span> : '')}
               </th>
             ))}
           </tr>
@@ -277,7 +281,7 @@ export function Table({ columns, rows, rowKey = (r) => r.id, empty, class: cls =
           {rows.map((r) => (
             <tr key={rowKey(r)} data-row={rowKey(r)}>
               {columns.map((c) => (
-                <td key={c.key} class={c.num ? 'num' : ''} data-col={c.key}>
+                <td key={c.key} class={cellClass(c)} data-col={c.key}>
                   {c.render ? c.render(r) : r[c.key] ?? '—'}
                 </td>
               ))}

@@ -85,8 +85,12 @@ function Login({ reason, onDone }) {
 
 function Shell({ onLogout }) {
   const [page, setPage] = useState(currentPage());
+  const [menu, setMenu] = useState(false); // the navigation, on narrow screens
   useEffect(() => {
-    const on = () => setPage(currentPage());
+    const on = () => {
+      setPage(currentPage());
+      setMenu(false);
+    };
     addEventListener('popstate', on);
     return () => removeEventListener('popstate', on);
   }, []);
@@ -96,12 +100,24 @@ function Shell({ onLogout }) {
   const Page = page.component;
   return (
     <div class="shell">
-      <nav class="side">
+      <a class="skip-link" href="#main">
+        Skip to content
+      </a>
+      <nav class={`side ${menu ? 'open' : ''}`} aria-label="Console">
         <div class="brand">
           <span class="logo" aria-hidden="true" />
           tollgate
         </div>
-        <ul>
+        <button
+          type="button"
+          class="menu-toggle"
+          aria-expanded={menu ? 'true' : 'false'}
+          aria-controls="nav-pages"
+          onClick={() => setMenu(!menu)}
+        >
+          {menu ? 'Close menu' : 'Menu'}
+        </button>
+        <ul id="nav-pages">
           {PAGES.map((p) => (
             <li key={p.path}>
               <a
@@ -123,7 +139,7 @@ function Shell({ onLogout }) {
           Log out
         </button>
       </nav>
-      <main class="content" key={page.path}>
+      <main class="content" id="main" tabIndex={-1} key={page.path}>
         <Page />
       </main>
     </div>

@@ -76,7 +76,7 @@ async function shot(name) {
   await sleep(150); // let charts and transitions settle
   // The whole page, cut at 1150 px (the usage table can be long).
   const height = Math.min(1150, await page.evaluate(() => document.documentElement.scrollHeight));
-  await page.screenshot({ path: file, fullPage: true, clip: { x: 0, y: 0, width: 1440, height } });
+  await page.screenshot({ path: file, fullPage: true, clip: { x: 0, y: 0, width: page.viewportSize().width, height } });
   return file;
 }
 
@@ -465,6 +465,69 @@ test('revoking the key in the console refuses the next call with 401', async () 
   await go('Dashboard');
   await page.locator('tr[data-route="chat_completions"][data-status="401"]').waitFor({ timeout: 15000 });
   await shot('dashboard-after-revoke');
+});
+
+test('a phone (375 px): every page usable — menu, no sideways page scroll, tables scroll with the name held, actions reachable', async () => {
+  await page.setViewportSize({ width: 375, height: 740 });
+  const pages = ['Dashboard', 'Tenants', 'Keys', 'Groups', 'Accounts', 'Prices', 'Plugins', 'Usage', 'Ledger', 'Capacity'];
+  for (const label of pages) {
+    // The navigation is folded behind a menu button.
+    const links = page.locator('nav.side').getByRole('link', { name: label, exact: true });
+    assert.equal(await links.isVisible(), false, 'the page list is folded');
+    const toggle = page.getByRole('button', { name: 'Menu' });
+    assert.equal(await toggle.getAttribute('aria-expanded'), 'false');
+    await toggle.click();
+    await links.click();
+    await page.getByRole('heading', { level: 1, name: label, exact: true }).waitFor();
+    await page.locator('.spinner').first().waitFor({ state: 'detached' });
+    assert.equal(await page.getByRole('button', { name: 'Menu' }).getAttribute('aria-expanded'), 'false', 'the menu folds after a choice');
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `${label}: the page scrolls sideways by ${overflow} px`);
+    // Every button of the page's own head is inside the screen.
+    for (const b of await page.locator('.page-actions button').all()) {
+      const box = await b.boundingBox();
+      assert.ok(box && box.x >= 0 && box.x + box.width <= 375, `${label}: a head button is cut off: ${JSON.stringify(box)}`);
+    }
+    const wrap = page.locator('.table-wrap').first();
+    if (await wrap.count()) {
+      const w = await wrap.boundingBox();
+      assert.ok(w.width >= 340, `${label}: the table area is ${w.width} px wide`);
+      // Each of the first row's actions is wholly on screen and not covered.
+      for (const b of await page.locator('tbody tr:first-child td[data-col="actions"] button').all()) {
+        const box = await b.boundingBox();
+        assert.ok(box.x >= w.x && box.x + box.width <= 375, `${label}: an action is off screen: ${JSON.stringify(box)}`);
+        const hit = await b.evaluate((el) => {
+          const r = el.getBoundingClientRect();
+          const at = document.elementFromPoint(r.left + 3, r.top + r.height / 2);
+          return el.contains(at);
+        });
+        assert.ok(hit, `${label}: the left edge of "${await b.textContent()}" is covered`);
+      }
+      // Scrolled to its end, the name column is still at the left edge.
+      await wrap.evaluate((el) => el.scrollTo(el.scrollWidth, 0));
+      const pinned = page.locator('tbody tr:first-child td.sticky, .table-wrap table.compact tbody tr:first-child > :first-child').first();
+      if (await pinned.count()) {
+        const box = await pinned.boundingBox();
+        assert.ok(Math.abs(box.x - w.x) <= 2, `${label}: the first column scrolled away (${box.x} vs ${w.x})`);
+      }
+      await wrap.evaluate((el) => el.scrollTo(0, 0));
+    }
+    await shot(`phone-${label.toLowerCase()}`);
+  }
+  // A dialog fits the screen, its buttons reachable.
+  await page.getByRole('button', { name: 'Menu' }).click();
+  await page.locator('nav.side').getByRole('link', { name: 'Tenants', exact: true }).click();
+  await page.getByRole('button', { name: 'New tenant' }).click();
+  const box = await modal().boundingBox();
+  assert.ok(box.x >= 0 && box.x + box.width <= 375, `the dialog is off screen: ${JSON.stringify(box)}`);
+  const create = await modal().getByRole('button', { name: 'Create tenant' }).boundingBox();
+  assert.ok(create.x + create.width <= 375);
+  await shot('phone-new-tenant');
+  await modal().getByRole('button', { name: 'Cancel' }).click();
+  await page.getByRole('button', { name: 'Menu' }).click();
+  await shot('phone-menu');
+  await page.getByRole('button', { name: 'Close menu' }).click();
+  await page.setViewportSize({ width: 1440, height: 900 });
 });
 
 test('log out: the console and the admin API are closed to this browser again', async () => {
