@@ -1,5 +1,5 @@
 /*
- * The gateway's settlement path without HTTP: tg_billing.c (linked from
+ * The gateway's settlement path without HTTP: billing (core/src/domain/tg_billing*.c, linked from
  * libtollgate_core.a) against a real Postgres and Redis, driven the way tg_proxy.c
  * drives it — tg_billing_reserve (the Redis hold; its `reserve` element joins the
  * settlement queue), then, once reserved, tg_billing_settle with the request's usage

@@ -1,0 +1,376 @@
+/*
+ * Holds in Redis (see tg_billing.h): a request's reservation taken against the tenant's
+ * live balance and the key's budget (reserve.lua, or the admission's admit.lua with the
+ * same money.lua: tg_billing_admission_money), the live balances loaded from Postgres
+ * when Redis has none, holds given back (settle.lua, resent by the Redis client when its
+ * answer is lost), and top-ups. Each hold's durable row goes to Postgres through the
+ * settlement batcher (tg_billing_settle.c).
+ */
+#include "tg_billing_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tollgate/tg_pg.h"
+#include "tollgate/tg_redis.h"
+#include "tollgate/tg_scripts.h"
+
+/* The Redis scripts are Lua files in core/redis/ (tg_scripts.h): reserve.lua (with money.lua,
+ * which the admission's admit.lua takes the first attempt's reservation with), settle.lua,
+ * debit.lua, topup.lua, lock.lua and unlock.lua; their header comments say what each key
+ * and argument is. */
+
+/* The live balance loaded into Redis: Postgres's, minus the reservations still open that
+ * hold money in Redis (not those made without a hold: those never held any there). */
+static const char INIT_SQL[] =
+    "SELECT ((t.balance - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.tenant_id = t.id AND "
+    "r.state IN ('reserved', 'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld'), 0)) * 1000000000)::bigint, "
+    "coalesce(((k.budget - k.spend - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.api_key_id = k.id "
+    "AND r.state IN ('reserved', 'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld'), 0)) * "
+    "1000000000)::bigint, -1) "
+    "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
+
+struct tg_reserve_s {
+    tg_billing_t *b;
+    tg_reserve_req_t r;
+    char request_id[72];
+    char model[128];
+    tg_reserve_cb cb;
+    void *ud;
+    int detached;
+    tg_balance_cb load_cb; /* tg_billing_load: only the live balance is wanted */
+    int inits;
+    char tenant_init[32], key_init[32];
+    char keys[4][128];
+    char field[96];
+    char hold[256];
+};
+
+static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual);
+
+
+static void reserve_send(tg_reserve_t *x);
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld);
+
+static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
+    if (!x->detached)
+        x->cb(x->ud, status, code, msg);
+    free(x);
+}
+
+static void init_loaded(void *ud, const PGresult *res, const char *err) {
+    tg_reserve_t *x = ud;
+    if (err || PQntuples(res) != 1) {
+        if (x->load_cb) {
+            if (!x->detached)
+                x->load_cb(x->ud, 503, "billing_unavailable", "the balance could not be loaded; try again", NULL, NULL);
+            free(x);
+            return;
+        }
+        reserve_finish(x, 503, "billing_unavailable", "the balance could not be loaded; try again");
+        return;
+    }
+    snprintf(x->tenant_init, sizeof(x->tenant_init), "%s", PQgetvalue(res, 0, 0));
+    snprintf(x->key_init, sizeof(x->key_init), "%s", PQgetvalue(res, 0, 1));
+    if (x->load_cb) {
+        if (!x->detached)
+            x->load_cb(x->ud, 0, NULL, NULL, x->tenant_init, x->key_init);
+        free(x);
+        return;
+    }
+    reserve_send(x);
+}
+
+/* The live balance's load, for a reservation or for an admission that asked for it. */
+static void load_balance(tg_reserve_t *x) {
+    char t[24], k[24];
+    snprintf(t, sizeof(t), "%lld", (long long)x->r.tenant_id);
+    snprintf(k, sizeof(k), "%lld", (long long)x->r.key_id);
+    const char *params[2] = {t, k};
+    tg_pg_query(tg_state_pg(x->b->st), INIT_SQL, 2, params, init_loaded, x);
+}
+
+/* The reservation's durable Postgres row goes with the next settlement batch, in order,
+ * or to the local spool when Postgres is unreachable: no request waits on Postgres. */
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld) {
+    char amount[32];
+    tg_money_format(r->amount, amount);
+    json_t *o = json_object();
+    json_object_set_new(o, "op", json_string("reserve"));
+    json_object_set_new(o, "request_id", json_string(r->request_id));
+    json_object_set_new(o, "attempt", json_integer(r->attempt));
+    json_object_set_new(o, "tenant_id", json_integer(r->tenant_id));
+    json_object_set_new(o, "api_key_id", json_integer(r->key_id));
+    json_object_set_new(o, "amount", json_string(amount));
+    json_object_set_new(o, "model", json_string(r->model ? r->model : ""));
+    json_object_set_new(o, "instance", json_string(tg__billing_instance));
+    if (unheld)
+        json_object_set_new(o, "note", json_string("unheld")); /* no hold in Redis (INIT_SQL) */
+    tg__billing_enqueue(b, o);
+}
+
+static void redis_reserved(void *ud, redisReply *r, const char *err) {
+    tg_reserve_t *x = ud;
+    tg_billing_t *b = x->b;
+    if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
+        /* The script may have run even though its reply did not come (a timeout): give
+         * back whatever it held. Sent on the same connection, so Redis runs it after the
+         * script; when the script did not run it finds nothing to return. */
+        if (tg_state_redis(b->st))
+            settle_send(b, x->keys, x->field, 0);
+        if (!x->detached && x->r.money_open && x->r.money_open(x->ud)) {
+            /* Money fails open: no hold, but the reservation row goes to Postgres as
+             * usual (a fresh Redis loads the balance minus it) and the request settles
+             * as usual; the settlement finds no hold to give back. */
+            b->stats.unheld++;
+            reserved_row(b, &x->r, 1);
+            reserve_finish(x, 0, "unheld", NULL);
+            return;
+        }
+        reserve_finish(x, 503, "billing_unavailable",
+                       "the balance could not be checked (the limiter store is unavailable); try again");
+        return;
+    }
+    long long ok = r->element[0]->integer;
+    const char *what = r->element[1]->str ? r->element[1]->str : "";
+    if (ok == -1) {
+        if (x->inits++ > 2) {
+            reserve_finish(x, 503, "billing_unavailable", "the balance could not be initialised");
+            return;
+        }
+        load_balance(x);
+        return;
+    }
+    if (ok == 0) {
+        const char *code, *msg;
+        tg_billing_refused(b, !strcmp(what, "key budget"), &code, &msg);
+        reserve_finish(x, 402, code, msg);
+        return;
+    }
+    if (x->detached) {
+        /* The client left while we reserved: the upstream is never called, so the hold
+         * goes straight back and nothing is recorded. */
+        settle_send(b, x->keys, x->field, 0);
+        reserve_finish(x, 0, NULL, NULL);
+        return;
+    }
+    /* The hold is in Redis (atomic, before the upstream call). */
+    reserved_row(b, &x->r, 0);
+    b->stats.reserved++;
+    reserve_finish(x, 0, NULL, NULL);
+}
+
+static void unsent_cb(uv_timer_t *t) {
+    tg_reserve_t *x = t->data;
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    redis_reserved(x, NULL, "the Redis client is closing");
+}
+
+static void reserve_send(tg_reserve_t *x) {
+    tg_redis_t *redis = tg_state_redis(x->b->st);
+    char amt[24];
+    snprintf(amt, sizeof(amt), "%lld", (long long)x->r.amount);
+    const char *argv[9] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], amt, x->tenant_init, x->key_init,
+                           x->field, x->hold};
+    if (!tg_redis_eval(redis, x->b->reserve_script, 4, 9, argv, NULL, redis_reserved, x)) {
+        /* No callback will come (the client is closing): a failed round trip, on the
+         * next loop turn (this may run inside tg_billing_reserve). */
+        uv_timer_t *t = malloc(sizeof(*t));
+        uv_timer_init(x->b->loop, t);
+        t->data = x;
+        uv_timer_start(t, unsent_cb, 0, 0);
+    }
+}
+
+/* The keys of one attempt's hold (all under the tenant's hash tag) and its field in
+ * {t:T}:holds, the index the reconciler scans for holds whose gateway died before
+ * Postgres had their row. */
+void tg__billing_hold_keys(char keys[4][128], char field[96], int64_t tenant, int64_t key, const char *id, int attempt) {
+    snprintf(keys[0], 128, "{t:%lld}:money", (long long)tenant);
+    snprintf(keys[1], 128, "{t:%lld}:res:%s:%d", (long long)tenant, id, attempt);
+    snprintf(keys[2], 128, "{t:%lld}:kmoney:%lld", (long long)tenant, (long long)key);
+    snprintf(keys[3], 128, "{t:%lld}:holds", (long long)tenant);
+    snprintf(field, 96, "%s:%d", id, attempt);
+}
+
+/* The last answer of a hold given back: the Redis client sent it again while its answer
+ * was lost (while this gateway lives nobody else returns its holds: the reconciler only
+ * returns a dead gateway's, so a lost one would keep the tenant's money reserved). */
+typedef struct {
+    tg_billing_t *b;
+    char field[96];
+} settle_send_t;
+
+static void settle_done(void *ud, redisReply *r, const char *err) {
+    settle_send_t *s = ud;
+    TG_UNUSED(r);
+    if (err)
+        tg_log_warn("billing: returning the hold %s failed (%s); the reconciler returns it once this gateway "
+                    "is gone",
+                    s->field, err);
+    s->b->returning--;
+    free(s);
+}
+
+/* Gives back a hold: `actual` of it is spent, the rest returns to the balances. settle.lua
+ * is idempotent (it deletes the reservation key and returns nothing the second time), so
+ * it goes through tg_redis_eval_idempotent. */
+static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    char amount[24];
+    snprintf(amount, sizeof(amount), "%lld", (long long)actual);
+    const char *argv[6] = {keys[0], keys[1], keys[2], keys[3], amount, field};
+    settle_send_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        abort();
+    s->b = b;
+    snprintf(s->field, sizeof(s->field), "%s", field);
+    if (!redis || tg_redis_eval_idempotent(redis, b->settle_script, 4, 6, argv, NULL, settle_done, s) != TG_OK) {
+        free(s);
+        return;
+    }
+    b->returning++;
+}
+
+/* Returns an attempt's hold (the part above `actual` goes back), exactly once. */
+void tg__billing_hold_return(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual) {
+    tg_redis_t *redis = tg_state_redis(b->st);
+    if (!redis)
+        return;
+    char keys[4][128], field[96];
+    tg__billing_hold_keys(keys, field, tenant, key, id, attempt);
+    settle_send(b, keys, field, actual);
+}
+
+static void fail_async_cb(uv_timer_t *t) {
+    tg_reserve_t *x = t->data;
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    if (x->load_cb) {
+        if (!x->detached)
+            x->load_cb(x->ud, 503, "billing_unavailable", "billing needs Postgres and Redis", NULL, NULL);
+        free(x);
+        return;
+    }
+    reserve_finish(x, 503, "billing_unavailable", "billing needs Postgres and Redis");
+}
+
+tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_reserve_cb cb, void *ud) {
+    tg_reserve_t *x = calloc(1, sizeof(*x));
+    x->b = b;
+    x->r = *r;
+    snprintf(x->request_id, sizeof(x->request_id), "%s", r->request_id);
+    snprintf(x->model, sizeof(x->model), "%s", r->model ? r->model : "");
+    x->r.request_id = x->request_id;
+    x->r.model = x->model;
+    x->cb = cb;
+    x->ud = ud;
+    /* A key without a budget needs no live key balance: "-1" tells the script so, and no
+     * request of such a key ever waits on Postgres. */
+    snprintf(x->key_init, sizeof(x->key_init), "%s", r->key_budget ? "" : "-1");
+    tg__billing_hold_keys(x->keys, x->field, r->tenant_id, r->key_id, x->request_id, r->attempt);
+    snprintf(x->hold, sizeof(x->hold), "%lld|%s|%llu|%lld|%.120s", (long long)r->key_id, tg__billing_instance,
+             (unsigned long long)tg_wall_ms(), (long long)r->amount, x->model);
+    if (!tg_state_redis(b->st) || !tg_state_pg(b->st)) {
+        uv_timer_t *t = malloc(sizeof(*t));
+        uv_timer_init(b->loop, t);
+        t->data = x;
+        uv_timer_start(t, fail_async_cb, 0, 0);
+        return x;
+    }
+    reserve_send(x);
+    return x;
+}
+
+void tg_reserve_detach(tg_reserve_t *r) {
+    if (r)
+        r->detached = 1;
+}
+
+void tg_billing_refused(tg_billing_t *b, int key_budget, const char **code, const char **msg) {
+    b->stats.refused++;
+    if (key_budget) {
+        *code = "budget_exceeded";
+        *msg = "this API key's budget cannot cover the request's maximum cost";
+    } else {
+        *code = "insufficient_balance";
+        *msg = "the balance cannot cover the request's maximum cost";
+    }
+}
+
+static void admission_undo(void *ud, const char *request_id, int64_t tenant_id, int64_t key_id) {
+    tg_billing_release_attempt(ud, request_id, tenant_id, key_id, 1);
+}
+
+void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, const char *tenant_init,
+                                const char *key_init, tg_limit_money_t *m) {
+    char keys[4][128], field[96];
+    tg__billing_hold_keys(keys, field, r->tenant_id, r->key_id, r->request_id, 1);
+    /* admit.lua's order: money, reservation, holds, then the key's budget if any. */
+    memcpy(m->keys[0], keys[0], sizeof(m->keys[0]));
+    memcpy(m->keys[1], keys[1], sizeof(m->keys[1]));
+    memcpy(m->keys[2], keys[3], sizeof(m->keys[2]));
+    memcpy(m->keys[3], keys[2], sizeof(m->keys[3]));
+    /* "-1" loaded: the key has no budget after all (tg_billing_reserve skips it too). */
+    m->nkeys = r->key_budget && !(key_init && !strcmp(key_init, "-1")) ? 4 : 3;
+    snprintf(m->amount, sizeof(m->amount), "%lld", (long long)r->amount);
+    snprintf(m->tenant_init, sizeof(m->tenant_init), "%s", tenant_init ? tenant_init : "");
+    snprintf(m->key_init, sizeof(m->key_init), "%s", key_init ? key_init : "");
+    snprintf(m->hold, sizeof(m->hold), "%lld|%s|%llu|%lld|%.120s", (long long)r->key_id, tg__billing_instance,
+             (unsigned long long)tg_wall_ms(), (long long)r->amount, r->model ? r->model : "");
+    m->undo = admission_undo;
+    m->undo_ud = b;
+}
+
+void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r) {
+    reserved_row(b, r, 0);
+    b->stats.reserved++;
+}
+
+tg_reserve_t *tg_billing_load(tg_billing_t *b, const tg_reserve_req_t *r, tg_balance_cb cb, void *ud) {
+    tg_reserve_t *x = calloc(1, sizeof(*x));
+    x->b = b;
+    x->r = *r;
+    x->r.request_id = x->request_id;
+    x->r.model = x->model;
+    x->load_cb = cb;
+    x->ud = ud;
+    if (!tg_state_pg(b->st)) {
+        uv_timer_t *t = malloc(sizeof(*t));
+        uv_timer_init(b->loop, t);
+        t->data = x;
+        uv_timer_start(t, fail_async_cb, 0, 0);
+        return x;
+    }
+    load_balance(x);
+    return x;
+}
+
+void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
+    tg_redis_t *redis = tg_state_redis(st);
+    if (!redis)
+        return;
+    char key[64], amt[24];
+    snprintf(key, sizeof(key), "{t:%lld}:money", (long long)tenant_id);
+    snprintf(amt, sizeof(amt), "%lld", (long long)nano);
+    /* Only a balance already live in Redis is adjusted; otherwise it loads from Postgres. */
+    const char *argv[6] = {"EVAL", tg_scripts_source("topup"), "1", key, amt, NULL};
+    tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
+}
+
+
+void tg__billing_release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
+    /* Failed earlier attempts produced nothing billable; the last one carries the cost,
+     * unless it went ahead without a hold (money open): then its cost comes off the live
+     * balance after the commit (debit_unheld), and a hold an admission took before its
+     * answer was lost goes back whole, so the cost is not taken twice. */
+    int last = TG_MAX(s->attempts, 1);
+    for (int a = 1; a <= last; a++) {
+        int unheld = a <= 32 && (s->unheld & (1u << (a - 1)));
+        tg__billing_hold_return(b, s->tenant_id, s->key_id, s->request_id, a, a == last && !unheld ? cost_last : 0);
+    }
+}
+
+void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
+                                int attempt) {
+    tg__billing_hold_return(b, tenant_id, key_id, request_id, attempt, 0);
+}

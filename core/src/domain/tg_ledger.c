@@ -1,0 +1,195 @@
+/*
+ * `tollgate ledger verify|reconcile` (see tg_billing.h): a one-shot command with blocking
+ * clients. verify checks the ledger's invariants in Postgres and compares the live
+ * reserved totals in Redis; reconcile runs one reconciliation pass by hand, settling
+ * through tg_settle_batch and giving the holds back in Redis.
+ */
+#include "tg_billing_internal.h"
+
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tollgate/tg_redis.h"
+#include "tollgate/tg_scripts.h"
+
+/* The Redis of `url` set up like the workers' (password, database), or NULL with the
+ * reason in err (no password in it) when it is configured but cannot be reached or
+ * refuses the setup: a ledger command never quietly skips a Redis it could not log in to. */
+static redisContext *ledger_redis(const char *url, char err[400]) {
+    err[0] = '\0';
+    return url ? tg_redis_connect_sync(url, 2000, err, 400) : NULL;
+}
+
+static int check(PGconn *c, const char *what, const char *sql, int *problems) {
+    PGresult *r = PQexec(c, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        fprintf(stderr, "ledger verify: %s: %s", what, PQerrorMessage(c));
+        PQclear(r);
+        (*problems)++;
+        return TG_ERROR;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        printf("PROBLEM %s:", what);
+        for (int k = 0; k < PQnfields(r); k++)
+            printf(" %s=%s", PQfname(r, k), PQgetisnull(r, i, k) ? "null" : PQgetvalue(r, i, k));
+        printf("\n");
+        (*problems)++;
+    }
+    if (PQntuples(r) == 0)
+        printf("ok   %s\n", what);
+    PQclear(r);
+    return TG_OK;
+}
+
+int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
+    PGconn *c = PQconnectdb(pg_conninfo);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "ledger verify: cannot connect to Postgres: %s", PQerrorMessage(c));
+        PQfinish(c);
+        return 2;
+    }
+    int problems = 0;
+    check(c, "each balance = opening balance + top-ups - usage (ledger)",
+          "SELECT t.id AS tenant_id, t.balance, t.opening_balance + coalesce(sum(l.amount) FILTER (WHERE l.kind <> "
+          "'opening'), 0) AS from_ledger FROM tenants t LEFT JOIN ledger l ON l.tenant_id = t.id GROUP BY t.id "
+          "HAVING t.balance <> t.opening_balance + coalesce(sum(l.amount) FILTER (WHERE l.kind <> 'opening'), 0)",
+          &problems);
+    check(c, "usage debits in the ledger = usage costs",
+          "SELECT u.tenant_id, sum(u.cost) AS usage_cost, (SELECT -coalesce(sum(l.amount), 0) FROM ledger l WHERE "
+          "l.tenant_id = u.tenant_id AND l.kind = 'usage') AS ledger_debits FROM usage u GROUP BY u.tenant_id "
+          "HAVING sum(u.cost) <> (SELECT -coalesce(sum(l.amount), 0) FROM ledger l WHERE l.tenant_id = u.tenant_id "
+          "AND l.kind = 'usage')",
+          &problems);
+    check(c, "no request id billed twice",
+          "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' GROUP BY request_id HAVING count(*) > 1",
+          &problems);
+    check(c, "every usage row has its dedup row",
+          "SELECT u.request_id FROM usage u LEFT JOIN billing_dedup d ON d.request_id = u.request_id WHERE "
+          "d.request_id IS NULL",
+          &problems);
+    check(c, "each key's spend = its usage",
+          "SELECT k.id AS key_id, k.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM api_keys k LEFT JOIN usage u "
+          "ON u.api_key_id = k.id GROUP BY k.id HAVING k.spend <> coalesce(sum(u.cost), 0)",
+          &problems);
+    check(c, "every reservation is reconciled or pending (none left reserved for over a minute)",
+          "SELECT request_id, attempt, state, created_at FROM reservations WHERE state = 'reserved' AND created_at < "
+          "now() - interval '1 minute'",
+          &problems);
+    check(c, "every settled request's reservations are reconciled",
+          "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN billing_dedup d ON d.request_id = "
+          "r.request_id WHERE r.state <> 'reconciled'",
+          &problems);
+    char rerr[400];
+    redisContext *rc = ledger_redis(redis_url, rerr);
+    if (redis_url && !rc) {
+        printf("PROBLEM Redis: cannot connect to compare reserved totals: %s\n", rerr);
+        problems++;
+    }
+    if (rc) {
+        PGresult *r = PQexec(c, "SELECT t.id, ((t.balance - coalesce(sum(r.amount), 0)) * 1000000000)::bigint, "
+                                "(coalesce(sum(r.amount), 0) * 1000000000)::bigint FROM tenants t LEFT JOIN "
+                                "reservations r ON r.tenant_id = t.id AND r.state IN ('reserved', "
+                                "'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld' "
+                                "GROUP BY t.id");
+        int bad = 0;
+        for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+            redisReply *rep = redisCommand(rc, "HMGET {t:%s}:money avail reserved", PQgetvalue(r, i, 0));
+            if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->str) {
+                long long avail = atoll(rep->element[0]->str);
+                long long reserved = rep->element[1]->str ? atoll(rep->element[1]->str) : 0;
+                if (avail != atoll(PQgetvalue(r, i, 1)) || reserved != atoll(PQgetvalue(r, i, 2))) {
+                    printf("PROBLEM Redis reserved totals match Postgres: tenant_id=%s redis_avail=%lld "
+                           "pg_avail=%s redis_reserved=%lld pg_reserved=%s (nano-USD)\n",
+                           PQgetvalue(r, i, 0), avail, PQgetvalue(r, i, 1), reserved, PQgetvalue(r, i, 2));
+                    bad++;
+                }
+            }
+            if (rep)
+                freeReplyObject(rep);
+        }
+        PQclear(r);
+        if (!bad)
+            printf("ok   Redis reserved totals match Postgres\n");
+        problems += bad;
+        redisFree(rc);
+    }
+    PQfinish(c);
+    if (problems) {
+        printf("ledger verify: %d problem(s)\n", problems);
+        return 1;
+    }
+    printf("ledger verify: all invariants hold\n");
+    return 0;
+}
+
+int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int older_than_ms, int charge_unknown) {
+    PGconn *c = PQconnectdb(pg_conninfo);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "ledger reconcile: cannot connect to Postgres: %s", PQerrorMessage(c));
+        PQfinish(c);
+        return 2;
+    }
+    char rerr[400];
+    redisContext *rc = ledger_redis(redis_url, rerr);
+    if (redis_url && !rc)
+        fprintf(stderr, "ledger reconcile: Redis: %s: the holds of the requests settled here stay there\n", rerr);
+    char ms[16];
+    snprintf(ms, sizeof(ms), "%d", older_than_ms);
+    /* An operator's explicit pass: every instance counts as gone (run it when the
+     * gateways that held these requests are stopped, or with --older-than-ms above the
+     * longest request). */
+    const char *params[2] = {ms, "{}"};
+    PGresult *due = PQexecParams(c, tg__billing_due_sql, 2, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(due) != PGRES_TUPLES_OK) {
+        fprintf(stderr, "ledger reconcile: %s", PQerrorMessage(c));
+        PQclear(due);
+        PQfinish(c);
+        return 1;
+    }
+    int settled = 0;
+    for (int i = 0; i < PQntuples(due); i++) {
+        int64_t amount = atoll(PQgetvalue(due, i, 4));
+        tg_settlement_t s = {
+            .request_id = PQgetvalue(due, i, 0),
+            .attempts = atoi(PQgetvalue(due, i, 1)),
+            .tenant_id = atoll(PQgetvalue(due, i, 2)),
+            .key_id = atoll(PQgetvalue(due, i, 3)),
+            .model = PQgetvalue(due, i, 5),
+            .cost = charge_unknown ? amount : 0,
+            .estimated = 1,
+            .ttft_ms = -1,
+        };
+        json_t *batch = json_array();
+        json_array_append_new(batch, tg__billing_settlement_json(&s));
+        char *text = json_dumps(batch, JSON_COMPACT);
+        const char *p[1] = {text};
+        PGresult *r = PQexecParams(c, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, NULL, p, NULL,
+                                   NULL, 0);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+            printf("%s %s (%s)\n", PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1),
+                   charge_unknown ? "charged the reserved bound" : "released");
+            settled++;
+            for (int a = 1; rc && a <= TG_MAX(s.attempts, 1); a++) {
+                char keys[4][128], field[96], actual[24];
+                tg__billing_hold_keys(keys, field, s.tenant_id, s.key_id, s.request_id, a);
+                snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s.attempts, 1) ? s.cost : 0));
+                redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0],
+                                               keys[1], keys[2], keys[3], actual, field);
+                if (rep)
+                    freeReplyObject(rep);
+            }
+        } else {
+            fprintf(stderr, "ledger reconcile: %s: %s", s.request_id, PQerrorMessage(c));
+        }
+        PQclear(r);
+        free(text);
+        json_decref(batch);
+    }
+    PQclear(due);
+    if (rc)
+        redisFree(rc);
+    PQfinish(c);
+    printf("ledger reconcile: %d request(s) settled\n", settled);
+    return 0;
+}
