@@ -84,6 +84,10 @@ json_t *tg__billing_settlement_json(const tg_settlement_t *s);
 
 /** The reservations due for reconciliation: $1 older than (ms), $2 the live instances. */
 extern const char tg__billing_due_sql[];
+/** Row i of tg__billing_due_sql's result as the settlement the reconciliation rule
+ *  makes: estimated, at the reserved bound (charge_unknown) or at 0. Its strings point
+ *  into res. */
+tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charge_unknown);
 /** One reconciler turn (b->reconcile_timer): heart-beat, election, a pass if elected. */
 void tg__billing_reconcile_cb(uv_timer_t *t);
 

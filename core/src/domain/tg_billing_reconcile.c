@@ -36,26 +36,30 @@ const char tg__billing_due_sql[] =
     "AND NOT EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.request_id) "
     "GROUP BY r.request_id LIMIT 500";
 
+tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charge_unknown) {
+    int64_t amount = atoll(PQgetvalue(res, i, 4));
+    int last = TG_MAX(atoi(PQgetvalue(res, i, 1)), 1);
+    return (tg_settlement_t){
+        .request_id = PQgetvalue(res, i, 0),
+        .attempts = atoi(PQgetvalue(res, i, 1)),
+        .tenant_id = atoll(PQgetvalue(res, i, 2)),
+        .key_id = atoll(PQgetvalue(res, i, 3)),
+        .model = PQgetvalue(res, i, 5),
+        .cost = charge_unknown ? amount : 0,
+        .estimated = 1,
+        /* The billed attempt held nothing in Redis (money open): debit after commit. */
+        .unheld = !strcmp(PQgetvalue(res, i, 6), "t") && last <= 32 ? 1u << (last - 1) : 0,
+        .status = 0,
+        .ttft_ms = -1,
+    };
+}
+
 static void due_cb(void *ud, const PGresult *res, const char *err) {
     tg_billing_t *b = ud;
     if (err || b->stopping)
         return;
     for (int i = 0; i < PQntuples(res); i++) {
-        int64_t amount = atoll(PQgetvalue(res, i, 4));
-        int last = TG_MAX(atoi(PQgetvalue(res, i, 1)), 1);
-        tg_settlement_t s = {
-            .request_id = PQgetvalue(res, i, 0),
-            .attempts = atoi(PQgetvalue(res, i, 1)),
-            .tenant_id = atoll(PQgetvalue(res, i, 2)),
-            .key_id = atoll(PQgetvalue(res, i, 3)),
-            .model = PQgetvalue(res, i, 5),
-            .cost = b->cfg.charge_unknown ? amount : 0,
-            .estimated = 1,
-            /* The billed attempt held nothing in Redis (money open): debit after commit. */
-            .unheld = !strcmp(PQgetvalue(res, i, 6), "t") && last <= 32 ? 1u << (last - 1) : 0,
-            .status = 0,
-            .ttft_ms = -1,
-        };
+        tg_settlement_t s = tg__billing_due_settlement(res, i, b->cfg.charge_unknown);
         tg_billing_settle(b, &s);
         b->stats.reconciled++;
     }

@@ -149,17 +149,8 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
     }
     int settled = 0;
     for (int i = 0; i < PQntuples(due); i++) {
-        int64_t amount = atoll(PQgetvalue(due, i, 4));
-        tg_settlement_t s = {
-            .request_id = PQgetvalue(due, i, 0),
-            .attempts = atoi(PQgetvalue(due, i, 1)),
-            .tenant_id = atoll(PQgetvalue(due, i, 2)),
-            .key_id = atoll(PQgetvalue(due, i, 3)),
-            .model = PQgetvalue(due, i, 5),
-            .cost = charge_unknown ? amount : 0,
-            .estimated = 1,
-            .ttft_ms = -1,
-        };
+        tg_settlement_t s = tg__billing_due_settlement(due, i, charge_unknown);
+        s.unheld = 0; /* no live balance to debit here: Redis reloads it from Postgres */
         json_t *batch = json_array();
         json_array_append_new(batch, tg__billing_settlement_json(&s));
         char *text = json_dumps(batch, JSON_COMPACT);
