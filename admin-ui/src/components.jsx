@@ -204,20 +204,51 @@ export function Form({ onSubmit, submitLabel = 'Save', busyLabel = 'Saving…', 
   );
 }
 
-/** A modal dialog: children are its body; closes on Escape and on the backdrop. */
+const FOCUSABLE = 'a[href], button:not([disabled]), input:not([disabled]), select:not([disabled]), textarea:not([disabled]), [tabindex]:not([tabindex="-1"])';
+
+/**
+ * A modal dialog: children are its body; closes on Escape and on the backdrop. While it
+ * is open, Tab and Shift+Tab stay inside it; when it closes, focus returns to what had
+ * it before (the button that opened it), or to the page's main area if that is gone.
+ */
 export function Modal({ title, onClose, children, wide }) {
   const ref = useRef(null);
+  const closeRef = useRef(onClose);
+  closeRef.current = onClose;
   useEffect(() => {
-    const key = (e) => e.key === 'Escape' && onClose?.();
+    const opener = document.activeElement;
+    const key = (e) => {
+      if (e.key === 'Escape') closeRef.current?.();
+      if (e.key !== 'Tab' || !ref.current) return;
+      const items = [...ref.current.querySelectorAll(FOCUSABLE)].filter((el) => el.offsetParent !== null || el === document.activeElement);
+      if (!items.length) return;
+      const first = items[0];
+      const last = items[items.length - 1];
+      const inside = ref.current.contains(document.activeElement);
+      if (e.shiftKey && (document.activeElement === first || !inside)) {
+        e.preventDefault();
+        last.focus();
+      } else if (!e.shiftKey && (document.activeElement === last || !inside)) {
+        e.preventDefault();
+        first.focus();
+      }
+    };
     document.addEventListener('keydown', key);
-    ref.current?.querySelector('input, select, textarea, button.primary')?.focus();
-    return () => document.removeEventListener('keydown', key);
-  }, [onClose]);
+    (ref.current?.querySelector('input, select, textarea, button.primary') || ref.current)?.focus();
+    return () => {
+      document.removeEventListener('keydown', key);
+      // After the page re-renders (a list reloaded), the opener may be a new element.
+      setTimeout(() => {
+        if (opener && opener.isConnected && opener !== document.body) opener.focus();
+        else document.getElementById('main')?.focus();
+      }, 0);
+    };
+  }, []);
   return (
     <div class="modal-backdrop" onClick={(e) => e.target === e.currentTarget && onClose?.()}>
-      <div class={`modal ${wide ? 'wide' : ''}`} role="dialog" aria-modal="true" aria-label={title} ref={ref}>
+      <div class={`modal ${wide ? 'wide' : ''}`} role="dialog" aria-modal="true" aria-labelledby="modal-title" tabIndex={-1} ref={ref}>
         <header>
-          <h2>{title}</h2>
+          <h2 id="modal-title">{title}</h2>
           {onClose && (
             <button type="button" class="link close" aria-label="Close" onClick={onClose}>
               ×
@@ -306,8 +337,12 @@ export function Select({ name, initial, options }) {
   );
 }
 
-export function Badge({ kind = 'neutral', children }) {
-  return <span class={`badge badge-${kind}`}>{children}</span>;
+export function Badge({ kind = 'neutral', title, children }) {
+  return (
+    <span class={`badge badge-${kind}`} title={title}>
+      {children}
+    </span>
+  );
 }
 
 /** Copies text to the clipboard; falls back to selecting it where the API is missing

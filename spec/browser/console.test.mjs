@@ -259,6 +259,22 @@ test('groups and accounts: a group, an account on the mock serving it, a price',
   assert.match(await row('hand-written').locator('[data-testid="account-problem"]').textContent(), /base_url has no host/);
   await shot('accounts-broken');
 
+  // Live: a cooldown set elsewhere shows up and ends without a reload, as a compact badge;
+  // at 1280 px every action of the row stays on screen meanwhile.
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await db.exec("UPDATE accounts SET cooldown_until = now() + interval '4 seconds' WHERE name = 'mock-a'");
+  const healthCell = row('mock-a').locator('td[data-col="health"] .badge');
+  await page.waitForFunction(() => /^cooling · \d+ s$/.test(document.querySelector('tbody tr[data-row] td[data-col="health"] .badge')?.textContent.trim() ?? ''), null, { timeout: 6000 });
+  assert.match(await healthCell.getAttribute('title'), /cooling down until/);
+  for (const b of await row('mock-a').locator('td[data-col="actions"] button').all()) {
+    const box = await b.boundingBox();
+    assert.ok(box.x >= 0 && box.x + box.width <= 1280, `"${await b.textContent()}" is out of view at 1280 px: ${JSON.stringify(box)}`);
+  }
+  await row('mock-a').getByRole('button', { name: 'End cooldown' }).waitFor();
+  await shot('accounts-cooling');
+  await page.waitForFunction(() => document.querySelector('tbody tr[data-row] td[data-col="health"] .badge')?.textContent.trim() === 'ok', null, { timeout: 10000 });
+  await page.setViewportSize({ width: 1440, height: 900 });
+
   // Delete the two: gone from the list and the database.
   for (const name of ['hand-written', 'mock-refused']) {
     await row(name).getByRole('button', { name: 'Delete' }).click();
@@ -465,6 +481,69 @@ test('revoking the key in the console refuses the next call with 401', async () 
   await go('Dashboard');
   await page.locator('tr[data-route="chat_completions"][data-status="401"]').waitFor({ timeout: 15000 });
   await shot('dashboard-after-revoke');
+});
+
+/** axe-core's serious and critical findings on the current page (WCAG 2 A and AA). The
+ *  script is evaluated through the DevTools protocol, which the page's CSP does not govern. */
+async function axeSerious() {
+  if (!(await page.evaluate(() => typeof window.axe === 'object'))) {
+    const src = fs.readFileSync(path.join(REPO, 'spec', 'node_modules', 'axe-core', 'axe.min.js'), 'utf8');
+    await page.evaluate(src);
+  }
+  const res = await page.evaluate(async () => {
+    const r = await window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } });
+    return r.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical')
+      .map((v) => `${v.id} (${v.impact}): ${v.help} — ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(' | ')}`);
+  });
+  return res;
+}
+
+test('keyboard and accessibility: skip link, focus trapped in dialogs and given back, axe finds nothing serious', async () => {
+  await go('Tenants');
+  await row('acme').waitFor();
+  // The first Tab stop is the skip link; it takes focus to the page.
+  await page.reload();
+  await row('acme').waitFor();
+  await page.keyboard.press('Tab');
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent.trim()), 'Skip to content');
+  await page.keyboard.press('Enter');
+  assert.equal(await page.evaluate(() => document.activeElement?.id), 'main');
+
+  // A dialog opened from the keyboard keeps Tab inside and gives focus back on close.
+  await page.getByRole('button', { name: 'New tenant' }).focus();
+  await page.keyboard.press('Enter');
+  await modal().waitFor();
+  assert.equal(await page.evaluate(() => document.activeElement?.getAttribute('name')), 'name');
+  for (let i = 0; i < 12; i++) {
+    await page.keyboard.press('Tab');
+    assert.ok(await page.evaluate(() => !!document.activeElement?.closest('.modal')), `Tab ${i + 1} left the dialog`);
+  }
+  await page.keyboard.press('Shift+Tab');
+  assert.ok(await page.evaluate(() => !!document.activeElement?.closest('.modal')), 'Shift+Tab left the dialog');
+  await page.keyboard.press('Escape');
+  await modal().waitFor({ state: 'detached' });
+  await page.waitForFunction(() => document.activeElement?.textContent.trim() === 'New tenant');
+  // The same from a row's button.
+  await row('acme').getByRole('button', { name: 'Top up' }).focus();
+  await page.keyboard.press('Enter');
+  await modal().waitFor();
+  await page.keyboard.press('Escape');
+  await page.waitForFunction(() => document.activeElement?.textContent.trim() === 'Top up');
+
+  // axe-core on every page and on a dialog: no serious or critical violation.
+  const found = {};
+  for (const label of ['Dashboard', 'Tenants', 'Keys', 'Groups', 'Accounts', 'Prices', 'Plugins', 'Usage', 'Ledger', 'Capacity']) {
+    await go(label);
+    await page.locator('.spinner').first().waitFor({ state: 'detached' });
+    const v = await axeSerious();
+    if (v.length) found[label] = v;
+  }
+  await go('Accounts');
+  await row('mock-a').getByRole('button', { name: 'Edit' }).click();
+  const v = await axeSerious();
+  if (v.length) found['Accounts: edit dialog'] = v;
+  await modal().getByRole('button', { name: 'Cancel' }).click();
+  assert.deepEqual(found, {}, 'axe-core violations');
 });
 
 test('a phone (375 px): every page usable — menu, no sideways page scroll, tables scroll with the name held, actions reachable', async () => {

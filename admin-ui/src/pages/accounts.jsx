@@ -1,7 +1,7 @@
 // Upstream accounts: the pool the gateway routes to. Status, health (disabled, cooling
 // down, no credential), recent load from usage rows, enable/disable, clearing a
 // cooldown, and the groups each serves.
-import { useState } from 'preact/hooks';
+import { useEffect, useState } from 'preact/hooks';
 
 import { api, listAll } from '../api.js';
 import { Badge, Confirm, Empty, ErrorBox, Field, Form, Modal, Notice, PageHead, Select, Spinner, Table, useLoad } from '../components.jsx';
@@ -11,7 +11,11 @@ import { navigate } from '../router.js';
 export function health(a, now = Date.now()) {
   if (a.problem) return { kind: 'bad', text: 'broken', why: a.problem };
   if (a.status !== 'active') return { kind: 'neutral', text: 'disabled' };
-  if (a.cooldown_until && Date.parse(a.cooldown_until) > now) return { kind: 'warn', text: `cooling down until ${when(a.cooldown_until)}` };
+  if (a.cooldown_until && Date.parse(a.cooldown_until) > now) {
+    const left = Math.ceil((Date.parse(a.cooldown_until) - now) / 1000);
+    const text = left < 120 ? `${left} s` : left < 7200 ? `${Math.round(left / 60)} min` : `${Math.round(left / 3600)} h`;
+    return { kind: 'warn', text: `cooling · ${text}`, title: `cooling down until ${when(a.cooldown_until)}` };
+  }
   if (!a.has_credential) return { kind: 'warn', text: 'no credential' };
   return { kind: 'ok', text: 'ok' };
 }
@@ -205,23 +209,39 @@ function TestResult({ r }) {
   );
 }
 
+/** Accounts and groups are read again every REFRESH_MS while the page is visible (a
+ *  cooldown starts and ends in seconds); the past hour's usage every USAGE_MS. */
+const REFRESH_MS = 2000;
+const USAGE_MS = 30000;
+
 export function Accounts() {
   const { data, error, loading, reload } = useLoad(async () => {
-    const since = new Date(Date.now() - 3600e3).toISOString();
-    const [accounts, groups, recent] = await Promise.all([
-      listAll('/accounts'),
-      listAll('/groups'),
-      // Load over the past hour, from usage rows; without usage rows this is empty.
-      listAll('/usage', { query: { from: since }, limit: 1000, maxRows: 5000 }).catch(() => []),
-    ]);
-    return { accounts, groups, recent };
+    const [accounts, groups] = await Promise.all([listAll('/accounts'), listAll('/groups')]);
+    return { accounts, groups };
   });
+  const usage = useLoad(async () => {
+    const since = new Date(Date.now() - 3600e3).toISOString();
+    // Load over the past hour, from usage rows; without usage rows this is empty.
+    return listAll('/usage', { query: { from: since }, limit: 1000, maxRows: 5000 }).catch(() => []);
+  });
+  const [, setTick] = useState(0);
+  useEffect(() => {
+    let n = 0;
+    const t = setInterval(() => {
+      if (document.hidden) return;
+      n += 1;
+      reload();
+      if ((n * REFRESH_MS) % USAGE_MS === 0) usage.reload();
+      setTick(n); // countdowns move even when nothing changed
+    }, REFRESH_MS);
+    return () => clearInterval(t);
+  }, [reload, usage.reload]);
   const [editing, setEditing] = useState(null);
   const [testing, setTesting] = useState(null);
   const [confirm, setConfirm] = useState(null);
   const accounts = data?.accounts || [];
   const groups = data?.groups || [];
-  const recent = data?.recent || [];
+  const recent = usage.data || [];
 
   const load = (a) => {
     const rs = recent.filter((r) => r.account_id === a.id);
@@ -256,7 +276,9 @@ export function Accounts() {
         const h = health(a);
         return (
           <>
-            <Badge kind={h.kind}>{h.text}</Badge>
+            <Badge kind={h.kind} title={h.title}>
+              {h.text}
+            </Badge>
             {h.why && <div class="bad small-text" data-testid="account-problem">{h.why}</div>}
           </>
         );
