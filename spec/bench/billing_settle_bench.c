@@ -1,6 +1,6 @@
 /*
  * The gateway's settlement path without HTTP: billing (core/src/domain/tg_billing*.c, linked from
- * libtollgate_core.a) against a real Postgres and Redis, driven the way tg_proxy.c
+ * libtollgate_core.a) against a real Postgres and Redis, driven the way the pipeline (app/tg_proxy*.c)
  * drives it — tg_billing_reserve (the Redis hold; its `reserve` element joins the
  * settlement queue), then, once reserved, tg_billing_settle with the request's usage
  * (the hold's unused part goes back in Redis; the settlement element joins the queue) —
@@ -88,7 +88,7 @@ static void reserved_cb(void *ud, int status, const char *code, const char *msg)
         pump(w);
         return;
     }
-    /* The upstream answered: settle the usage it reported, as tg_proxy.c does at the end
+    /* The upstream answered: settle the usage it reported, as tg_proxy_settle.c does at the end
      * of a request. Distinct numbers per request (a real mix, not one repeated row). */
     long i = w->settled_calls;
     tg_usage_t u = {.input = 200 + i % 300, .output = 50 + i % 150, .known = TG_USAGE_INPUT | TG_USAGE_OUTPUT};

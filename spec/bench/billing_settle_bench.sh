@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The gateway's settlement path without HTTP (issue 7, item 8: "sustained settlements per
 # second, at least 5,000/s on this two-core machine with grouping"). billing_settle_bench.c
-# links the gateway's own billing (tg_billing*.c in libtollgate_core.a) and drives it as tg_proxy.c
+# links the gateway's own billing (tg_billing*.c in libtollgate_core.a) and drives it as the pipeline (app/tg_proxy*.c)
 # does — reserve, then settle with the usage — for N distinct requests as fast as the API
 # accepts them, with 1 and with 2 billing instances (threads, like gateway workers),
 # against a private Postgres 15 (fsync and synchronous_commit ON: durable) and Redis 7.

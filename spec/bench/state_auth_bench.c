@@ -10,7 +10,7 @@
  * the ones tollgate issues), asks for keys 1..W once so that every one is cached (the
  * misses go to Postgres through the real pool), then times ITERATIONS lookups cycling
  * over the W keys, best of 3 runs, each case right after a fresh warm-up. One lookup is
- * what phase_auth in tg_proxy.c does per request with a warm cache:
+ * what tg__phase_auth in tg_proxy_intake.c does per request with a warm cache:
  *
  *   SHA-256 of the presented key (EVP_Digest with an EVP_MD fetched once, as
  *   phase_auth does), tg_state_auth (hash bucket, compare, TTL check, reference),

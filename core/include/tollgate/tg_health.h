@@ -3,7 +3,7 @@
  * exponentially weighted moving averages, requests in flight, and the cooldown state
  * machine (healthy -> cooling until T -> half-open: one trial request -> healthy, or
  * cooling again for longer). Nothing here does I/O: the pipeline (cool_account in
- * app/tg_proxy.c) also writes a cooldown to Postgres (accounts.cooldown_until, only ever
+ * app/tg_proxy_route.c) also writes a cooldown to Postgres (accounts.cooldown_until, only ever
  * extended) so every instance sees it on its next snapshot reload.
  */
 #ifndef TOLLGATE_TG_HEALTH_H

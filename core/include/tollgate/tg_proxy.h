@@ -2,7 +2,7 @@
  * The data-plane pipeline: a request to a /v1/ route walks phases (auth, parse,
  * plugins, admission, account selection, slot, reservation, the upstream call) and its
  * answer streams back as it arrives; at the end it is settled, released and logged.
- * See the top of app/tg_proxy.c for the phases.
+ * See the top of app/tg_proxy.c for the phases and the files that hold them.
  *
  * Called by the router (tg_router.h) with the route already set on the request; uses the
  * subsystems of the request's worker (tg_worker.h).

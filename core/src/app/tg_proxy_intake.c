@@ -1,0 +1,260 @@
+/*
+ * The pipeline's first phases (tg_proxy.c runs them): who calls and what they ask.
+ *
+ *   auth     the key from Authorization or x-api-key, hashed and looked up (tg_state;
+ *            asynchronous on a cache miss), checked: active, not expired, the address
+ *   parse    the body read as JSON (a model route's), the members the gateway reads
+ *            checked: model, messages or input, stream, stream_options (the usage
+ *            chunk is asked for); count_tokens answered here
+ *   plugins  the plugin context filled, on_request and map_model run, the key's model
+ *            restrictions applied to the model that will be served
+ */
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#include "tg_proxy_internal.h"
+
+static void cleanup_auth_wait(proxy_req_t *p) { tg_state_auth_cancel(p->auth_wait); }
+
+static void cleanup_principal(proxy_req_t *p) { tg_principal_release(p->principal); }
+
+static void cleanup_json(proxy_req_t *p) {
+    if (p->json)
+        json_decref(p->json);
+}
+
+static void cleanup_plugins(proxy_req_t *p) {
+    if (p->ctx_on)
+        tg_plugins_end(p->pw->ctx->plugins, &p->ctx);
+}
+
+/* ---- phase: auth -------------------------------------------------------------------- */
+
+static int auth_check(proxy_req_t *p, tg_principal_t *pr) {
+    tg_request_t *req = p->req;
+    p->principal = pr;
+    tg__cleanup_add(p, cleanup_principal);
+    if (!pr)
+        return tg__proxy_fail(p, 401, "invalid_request_error", "invalid_api_key", "invalid API key");
+    if (!pr->active)
+        return tg__proxy_fail(p, 401, "invalid_request_error", "invalid_api_key", "this API key has been revoked or its tenant suspended");
+    if (pr->expires_at_ms && (int64_t)tg_wall_ms() >= pr->expires_at_ms)
+        return tg__proxy_fail(p, 401, "invalid_request_error", "invalid_api_key", "this API key has expired");
+    if (!tg_principal_allows_ip(pr, req->client_ip))
+        return tg__proxy_fail(p, 403, "permission_error", "ip_not_allowed", "this API key may not be used from this address");
+    return TG_OK;
+}
+
+static void auth_done(void *ud, tg_principal_t *pr, const char *err) {
+    proxy_req_t *p = ud;
+    p->auth_wait = NULL;
+    if (err) {
+        tg_principal_release(pr);
+        tg_log_warn("request %s: key lookup failed: %s", p->req->id, err);
+        tg__proxy_fail(p, 503, "server_error", "auth_unavailable", "the key could not be checked; try again");
+        return;
+    }
+    if (auth_check(p, pr) == TG_OK)
+        tg__proxy_run(p);
+}
+
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_free(void) { EVP_MD_free(sha256_md); }
+
+static void sha256_fetch(void) {
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    atexit(sha256_free);
+}
+
+int tg__phase_auth(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    tg_str_t key = {NULL, 0};
+    const tg_str_t *h = tg_request_header(req, "authorization");
+    if (h && h->len > 7 && strncasecmp(h->p, "Bearer ", 7) == 0) {
+        key.p = h->p + 7;
+        key.len = h->len - 7;
+        while (key.len && key.p[0] == ' ') {
+            key.p++;
+            key.len--;
+        }
+    } else if ((h = tg_request_header(req, "x-api-key")) != NULL) {
+        key = *h;
+    }
+    if (!key.len)
+        return tg__proxy_fail(p, 401, "invalid_request_error", "invalid_api_key",
+                              "missing API key: send Authorization: Bearer <key>");
+    unsigned char digest[32];
+    /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: fetch it once. */
+    pthread_once(&sha256_once, sha256_fetch);
+    EVP_MD_CTX *sha = p->pw->sha;
+    if (!sha256_md || !sha || !EVP_DigestInit_ex(sha, sha256_md, NULL) || !EVP_DigestUpdate(sha, key.p, key.len) ||
+        !EVP_DigestFinal_ex(sha, digest, NULL))
+        SHA256((const unsigned char *)key.p, key.len, digest);
+    tg_principal_t *pr = NULL;
+    int rc = tg_state_auth(p->pw->ctx->state, digest, auth_done, p, &pr, &p->auth_wait);
+    if (rc == TG_AGAIN) {
+        tg__cleanup_add(p, cleanup_auth_wait);
+        return TG_AGAIN;
+    }
+    return auth_check(p, pr);
+}
+
+/* ---- phase: parse ------------------------------------------------------------------- */
+
+int tg__phase_parse(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    if (!tg__is_model_route(req->route))
+        return TG_OK;
+    json_error_t jerr;
+    p->json = tg_json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    tg__cleanup_add(p, cleanup_json);
+    if (!p->json) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
+        return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_json", msg);
+    }
+    if (!json_is_object(p->json))
+        return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_request", "request body must be a JSON object");
+    /* Integers beyond int64 are kept where they are data (tool schemas, arguments); a
+     * top-level parameter that big is never meaningful, and the gateway reads some. */
+    const char *key;
+    json_t *val;
+    json_object_foreach(p->json, key, val) {
+        if (tg_json_is_big(val, NULL, NULL)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "%.64s: integer out of range", key);
+            return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_number", msg);
+        }
+    }
+    json_t *model = json_object_get(p->json, "model");
+    if (!model)
+        return tg__proxy_fail(p, 400, "invalid_request_error", "missing_model", "you must provide a model parameter");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) >= sizeof(p->model))
+        return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_model", "model must be a non-empty string");
+    snprintf(p->model, sizeof(p->model), "%s", json_string_value(model));
+    if (p->proto == TG_PROTO_OPENAI_CHAT || p->proto == TG_PROTO_ANTHROPIC) {
+        json_t *messages = json_object_get(p->json, "messages");
+        if (!json_is_array(messages))
+            return tg__proxy_fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
+    } else if (p->proto == TG_PROTO_RESPONSES) {
+        json_t *input = json_object_get(p->json, "input");
+        if (!json_is_string(input) && !json_is_array(input))
+            return tg__proxy_fail(p, 400, "invalid_request_error", "missing_input", "input must be a string or an array");
+    } else {
+        json_t *input = json_object_get(p->json, "input");
+        if (!json_is_string(input) && !json_is_array(input))
+            return tg__proxy_fail(p, 400, "invalid_request_error", "missing_input", "input must be a string or an array");
+    }
+    json_t *stream = json_object_get(p->json, "stream");
+    if (stream && !json_is_boolean(stream) && !json_is_null(stream))
+        return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_stream", "stream must be a boolean");
+    p->stream = json_is_true(stream) && p->proto != TG_PROTO_EMBEDDINGS;
+    if (p->req->route == TG_ROUTE_MESSAGES && strcmp(p->path, "/v1/messages/count_tokens") == 0) {
+        /* Anthropic's count_tokens: a local estimate, no upstream call. */
+        int64_t n = tg_estimate_tokens(TG_PROTO_ANTHROPIC, p->json);
+        char body[64];
+        int len = snprintf(body, sizeof(body), "{\"input_tokens\":%lld}", (long long)TG_MAX(n, 1));
+        tg_response_send(p->req, 200, "application/json", NULL, body, (size_t)len);
+        return TG_DONE;
+    }
+    if (p->stream && p->proto == TG_PROTO_OPENAI_CHAT) {
+        /* Ask for the usage chunk; remember whether the client wanted it. */
+        json_t *so = json_object_get(p->json, "stream_options");
+        if (so && !json_is_object(so) && !json_is_null(so))
+            return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_stream_options",
+                                  "stream_options must be an object");
+        if (!json_is_object(so)) {
+            so = json_object();
+            json_object_set_new(p->json, "stream_options", so);
+        }
+        if (!json_is_true(json_object_get(so, "include_usage"))) {
+            p->at.strip_usage_chunk = p->strip_usage_orig = 1;
+            json_object_set_new(so, "include_usage", json_true());
+            p->json_dirty |= DIRTY_STREAM_OPTIONS;
+        }
+    }
+    return TG_OK;
+}
+
+/* ---- phase: plugins (on_request, map_model) ----------------------------------------- */
+
+/* A plugin's refusal, in the client's protocol's error shape (tg__proxy_fail_ex). The code is the
+ * plugin's own text: letters, digits, '_', '-' and '.' pass, anything else becomes '_',
+ * so it can stand in the JSON body unescaped. */
+int tg__plugin_reject(proxy_req_t *p) {
+    tg_hookctx_t *c = &p->ctx;
+    int status = c->reject_status >= 400 && c->reject_status < 600 ? c->reject_status : 403;
+    char code[sizeof(c->reject_code)];
+    size_t n = 0;
+    for (; c->reject_code[n] && n + 1 < sizeof(code); n++) {
+        char ch = c->reject_code[n];
+        code[n] = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                          ch == '-' || ch == '.'
+                      ? ch
+                      : '_';
+    }
+    code[n] = '\0';
+    p->error = "rejected_by_plugin"; /* the access log's; code lives on this stack */
+    return tg__proxy_answer_error(p, status,
+                                  status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error",
+                                  n ? code : "rejected", c->reject_message[0] ? c->reject_message : "rejected by policy", NULL);
+}
+
+int tg__phase_plugins(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    tg_plugins_t *pl = p->pw->ctx->plugins;
+    if (!pl || !tg__is_model_route(req->route))
+        return TG_OK;
+    tg_hookctx_t *c = &p->ctx;
+    tg_plugins_begin(pl, c);
+    p->ctx_on = 1;
+    tg__cleanup_add(p, cleanup_plugins);
+    for (int i = 0; i < req->nheaders; i++)
+        p->hdrs[i] = (tg_ffi_header_t){req->headers[i].name.p, req->headers[i].name.len, req->headers[i].value.p,
+                                       req->headers[i].value.len};
+    c->headers = p->hdrs;
+    c->nheaders = req->nheaders;
+    c->request_id = req->id;
+    c->request_id_len = strlen(req->id);
+    static const char *const routes[] = {"chat", "messages", "responses", "embeddings"};
+    c->route = routes[p->proto];
+    c->route_len = strlen(c->route);
+    c->protocol = tg_translate_proto_name(p->proto);
+    c->protocol_len = strlen(c->protocol);
+    if (p->principal && p->principal->key_id) {
+        snprintf(p->key_id_s, sizeof(p->key_id_s), "%lld", (long long)p->principal->key_id);
+        snprintf(p->tenant_id_s, sizeof(p->tenant_id_s), "%lld", (long long)p->principal->tenant_id);
+        snprintf(c->group, sizeof(c->group), "%.63s", p->principal->group_name);
+        c->group_len = strlen(c->group);
+        tg_plugins_use_group(pl, c, p->principal->group_id, p->principal->group_plugins);
+    }
+    c->key_id = p->key_id_s;
+    c->key_id_len = strlen(p->key_id_s);
+    c->tenant_id = p->tenant_id_s;
+    c->tenant_id_len = strlen(p->tenant_id_s);
+    c->stream = p->stream;
+    json_t *mt = json_object_get(p->json, "max_completion_tokens");
+    if (!json_is_integer(mt))
+        mt = json_object_get(p->json, "max_tokens");
+    c->max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    tg_plugins_ctx_set_model(c, p->model, strlen(p->model));
+    if (tg_plugins_has_hook(pl, c, TG_HOOK_ON_REQUEST) && tg_plugins_run(pl, TG_HOOK_ON_REQUEST, c) == TG_DONE)
+        return tg__plugin_reject(p);
+    if (tg_plugins_has_hook(pl, c, TG_HOOK_MAP_MODEL) && tg_plugins_run(pl, TG_HOOK_MAP_MODEL, c) == TG_DONE)
+        return tg__plugin_reject(p);
+    if (c->model_len && (c->model_len != strlen(p->model) || memcmp(c->model, p->model, c->model_len) != 0)) {
+        snprintf(p->model, sizeof(p->model), "%.*s", (int)c->model_len, c->model);
+        json_object_set_new(p->json, "model", json_string(p->model));
+        p->json_dirty |= DIRTY_MODEL;
+    }
+    /* The key's model restrictions apply to the model that will be served. */
+    if (p->principal && !tg_principal_allows_model(p->principal, p->model))
+        return tg__proxy_fail(p, 403, "permission_error", "model_not_allowed", "this API key may not use this model");
+    return TG_OK;
+}

@@ -1,0 +1,478 @@
+/*
+ * Where an attempt goes (tg_proxy.c runs these phases) and what happens when it fails:
+ *
+ *   sticky   a conversation's bound account, read from Redis
+ *   select   the key's group's accounts in order of preference (tg_select, then the
+ *            select_account hook), or the config file's static upstream
+ *   slot     the first account in that order whose concurrency slot is free (a Redis
+ *            lease, renewed while the call runs); all full: wait, bounded
+ *
+ *   tg__maybe_retry  the one place that decides a retry after a failed attempt
+ *            (tg_proxy_relay.c calls it): health and cooldown, the on_upstream_error
+ *            hook or the default, the failed attempt's hold returned, the attempt state
+ *            zeroed and the pipeline resumed at select
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tg_proxy_internal.h"
+
+static void cleanup_sticky(proxy_req_t *p) {
+    if (p->sticky_rq)
+        tg_redis_cancel(p->sticky_rq);
+}
+
+void tg__cleanup_snapshot(proxy_req_t *p) { tg_snapshot_release(p->snap); }
+
+/* ---- phase: sticky ------------------------------------------------------------------ */
+
+/*
+ * A conversation stays on the account that holds its prompt cache. The binding's source,
+ * first found: the x-session-id header, the body's prompt_cache_key, previous_response_id,
+ * or — for a conversation of two messages or more — the hash of its first two messages
+ * (the same opening means the same conversation). The binding lives in Redis for an hour
+ * and is left at once when the bound account is cooling, saturated, failing (error EWMA
+ * ≥ 0.5) or slow (TTFT EWMA over 30 s).
+ */
+static void sticky_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->sticky_rq = NULL;
+    if (!err && r && r->type == REDIS_REPLY_STRING)
+        p->sticky_account = atoll(r->str);
+    tg__proxy_run(p);
+}
+
+int tg__phase_sticky(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    if (!pr || !pr->group_id || !redis || !p->json || p->attempt > 1)
+        return TG_OK;
+    tg_buf_t src;
+    tg_buf_init(&src);
+    const tg_str_t *h = tg_request_header(p->req, "x-session-id");
+    json_t *pck = json_object_get(p->json, "prompt_cache_key");
+    json_t *prev = json_object_get(p->json, "previous_response_id");
+    json_t *msgs = json_object_get(p->json, "messages");
+    if (h && h->len) {
+        tg_buf_appends(&src, "s:");
+        tg_buf_append(&src, h->p, TG_MIN(h->len, (size_t)256));
+    } else if (json_is_string(pck)) {
+        tg_buf_appends(&src, "c:");
+        tg_buf_appends(&src, json_string_value(pck));
+    } else if (json_is_string(prev)) {
+        tg_buf_appends(&src, "r:");
+        tg_buf_appends(&src, json_string_value(prev));
+    } else if (json_is_array(msgs) && json_array_size(msgs) >= 3) {
+        /* A continued conversation (its opening plus an answer and a new turn). */
+        for (size_t i = 0; i < 2; i++) {
+            char *m = tg_json_dumps(json_array_get(msgs, i), JSON_COMPACT | JSON_SORT_KEYS);
+            if (m)
+                tg_buf_appends(&src, m);
+            free(m);
+        }
+    }
+    if (!src.len) {
+        tg_buf_free(&src);
+        return TG_OK;
+    }
+    char hex[65];
+    tg_sha256_hex(src.data, src.len, hex);
+    tg_buf_free(&src);
+    snprintf(p->sticky_key, sizeof(p->sticky_key), "sticky:{g:%lld}:%.32s", (long long)pr->group_id, hex);
+    const char *argv[2] = {"GET", p->sticky_key};
+    p->sticky_rq = tg_redis_command(redis, sticky_got, p, 2, argv, NULL);
+    tg__cleanup_add(p, cleanup_sticky);
+    return p->sticky_rq ? TG_AGAIN : TG_OK;
+}
+
+void tg__sticky_bind(proxy_req_t *p) {
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    if (!p->sticky_key[0] || !p->at.account || !redis)
+        return;
+    char id[24];
+    snprintf(id, sizeof(id), "%lld", (long long)p->at.account->id);
+    const char *argv[5] = {"SET", p->sticky_key, id, "EX", "3600"};
+    tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
+}
+
+/* ---- phase: select ------------------------------------------------------------------ */
+
+static int was_tried(const proxy_req_t *p, int64_t id) {
+    for (int i = 0; i < p->ntried; i++)
+        if (p->tried[i] == id)
+            return 1;
+    return 0;
+}
+
+static void models_from_group(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    json_t *list = json_array();
+    for (int i = 0; i < pr->ngroup_models; i++) {
+        if (!tg_principal_allows_model(pr, pr->group_models[i]))
+            continue;
+        json_array_append_new(list, json_pack("{s:s,s:s,s:i,s:s}", "id", pr->group_models[i], "object", "model",
+                                              "created", 0, "owned_by", "tollgate"));
+    }
+    json_t *doc = json_pack("{s:s,s:o}", "object", "list", "data", list);
+    char *s = json_dumps(doc, JSON_COMPACT);
+    tg_response_send(p->req, 200, "application/json", NULL, s, strlen(s));
+    free(s);
+    json_decref(doc);
+}
+
+/* What the upstream speaks: an Anthropic account speaks Messages; an OpenAI one speaks
+ * the client's OpenAI protocol, or chat completions for an Anthropic client. */
+static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider) {
+    if (!strcmp(provider, "anthropic"))
+        return TG_PROTO_ANTHROPIC;
+    return p->proto == TG_PROTO_ANTHROPIC ? TG_PROTO_OPENAI_CHAT : p->proto;
+}
+
+/* Fills p->order through tg_select (the default order, no plugin) and returns how many. */
+static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky) {
+    *q = (tg_select_t){
+        .group_id = p->principal->group_id,
+        .model = p->req->route == TG_ROUTE_MODELS ? "" : p->model,
+        .now_ms = (int64_t)tg_wall_ms(),
+        .openai_only = p->proto == TG_PROTO_EMBEDDINGS, /* embeddings are not translated */
+        .avoid = p->retry_other ? p->tried : NULL,
+        .navoid = p->retry_other ? p->ntried : 0,
+        .sticky = p->attempt == 1 ? p->sticky_account : 0,
+    };
+    return tg_select(p->snap, p->pw->ctx->health, q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), sticky);
+}
+
+int tg__phase_select(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    proxy_worker_t *pw = p->pw;
+    if (!pr || !pr->group_id || !pw->ctx->accounts) {
+        p->at.up = pw->ctx->upstream;
+        p->at.credential = p->req->worker->gw->cfg->upstream.api_key;
+        p->at.up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider);
+        if (p->proto == TG_PROTO_EMBEDDINGS && p->at.up_proto != TG_PROTO_EMBEDDINGS)
+            return tg__proxy_fail(p, 400, "invalid_request_error", "unsupported", "embeddings need an OpenAI upstream");
+        if (!p->at.up)
+            return tg__proxy_fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
+        return TG_OK;
+    }
+    if (p->req->route == TG_ROUTE_MODELS && pr->ngroup_models > 0) {
+        models_from_group(p);
+        return TG_DONE;
+    }
+    if (!p->snap && (p->snap = tg_accounts_snapshot(pw->ctx->accounts)) != NULL)
+        tg__cleanup_add(p, tg__cleanup_snapshot);
+    if (!p->snap) {
+        /* Just started: the first snapshot is on its way; wait for it (up to 3 s). */
+        if (tg_now_ns() - p->req->start_ns < 3000000000ull) {
+            return tg__run_phase_later(p, PH_SELECT, 20);
+        }
+        return tg__proxy_fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
+    }
+    /* The accounts to try, best first: a bounded sample of the group (tg_select.h). */
+    int sticky = 0;
+    tg_select_t q;
+    int n = select_order(p, &q, &sticky);
+    if (n == 0) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", q.model);
+        return tg__proxy_fail(p, 503, "server_error", "no_account_available", msg);
+    }
+    tg_plugins_t *pl = pw->ctx->plugins;
+    if (!sticky && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
+        /* The routing plugin scores the sampled candidates (at most TG_SELECT_MAX); its
+         * choice goes first, the rest keep their order for when its slot is full. */
+        for (int i = 0; i < n; i++) {
+            const tg_account_t *acc = p->order[i];
+            tg_health_entry_t *e = tg_health_get(pw->ctx->health, acc->id);
+            tg_ffi_account_t *fa = &p->accts[i];
+            memset(fa, 0, sizeof(*fa));
+            fa->id = acc->name;
+            fa->id_len = strlen(acc->name);
+            fa->region = "";
+            fa->priority = acc->priority;
+            fa->max_concurrency = acc->concurrency;
+            fa->inflight = e->inflight;
+            fa->sticky = acc->id == p->sticky_account;
+            fa->tried = was_tried(p, acc->id);
+            fa->error_ewma = e->err_ewma;
+            fa->ttft_ewma_ms = e->ttft_ewma_ms;
+            fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - q.now_ms) : -1;
+            fa->cost = atof(acc->cost_multiplier);
+        }
+        p->ctx.accounts = p->accts;
+        p->ctx.naccounts = n;
+        p->ctx.selected = -1;
+        if (tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &p->ctx) == TG_DONE)
+            return tg__plugin_reject(p);
+        if (p->ctx.selected > 0 && p->ctx.selected < n) {
+            const tg_account_t *chosen = p->order[p->ctx.selected];
+            memmove(&p->order[1], &p->order[0], (size_t)p->ctx.selected * sizeof(p->order[0]));
+            p->order[0] = chosen;
+        }
+    }
+    p->norder = n;
+    p->next_order = 0;
+    return TG_OK;
+}
+
+/* ---- phase: slot -------------------------------------------------------------------- */
+
+static void use_account(proxy_req_t *p, const tg_account_t *acc) {
+    p->at.account = acc;
+    tg_health_get(p->pw->ctx->health, acc->id)->picks += 1;
+    p->at.up_proto = upstream_proto(p, acc->provider);
+    p->at.up = acc->upstream;
+    p->at.credential = acc->credential;
+    if (p->json) {
+        const char *mapped = tg_account_map_model(acc, p->model);
+        json_object_set_new(p->json, "model", json_string(mapped));
+        if (strcmp(mapped, p->model) != 0)
+            p->json_dirty |= DIRTY_MODEL;
+    }
+}
+
+static void slot_release(proxy_req_t *p) {
+    if (p->slot_timer)
+        uv_timer_stop(p->slot_timer);
+    if (!p->slot_account)
+        return;
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    if (redis) {
+        char key[64];
+        snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
+        const char *argv[2] = {key, p->req->id};
+        tg_redis_eval(redis, p->pw->slot_release_script, 1, 2, argv, NULL, NULL, NULL);
+    }
+    p->slot_account = 0;
+}
+
+/* The account slot: the lookup in flight, the lease, its renewal timer. */
+static void cleanup_slot(proxy_req_t *p) {
+    if (p->slot_rq)
+        tg_redis_cancel(p->slot_rq);
+    slot_release(p);
+    if (p->slot_timer)
+        uv_close((uv_handle_t *)p->slot_timer, (uv_close_cb)free);
+}
+
+static int slot_try(proxy_req_t *p);
+
+static void slot_renew_cb(uv_timer_t *t) {
+    proxy_req_t *p = t->data;
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    if (!p->slot_account || !redis)
+        return;
+    char key[64], ttl[16];
+    snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
+    snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
+    const char *argv[4] = {key, p->req->id, "1000000000", ttl};
+    tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, NULL, NULL);
+}
+
+static void slot_renew_start(proxy_req_t *p) {
+    if (!p->slot_timer) {
+        p->slot_timer = malloc(sizeof(uv_timer_t));
+        uv_timer_init(&p->req->worker->loop, p->slot_timer);
+        p->slot_timer->data = p;
+    }
+    uint64_t every = (uint64_t)TG_MAX(p->req->worker->gw->cfg->limiter.lease_ttl_ms / 3, 100);
+    uv_timer_start(p->slot_timer, slot_renew_cb, every, every);
+}
+
+static void slot_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->slot_rq = NULL;
+    const tg_account_t *acc = p->order[p->next_order];
+    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+        /* The slot store is down: the account's own limit is enforced per worker only. */
+        use_account(p, acc);
+        tg__proxy_run(p);
+        return;
+    }
+    if (r->integer == 1) {
+        p->slot_account = acc->id;
+        slot_renew_start(p);
+        use_account(p, acc);
+        tg__proxy_run(p);
+        return;
+    }
+    p->next_order++;
+    if (slot_try(p) == TG_OK)
+        tg__proxy_run(p);
+}
+
+/* Takes the first account in order whose slot is free. TG_AGAIN while asking Redis. */
+static int slot_try(proxy_req_t *p) {
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    while (p->next_order < p->norder) {
+        const tg_account_t *acc = p->order[p->next_order];
+        tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, acc->id);
+        if (acc->concurrency > 0 && e->inflight >= acc->concurrency) {
+            p->next_order++;
+            continue;
+        }
+        if (acc->concurrency <= 0 || !redis) {
+            use_account(p, acc);
+            return TG_OK;
+        }
+        char key[64], limit[16], ttl[16];
+        snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)acc->id);
+        snprintf(limit, sizeof(limit), "%d", acc->concurrency);
+        snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
+        const char *argv[4] = {key, p->req->id, limit, ttl};
+        p->slot_rq = tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, slot_got, p);
+        if (p->slot_rq)
+            return TG_AGAIN;
+        use_account(p, acc);
+        return TG_OK;
+    }
+    /* Every account is full: wait for a slot (bounded like the key's wait queue), polling
+     * with jitter since slots free on any instance. */
+    uint64_t now = tg_now_ms();
+    if (!p->slot_wait_since)
+        p->slot_wait_since = now;
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    if (now - p->slot_wait_since < (uint64_t)cfg->limiter.queue_timeout_ms && p->norder > 0) {
+        uint32_t r = 0;
+        tg_random_bytes(&r, sizeof(r));
+        /* A fresh sample for the next poll: in a group larger than the sample, accounts
+         * that were not drawn this time may have free slots. */
+        tg_select_t q;
+        int sticky, n = select_order(p, &q, &sticky);
+        if (n > 0)
+            p->norder = n;
+        p->next_order = 0;
+        return tg__run_phase_later(p, PH_SLOT, 20 + r % 30);
+    }
+    return tg__proxy_fail_ex(p, 429, "rate_limit_error", "accounts_busy",
+                             "every upstream account of this group is at its concurrency limit; retry shortly",
+                             "Retry-After: 1\r\n");
+}
+
+int tg__phase_slot(proxy_req_t *p) {
+    if (!p->norder)
+        return TG_OK; /* the static upstream */
+    tg__cleanup_add(p, cleanup_slot);
+    return slot_try(p);
+}
+
+/* ---- retries and failover ----------------------------------------------------------- */
+
+int tg__retryable_status(int st) { return st == 429 || st == 529 || st == 401 || st == 403 || st == 408 || st >= 500; }
+
+int tg__can_retry(const proxy_req_t *p) {
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    uint64_t elapsed = (tg_now_ns() - p->req->start_ns) / 1000000;
+    return p->at.account && !p->req->resp_started && tg__is_model_route(p->req->route) &&
+           p->attempt < cfg->routing.max_attempts &&
+           elapsed < (uint64_t)cfg->routing.deadline_ms;
+}
+
+static void cooldown_persisted(void *ud, const PGresult *res, const char *err) {
+    TG_UNUSED(res);
+    tg_state_t *st = ud;
+    if (!err)
+        tg_state_publish_accounts(st);
+}
+
+/* Cools the account here and, through Postgres, everywhere (extends, never shortens). */
+static void cool_account(proxy_req_t *p, int64_t ms) {
+    if (!p->at.account || ms <= 0)
+        return;
+    int64_t now = (int64_t)tg_wall_ms();
+    int64_t until = tg_health_cool(tg_health_get(p->pw->ctx->health, p->at.account->id), now, ms);
+    tg_log_info("request %s: account %s cools down for %lld ms (upstream %d)", p->req->id, p->at.account->name,
+                (long long)(until - now), p->at.upstream_status);
+    tg_pg_t *pg = tg_state_pg(p->pw->ctx->state);
+    if (!pg)
+        return;
+    char id[24], ts[32];
+    snprintf(id, sizeof(id), "%lld", (long long)p->at.account->id);
+    snprintf(ts, sizeof(ts), "%lld", (long long)until);
+    const char *params[2] = {id, ts};
+    tg_pg_query(pg,
+                "UPDATE accounts SET cooldown_until = greatest(coalesce(cooldown_until, to_timestamp(0)), "
+                "to_timestamp($2::bigint / 1000.0)) WHERE id = $1::bigint",
+                2, params, cooldown_persisted, p->pw->ctx->state);
+}
+
+/*
+ * One place decides retries: the on_upstream_error hook when a plugin implements it,
+ * else the default: 429/529/401/403 move to another account (the failing one cools
+ * down), 5xx, timeouts and resets move too after a short backoff with jitter; nothing
+ * retries once a byte reached the client, past the attempt limit, or past the deadline.
+ * Returns 1 when a retry was scheduled (the request continues), 0 to give up.
+ */
+int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms) {
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    /* Health and cooldown first: they apply whether or not we retry. */
+    if (p->at.health) {
+        tg_health_end(p->at.health, 0, -1);
+        p->at.health = NULL;
+    }
+    if (status == 429)
+        cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_429_ms);
+    else if (status == 529)
+        cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_529_ms);
+    else if (status == 401 || status == 403)
+        cool_account(p, cfg->routing.cooldown_auth_ms);
+    else if (p->at.account && tg_health_get(p->pw->ctx->health, p->at.account->id)->err_ewma >= 0.5)
+        cool_account(p, cfg->routing.cooldown_5xx_ms);
+    /* The static upstream of the config file is a single target: no retries there. */
+    if (!p->at.account || !tg__can_retry(p))
+        return 0;
+    {
+        /* Nothing left to retry on: the client gets this answer (with its Retry-After). */
+        const tg_account_t *any[1];
+        int sticky = 0;
+        tg_select_t q = {.group_id = p->principal->group_id, .model = p->model, .now_ms = (int64_t)tg_wall_ms()};
+        if (tg_select(p->snap, p->pw->ctx->health, &q, any, 1, &sticky) == 0)
+            return 0;
+    }
+    int action = TG_RETRY_OTHER;
+    uint32_t r = 0;
+    tg_random_bytes(&r, sizeof(r));
+    int64_t backoff = TG_MIN((int64_t)2000, (int64_t)100 << TG_MIN(p->attempt - 1, 5));
+    int64_t delay = status == 429 || status == 529 || status == 401 || status == 403
+                        ? 0
+                        : backoff / 2 + (int64_t)(r % (uint32_t)(backoff + 1));
+    tg_plugins_t *pl = p->pw->ctx->plugins;
+    if (p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_UPSTREAM_ERROR)) {
+        tg_hookctx_t *c = &p->ctx;
+        c->attempt = p->attempt;
+        c->upstream_status = status;
+        c->failure = failure;
+        c->bytes_sent = 0;
+        c->retry_after_ms = retry_after_ms;
+        c->elapsed_ms = (int64_t)((tg_now_ns() - p->req->start_ns) / 1000000);
+        c->deadline_ms = cfg->routing.deadline_ms;
+        c->retry_action = action;
+        c->retry_delay_ms = delay;
+        tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, c);
+        action = c->retry_action;
+        delay = c->retry_delay_ms;
+    }
+    if (action == TG_RETRY_GIVE_UP)
+        return 0;
+    if (action == TG_RETRY_SAME && retry_after_ms > delay)
+        delay = retry_after_ms; /* Retry-After is honoured on the same account */
+    int64_t elapsed = (int64_t)((tg_now_ns() - p->req->start_ns) / 1000000);
+    if (delay < 0 || elapsed + delay >= cfg->routing.deadline_ms)
+        return 0;
+    /* A known failure cost nothing: its hold goes back before the next attempt reserves. */
+    if (p->reserved == p->attempt && p->pw->ctx->billing && (failure == TG_UPFAIL_STATUS || failure == TG_UPFAIL_CONNECT ||
+                                                          failure == TG_UPFAIL_TIMEOUT_CONNECT))
+        tg_billing_release_attempt(p->pw->ctx->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
+                                   p->attempt);
+    /* Reset this attempt's upstream state and go back to account selection. */
+    if (p->at.account && p->ntried < 8)
+        p->tried[p->ntried++] = p->at.account->id;
+    slot_release(p);
+    p->retry_other = action == TG_RETRY_OTHER;
+    p->attempt++;
+    tg__attempt_reset(p);
+    tg_log_info("request %s: attempt %d after upstream %d/%d in %lld ms (%s)", p->req->id, p->attempt, status, failure,
+                (long long)delay, action == TG_RETRY_SAME ? "same account" : "another account");
+    tg__run_phase_later(p, PH_SELECT, (uint64_t)delay);
+    return 1;
+}

@@ -1,0 +1,200 @@
+/*
+ * The last phase (tg_proxy.c runs it): the request the upstream receives and the call.
+ * The body goes as the client sent it, but for the members a phase changed (rewritten in
+ * place), or translated when the account speaks another protocol; the output cap is
+ * spelled as the upstream wants it; the head carries the account's credential, the
+ * request id and a valid traceparent. The answer comes back through the callbacks of
+ * tg_proxy_relay.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tg_proxy_internal.h"
+
+/* The upstream attempt: its request bytes, deferred answer, stream parser, translator. */
+static void cleanup_attempt(proxy_req_t *p) {
+    tg_buf_free(&p->upstream_req);
+    tg_buf_free(&p->deferred_body);
+    tg__attempt_free(&p->at);
+}
+
+static int valid_traceparent(const tg_str_t *v) {
+    if (!v || v->len != 55)
+        return 0;
+    for (size_t i = 0; i < 55; i++) {
+        char c = v->p[i];
+        int dash = i == 2 || i == 35 || i == 52;
+        if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+    }
+    return 1;
+}
+
+/* The client's body with the members the phases changed rewritten in place (their
+ * values serialised from p->json); the whole document re-serialised only when the
+ * bytes cannot be edited safely. Returns a malloc'd body and its length. */
+static char *patched_body(proxy_req_t *p, size_t *len) {
+    const char *keys[3], *vals[3];
+    char *owned[3];
+    int n = 0;
+    if (p->json_dirty & DIRTY_MODEL)
+        keys[n++] = "model";
+    if ((p->json_dirty & DIRTY_LIMIT) && p->limit_key)
+        keys[n++] = p->limit_key;
+    if (p->json_dirty & DIRTY_STREAM_OPTIONS)
+        keys[n++] = "stream_options";
+    for (int i = 0; i < n; i++)
+        vals[i] = owned[i] = tg_json_dumps(json_object_get(p->json, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+    tg_buf_t out;
+    tg_buf_init(&out);
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        ok = ok && vals[i];
+    if (!ok || (p->json_dirty & DIRTY_WHOLE) || tg_json_set_members(p->req->body.data, p->req->body.len, keys, vals, n, &out) != TG_OK) {
+        tg_buf_free(&out);
+        out.data = tg_json_dumps(p->json, JSON_COMPACT);
+        out.len = out.data ? strlen(out.data) : 0;
+    }
+    for (int i = 0; i < n; i++)
+        free(owned[i]);
+    *len = out.len;
+    return out.data;
+}
+
+/* Whether the upstream model is listed in max_tokens_models (a name, or a prefix that
+ * ends in '*'). */
+static int model_takes_max_tokens(const tg_config_t *cfg, const char *model) {
+    for (size_t i = 0; model && i < cfg->nmax_tokens_models; i++) {
+        const char *m = cfg->max_tokens_models[i];
+        size_t n = strlen(m);
+        if (n && m[n - 1] == '*' ? !strncmp(model, m, n - 1) : !strcmp(model, m))
+            return 1;
+    }
+    return 0;
+}
+
+/* The one place that decides how the output cap reaches the upstream. An OpenAI chat
+ * upstream gets it as max_completion_tokens (every current OpenAI chat model takes it;
+ * the o-series and the gpt-5 family refuse max_tokens), or as max_tokens for a model in
+ * max_tokens_models (older OpenAI-compatible servers); the other protocols have one
+ * spelling. A cap the gateway wrote (billing's default, tg__phase_reserve) or translated is
+ * spelled so, its value (the bound reserved) unchanged; a cap the client spelled itself
+ * in a pass-through is the client's choice and goes as sent. `doc` is the translated
+ * body, or p->json for a pass-through. */
+static void output_cap(proxy_req_t *p, json_t *doc, int translated) {
+    if (p->at.up_proto != TG_PROTO_OPENAI_CHAT)
+        return;
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    const char *want = model_takes_max_tokens(cfg, json_string_value(json_object_get(doc, "model")))
+                           ? "max_tokens"
+                           : "max_completion_tokens";
+    const char *have = translated ? "max_completion_tokens" /* the encoder's spelling */
+                                  : p->cap_added ? p->limit_key : NULL;
+    json_t *v = have ? json_object_get(doc, have) : NULL;
+    if (!v || !strcmp(have, want))
+        return;
+    json_incref(v);
+    json_object_del(doc, have);
+    json_object_set_new(doc, want, v);
+    if (!translated) {
+        /* The client's bytes may hold the old member (a null the default replaced):
+         * then the body is written whole, without it. */
+        char quoted[32];
+        int qn = snprintf(quoted, sizeof(quoted), "\"%s\"", have);
+        if (memmem(p->req->body.data ? p->req->body.data : "", p->req->body.len, quoted, (size_t)qn))
+            p->json_dirty |= DIRTY_WHOLE;
+        p->limit_key = want;
+    }
+}
+
+int tg__phase_upstream(proxy_req_t *p) {
+    tg_request_t *req = p->req;
+    tg_upstream_t *u = p->at.up;
+    /* The credential becomes a header line: one with CR, LF or another control byte is
+     * never sent (the admin API, apply, the config and the account loader refuse it
+     * first; this is the last line). The URL's parts were checked by tg_upstream_create. */
+    if (p->at.credential && tg_valid_no_ctl(p->at.credential, strlen(p->at.credential))) {
+        atomic_fetch_add_explicit(&req->worker->metrics.upstream_refused, 1, memory_order_relaxed);
+        tg_log_error("request %s: account %lld: the credential holds a control character; the request is not sent",
+                     req->id, p->at.account ? (long long)p->at.account->id : 0LL);
+        return tg__proxy_fail(p, 502, "server_error", "upstream_request_refused",
+                              "the gateway refused to send this request upstream: its account's credential holds characters "
+                              "not allowed in an HTTP header");
+    }
+    const tg_str_t *tp = tg_request_header(req, "traceparent");
+    if (valid_traceparent(tp)) {
+        memcpy(p->traceparent, tp->p, 55);
+        p->traceparent[55] = '\0';
+    }
+    char *body = NULL;
+    size_t body_len = 0;
+    const char *method = "GET";
+    const char *suffix = "/models";
+    if (tg__is_model_route(req->route)) {
+        method = "POST";
+        suffix = tg_translate_path(p->at.up_proto);
+        if (p->at.up_proto != p->proto) {
+            /* Another protocol upstream: the request is translated (the model already
+             * mapped for the account is in p->json). */
+            json_t *out = NULL;
+            char err[256];
+            json_t *m = json_object_get(p->json, "model");
+            if (tg_translate_request(p->proto, p->at.up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
+                TG_OK)
+                return tg__proxy_fail(p, 400, "invalid_request_error", "untranslatable_request", err);
+            output_cap(p, out, 1);
+            body = tg_json_dumps(out, JSON_COMPACT);
+            json_decref(out);
+        } else {
+            if (p->cap_added)
+                output_cap(p, p->json, 0);
+            if (p->json_dirty)
+                body = patched_body(p, &body_len);
+        }
+        if (body && !body_len)
+            body_len = strlen(body);
+    }
+    tg_buf_t *b = &p->upstream_req;
+    tg__cleanup_add(p, cleanup_attempt);
+    tg_buf_reset(b);
+    /* Appends, not printf: this head is built for every upstream call. */
+    tg_buf_appends(b, method);
+    tg_buf_appends(b, " ");
+    tg_buf_appends(b, tg_upstream_path_prefix(u));
+    tg_buf_appends(b, suffix);
+    tg_buf_appends(b, " HTTP/1.1\r\nHost: ");
+    tg_buf_appends(b, tg_upstream_host_header(u));
+    if (p->at.credential && p->at.up_proto == TG_PROTO_ANTHROPIC) {
+        tg_buf_appends(b, "\r\nx-api-key: ");
+        tg_buf_appends(b, p->at.credential);
+        tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");
+    } else if (p->at.credential) {
+        tg_buf_appends(b, "\r\nAuthorization: Bearer ");
+        tg_buf_appends(b, p->at.credential);
+    }
+    tg_buf_appends(b, "\r\nx-request-id: ");
+    tg_buf_appends(b, req->id);
+    if (p->traceparent[0]) {
+        tg_buf_appends(b, "\r\ntraceparent: ");
+        tg_buf_appends(b, p->traceparent);
+    }
+    if (method[0] == 'P') {
+        const char *src = body ? body : req->body.data;
+        size_t len = body ? body_len : req->body.len;
+        tg_buf_appends(b, p->stream ? "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: "
+                                    : "\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: ");
+        tg_buf_append_u64(b, len);
+        tg_buf_appends(b, "\r\n\r\n");
+        tg_buf_append(b, src, len);
+    } else {
+        tg_buf_appends(b, "\r\nAccept: application/json\r\n\r\n");
+    }
+    free(body);
+    p->upstream_start_ns = tg_now_ns();
+    if (p->at.account) {
+        p->at.health = tg_health_get(p->pw->ctx->health, p->at.account->id);
+        tg_health_begin(p->at.health);
+    }
+    p->at.call = tg_upcall_start(u, b, &tg__up_cbs, p);
+    return TG_AGAIN;
+}
