@@ -44,6 +44,7 @@ export function summarize(series, t = Date.now()) {
     tokensOut: 0,
     upstreamErrors: 0,
     clientAborts: 0,
+    refusals: {},     // the gateway's own error answers by code (tollgate_refusals_total)
   };
   const buckets = new Map();
   for (const m of series) {
@@ -84,6 +85,9 @@ export function summarize(series, t = Date.now()) {
         break;
       case 'tollgate_client_aborts_total':
         s.clientAborts = m.value;
+        break;
+      case 'tollgate_refusals_total':
+        s.refusals[m.labels.code] = m.value;
         break;
       default:
         break;
@@ -145,4 +149,13 @@ export function ratePoint(a, b) {
     p50ms: p50 === null ? null : p50 * 1000,
     p95ms: p95 === null ? null : p95 * 1000,
   };
+}
+
+/** Refusals by code between two samples (a, b): [{code, total, recent}] sorted by recent
+ *  then total, largest first; `recent` is b - a (0 without a), `total` since start. */
+export function refusalRows(a, b) {
+  if (!b) return [];
+  return Object.entries(b.refusals || {})
+    .map(([code, total]) => ({ code, total, recent: a ? Math.max(0, total - (a.refusals?.[code] || 0)) : 0 }))
+    .sort((x, y) => y.recent - x.recent || y.total - x.total || x.code.localeCompare(y.code));
 }

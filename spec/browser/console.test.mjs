@@ -459,6 +459,38 @@ test('capacity and plugins pages load; a plugin reload reports the new generatio
   await shot('plugins');
 });
 
+test('refusals by reason: the 503s of a cooling account are shown with the account, on the dashboard and in usage', async () => {
+  const id = await db.scalar("SELECT id FROM accounts WHERE name = 'mock-a'");
+  const patch = (body) => fetch(`${gw.url}/admin/api/v1/accounts/${id}`, {
+    method: 'PATCH',
+    headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  }).then((r) => r.json());
+  await patch({ cooldown_until: new Date(Date.now() + 60000).toISOString() });
+  const status = await waitFor(async () => {
+    try {
+      await chat(plainKey);
+      return false;
+    } catch (e) {
+      return e.status;
+    }
+  }, { timeout: 5000, interval: 100, what: 'a refusal while the only account cools down' });
+  assert.equal(status, 503);
+  for (let i = 0; i < 3; i++) await chat(plainKey).catch(() => {});
+  await go('Dashboard');
+  const r = page.locator('[data-testid="refusals-table"] tr[data-code="no_account_available"]');
+  await r.waitFor();
+  await r.locator('[data-testid="refusal-cooling"]').getByText(/1 account cooling down now \(mock-a\)/).waitFor({ timeout: 8000 });
+  assert.equal(await r.getByRole('link', { name: 'Accounts' }).count(), 1);
+  await page.waitForFunction(() => /mostly no account could take it/.test(document.querySelector('[data-testid="stat-errors"] .stat-sub')?.textContent ?? ''), null, { timeout: 8000 });
+  await shot('dashboard-refusals');
+  await go('Usage');
+  await page.locator('[data-testid="usage-refusals"] tr[data-code="no_account_available"]').waitFor();
+  await shot('usage-refusals');
+  await patch({ cooldown_until: null });
+  await waitFor(async () => chat(plainKey).then(() => true, () => false), { timeout: 8000, interval: 200, what: 'the account to serve again' });
+});
+
 test('revoking the key in the console refuses the next call with 401', async () => {
   await go('Keys');
   await row('e2e-key').getByRole('button', { name: 'Revoke' }).click();

@@ -9,7 +9,7 @@ import crypto from 'node:crypto';
 import { after, before, test } from 'node:test';
 
 import { fetchT, freePort, startMock, stopAll } from './lib/harness.mjs';
-import { adminClient, applyState, createDb, startStateGateway, stateFile, tool } from './lib/db.mjs';
+import { adminClient, applyState, chat, chatReq, createDb, metrics, startStateGateway, stateFile, tool } from './lib/db.mjs';
 
 const MODEL = 'gpt-4o-mini';
 let db;
@@ -253,4 +253,18 @@ test('the ledger: newest first, paged by before, filtered by tenant and kind; ba
   assertAdminError(await admin.post('/ledger', {}), 405, 'POST ledger');
   assertAdminError(await admin.del('/ledger'), 405, 'DELETE ledger');
   assert.equal((await admin.get('/ledger')).status, 200, 'the worker is still up');
+});
+
+test('refusals are counted by reason in /metrics (tollgate_refusals_total), upstream answers are not', async () => {
+  const before = await metrics(gw);
+  const n = (m, code) => m[`tollgate_refusals_total{code="${code}"}`] ?? 0;
+  assert.equal((await chat(gw, 'tg-no-such-key', chatReq(MODEL))).status, 401);
+  assert.equal((await chat(gw, 'tg-no-such-key', chatReq(MODEL))).status, 401);
+  const after = await metrics(gw);
+  assert.equal(n(after, 'invalid_api_key') - n(before, 'invalid_api_key'), 2, JSON.stringify(after));
+  // An upstream's own refusal relayed to the client is not the gateway's.
+  const total = (m) => Object.entries(m).filter(([k]) => k.startsWith('tollgate_refusals_total')).reduce((a, [, v]) => a + v, 0);
+  const r = await chat(gw, 'tg-test-key', chatReq(MODEL, 'hi [mock status=400]'));
+  assert.equal(r.status, 400, r.text);
+  assert.equal(total(await metrics(gw)), total(after));
 });

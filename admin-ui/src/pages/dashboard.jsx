@@ -2,11 +2,12 @@
 // time to first token) and spend per hour from the usage summary.
 import { useEffect, useMemo, useState } from 'preact/hooks';
 
-import { api, fetchMetrics } from '../api.js';
+import { api, fetchMetrics, listAll } from '../api.js';
 import { Chart } from '../chart.jsx';
 import { Empty, ErrorBox, PageHead, Spinner } from '../components.jsx';
 import { money, ms, num } from '../format.js';
-import { parsePrometheus, ratePoint, summarize } from '../metrics.js';
+import { parsePrometheus, ratePoint, refusalRows, summarize } from '../metrics.js';
+import { REASONS, RefusalsTable } from '../refusals.jsx';
 
 const POLL_MS = 2000;
 const KEEP = 300;       // samples kept: 10 minutes
@@ -45,13 +46,39 @@ function series() {
   return { xs, rps, err, err5, p50, p95 };
 }
 
-/** Compact dollars for an axis: $12, $0.35, $4e-6. */
+/** Compact dollars for an axis, never in scientific notation: $12, $0.35, $0.000004. */
 function moneyAxis(v) {
   if (v === 0) return '$0';
   const a = Math.abs(v);
   if (a >= 100) return `$${v.toFixed(0)}`;
   if (a >= 0.01) return `$${v.toFixed(2)}`;
-  return `$${v.toExponential(0)}`;
+  return `$${v.toFixed(Math.min(10, 1 - Math.floor(Math.log10(a))))}`;
+}
+
+/** The accounts cooling down now, read every COOLING_MS (to explain 503 spikes). */
+const COOLING_MS = 4000;
+function useCooling() {
+  const [cooling, setCooling] = useState([]);
+  useEffect(() => {
+    let stop = false;
+    let timer;
+    const load = async () => {
+      try {
+        const now = Date.now();
+        const rows = await listAll('/accounts');
+        if (!stop) setCooling(rows.filter((a) => a.cooldown_until && Date.parse(a.cooldown_until) > now));
+      } catch {
+        /* the refusals table then just has no cooling note */
+      }
+      if (!stop) timer = setTimeout(load, COOLING_MS);
+    };
+    load();
+    return () => {
+      stop = true;
+      clearTimeout(timer);
+    };
+  }, []);
+  return cooling;
 }
 
 function Stat({ label, value, sub, testid }) {
@@ -123,6 +150,7 @@ function useSpend() {
 export function Dashboard() {
   const { tick, error } = useMetrics();
   const spend = useSpend();
+  const cooling = useCooling();
   const s = series();
   const last = samples[samples.length - 1];
   const lastRate = samples.length > 1 ? ratePoint(samples[Math.max(0, samples.length - 1 - RATE_SPAN)], last) : null;
@@ -135,6 +163,8 @@ export function Dashboard() {
     const hours = Array.from({ length: 25 }, (_, i) => last - 24 + i);
     return [hours.map((h) => h * 3600), hours.map((h) => byHour.get(h) || null)];
   }, [spend.data]);
+  const refusals = refusalRows(samples.length > 1 ? samples[Math.max(0, samples.length - 1 - RATE_SPAN)] : null, last);
+  const top = refusals[0]?.recent > 0 ? refusals[0] : null;
   const spend24 = (spend.data || []).reduce((a, r) => a + (Number(r.cost) || 0), 0);
   const req24 = (spend.data || []).reduce((a, r) => a + (Number(r.requests) || 0), 0);
 
@@ -158,7 +188,13 @@ export function Dashboard() {
               testid="stat-errors"
               label="Error rate"
               value={lastRate?.errorPct == null ? '—' : `${lastRate.errorPct.toFixed(1)}%`}
-              sub={lastRate?.serverErrorPct == null ? 'no requests in the last 10 s' : `5xx ${lastRate.serverErrorPct.toFixed(1)}%, last 10 s`}
+              sub={
+                lastRate?.serverErrorPct == null
+                  ? 'no requests in the last 10 s'
+                  : `5xx ${lastRate.serverErrorPct.toFixed(1)}%, last 10 s${
+                      top ? `; mostly ${REASONS[top.code]?.[1] ?? top.code}${REASONS[top.code]?.[0] ? ` (${REASONS[top.code][0]})` : ''}` : ''
+                    }`
+              }
             />
             <Stat
               testid="stat-ttft"
@@ -237,6 +273,14 @@ export function Dashboard() {
               </section>
             )}
           </div>
+          <section class="card">
+            <h3>Refused by the gateway, by reason</h3>
+            {refusals.length ? (
+              <RefusalsTable rows={refusals} cooling={cooling} recentLabel="last 10 s" />
+            ) : (
+              <p class="muted">No request has been refused since the gateway started.</p>
+            )}
+          </section>
           <section class="card">
             <h3>Responses by route and status, since the gateway started</h3>
             {statuses.length ? (

@@ -2,10 +2,12 @@
 // by page from GET /admin/api/v1/usage, with totals and a CSV export made in the browser.
 import { useEffect, useRef, useState } from 'preact/hooks';
 
-import { listAll } from '../api.js';
+import { fetchMetrics, listAll } from '../api.js';
 import { Badge, Empty, ErrorBox, Field, Notice, PageHead, Spinner, useLoad } from '../components.jsx';
 import { toCsv } from '../csv.js';
 import { money, ms, num, when } from '../format.js';
+import { parsePrometheus, refusalRows, summarize } from '../metrics.js';
+import { RefusalsTable } from '../refusals.jsx';
 import { queryParams } from '../router.js';
 
 const SHOW = 500;
@@ -32,8 +34,15 @@ export function Usage() {
   });
   const [state, setState] = useState({ rows: null, loading: false, progress: 0, error: null, truncated: false });
   const ctl = useRef(null);
+  // Requests the gateway refused are never billed, so they have no usage rows: their
+  // counts by reason come from /metrics (since the gateway started).
+  const refused = useLoad(async () => refusalRows(null, summarize(parsePrometheus(await fetchMetrics()))));
 
   const run = async (f = filters) => {
+    if (f.from && f.to && new Date(f.from) >= new Date(f.to)) {
+      setState((s) => ({ ...s, rows: [], loading: false, error: { plain: '"From" is after "To", so no row can match: swap them or clear "To".' } }));
+      return;
+    }
     ctl.current?.abort();
     const c = new AbortController();
     ctl.current = c;
@@ -69,6 +78,12 @@ export function Usage() {
   }, []);
 
   const set = (k) => (e) => setFilters((f) => ({ ...f, [k]: e.currentTarget.value, ...(k === 'tenant_id' ? { key_id: '' } : {}) }));
+  // A choice in a list applies at once; typed fields apply on Show (or Enter).
+  const pick = (k) => (e) => {
+    const f = { ...filters, [k]: e.currentTarget.value, ...(k === 'tenant_id' ? { key_id: '' } : {}) };
+    setFilters(f);
+    run(f);
+  };
   const tenants = refs.data?.tenants || [];
   const keys = (refs.data?.keys || []).filter((k) => !filters.tenant_id || String(k.tenant_id) === filters.tenant_id);
   const rows = state.rows || [];
@@ -116,7 +131,7 @@ export function Usage() {
         }}
       >
         <Field label="Tenant">
-          <select name="tenant_id" value={filters.tenant_id} onChange={set('tenant_id')}>
+          <select name="tenant_id" value={filters.tenant_id} onChange={pick('tenant_id')}>
             <option value="">all</option>
             {tenants.map((t) => (
               <option key={t.id} value={String(t.id)}>
@@ -126,7 +141,7 @@ export function Usage() {
           </select>
         </Field>
         <Field label="Key">
-          <select name="key_id" value={filters.key_id} onChange={set('key_id')}>
+          <select name="key_id" value={filters.key_id} onChange={pick('key_id')}>
             <option value="">all</option>
             {keys.map((k) => (
               <option key={k.id} value={String(k.id)}>
@@ -231,6 +246,14 @@ export function Usage() {
           )}
         </>
       )}
+      <section class="card" data-testid="usage-refusals">
+        <h3>Refused by the gateway (not billed, so not above), since it started</h3>
+        {refused.data?.length ? (
+          <RefusalsTable rows={refused.data} recentLabel="" />
+        ) : (
+          <p class="muted">{refused.error ? "The gateway's metrics could not be read." : 'No request has been refused since the gateway started.'}</p>
+        )}
+      </section>
     </div>
   );
 }

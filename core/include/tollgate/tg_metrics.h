@@ -45,6 +45,9 @@ typedef void (*tg_metrics_collect_fn)(const void *const *inst, int n, tg_buf_t *
 
 #define TG_METRICS_COLLECTORS_MAX 16
 
+/** Error codes of the gateway's own refusals, counted one by one; any other is "other". */
+#define TG_METRICS_NREFUSALS 26
+
 typedef struct {
     _Atomic uint64_t requests[TG_ROUTE__COUNT][TG_METRICS_NSTATUS];
     tg_histogram_t duration;  /* whole request, first byte in to last byte out */
@@ -57,6 +60,7 @@ typedef struct {
     _Atomic int64_t inflight;          /* requests in progress */
     _Atomic uint64_t tokens_input;
     _Atomic uint64_t tokens_output;
+    _Atomic uint64_t refusals[TG_METRICS_NREFUSALS]; /* the gateway's own error answers, by code */
     /* Registered while the worker is built, before any request (tg_metrics_collector_add). */
     struct {
         tg_metrics_collect_fn fn;
@@ -68,6 +72,10 @@ typedef struct {
 const char *tg_route_name(tg_route_t r);
 void tg_metrics_count_request(tg_metrics_t *m, tg_route_t route, int status);
 void tg_histogram_observe(tg_histogram_t *h, uint64_t us);
+/** Counts one error answer the gateway made itself (not relayed from an upstream), by its
+ *  `code` (invalid_api_key, rate_limit_exceeded, no_account_available, ...): rendered as
+ *  tollgate_refusals_total{code}. Only the error path calls it (a short table lookup). */
+void tg_metrics_count_refusal(tg_metrics_t *m, const char *code);
 /**
  * Renders the sum of `n` workers' metrics in Prometheus text format into `out`: the
  * worker's own families, then each registered collector's, in registration order.

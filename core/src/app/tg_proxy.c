@@ -193,6 +193,9 @@ int tg__run_phase_later(proxy_req_t *p, phase_t phase, uint64_t delay_ms) {
  * its own protocol's shape (Anthropic's for /v1/messages, OpenAI's otherwise). */
 int tg__proxy_answer_error(proxy_req_t *p, int status, const char *type, const char *code, const char *msg,
                                   const char *extra_headers) {
+    /* Counted by code for /metrics: the console's refusals by reason. */
+    tg_metrics_count_refusal(&p->req->worker->metrics,
+                             p->error && !strcmp(p->error, "rejected_by_plugin") ? p->error : code);
     if (p->proto == TG_PROTO_ANTHROPIC && p->req->route == TG_ROUTE_MESSAGES) {
         tg_buf_t o, a;
         tg_buf_init(&o);

@@ -28,6 +28,27 @@ void tg_metrics_count_request(tg_metrics_t *m, tg_route_t route, int status) {
     atomic_fetch_add_explicit(&m->requests[route][slot], 1, RELAXED);
 }
 
+/* The codes counted apart (tg_proxy.c, tg_billing_holds.c); the last slot is "other". */
+static const char *const refusal_codes[TG_METRICS_NREFUSALS] = {
+    "invalid_api_key",     "key_expired",           "model_not_allowed",       "ip_not_allowed",
+    "insufficient_balance", "insufficient_quota",   "budget_exceeded",         "rate_limit_exceeded",
+    "tokens_limit_exceeded", "concurrency_limit_exceeded", "accounts_busy",    "no_account_available",
+    "accounts_unavailable", "limiter_unavailable",  "billing_unavailable",     "auth_unavailable",
+    "upstream_error",      "upstream_unreachable",  "upstream_timeout",        "upstream_request_refused",
+    "rejected_by_plugin",  "invalid_request",       "invalid_json",            "missing_model",
+    "internal_error",      "other",
+};
+
+void tg_metrics_count_refusal(tg_metrics_t *m, const char *code) {
+    int slot = TG_METRICS_NREFUSALS - 1;
+    for (int i = 0; code && i < TG_METRICS_NREFUSALS - 1; i++)
+        if (!strcmp(refusal_codes[i], code)) {
+            slot = i;
+            break;
+        }
+    atomic_fetch_add_explicit(&m->refusals[slot], 1, RELAXED);
+}
+
 void tg_histogram_observe(tg_histogram_t *h, uint64_t us) {
     int i = 0;
     while (i < TG_METRICS_NBUCKETS - 1 && (double)us > bucket_le[i] * 1e6)
@@ -121,6 +142,15 @@ void tg_metrics_render(tg_metrics_t *const *w, int n, tg_buf_t *out) {
                   "tollgate_tokens_total{kind=\"input\"} %llu\ntollgate_tokens_total{kind=\"output\"} %llu\n",
                   (unsigned long long)SUM_FIELD(w, n, tokens_input, uint64_t),
                   (unsigned long long)SUM_FIELD(w, n, tokens_output, uint64_t));
+    tg_buf_appends(out, "# HELP tollgate_refusals_total Error answers the gateway made itself (not relayed from an "
+                        "upstream), by error code.\n# TYPE tollgate_refusals_total counter\n");
+    for (int i = 0; i < TG_METRICS_NREFUSALS; i++) {
+        uint64_t v = 0;
+        for (int k = 0; k < n; k++)
+            v += atomic_load_explicit(&w[k]->refusals[i], RELAXED);
+        if (v)
+            tg_buf_printf(out, "tollgate_refusals_total{code=\"%s\"} %llu\n", refusal_codes[i], (unsigned long long)v);
+    }
     render_collectors(w, n, out);
 }
 
