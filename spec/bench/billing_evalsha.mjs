@@ -47,7 +47,7 @@ const keys = { limits: plainKey('ev-lim'), 'no limits': plainKey('ev-none') };
 await applyState(db, {
   tenants: [{ name: 'acme', balance: '1000', rpm: 1000000, concurrency: 1000 }, { name: 'plain', balance: '1000' }],
   groups: [{ name: 'g', models: [] }],
-  accounts: [{ name: 'up', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: 0, groups: ['g'] }],
+  accounts: [{ name: 'up', provider: 'openai', base_url: `${mock.url}/v1`, credential: CRED, concurrency: Number(process.env.TG_BENCH_ACCOUNT_CONCURRENCY || 0), groups: ['g'] }],
   keys: [
     { name: 'lim', tenant: 'acme', group: 'g', key: keys.limits, rpm: 1000000, tpm: 100000000, concurrency: 500 },
     { name: 'none', tenant: 'plain', group: 'g', key: keys['no limits'] },

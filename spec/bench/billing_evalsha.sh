@@ -6,7 +6,8 @@
 # Reads Redis's INFO commandstats around each batch (CONFIG RESETSTAT first): EVALSHA
 # and EVAL calls (EVAL: a NOSCRIPT retry, or the reconciler's lock) per request, and the
 # microseconds Redis spent in them per request. The account has no concurrency cap, so no
-# account-slot script is counted. A fresh Redis for each binary: the keyspace (which the
+# account-slot script is counted (TG_BENCH_ACCOUNT_CONCURRENCY=N gives it a cap of N: its
+# slot is then taken and given back for every request). A fresh Redis for each binary: the keyspace (which the
 # reconciler's SCAN walks) and the script cache start the same for all. Prints Markdown
 # (spec/bench/RESULTS-billing.md, run 5). About 15 s per binary.
 #

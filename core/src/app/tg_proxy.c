@@ -47,7 +47,6 @@ static const char SLOT_LUA[] =
     "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])\n"
     "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)\n"
     "return 1\n";
-static const char SLOT_RELEASE_LUA[] = "return redis.call('ZREM', KEYS[1], ARGV[1])\n";
 
 /* ---- per-worker state --------------------------------------------------------------- */
 
@@ -58,7 +57,6 @@ tg_proxy_worker_t *tg_proxy_worker_create(tg_worker_ctx_t *wc) {
     tg_redis_t *redis = tg_state_redis(wc->state);
     if (redis) {
         pw->slot_script = tg_redis_script_register(redis, SLOT_LUA);
-        pw->slot_release_script = tg_redis_script_register(redis, SLOT_RELEASE_LUA);
     }
     return pw;
 }

@@ -35,8 +35,7 @@
  * are the worker's (tg_worker_ctx_t). */
 typedef struct tg_proxy_worker_s {
     tg_worker_ctx_t *ctx;      /* the worker's subsystems */
-    int slot_script;           /* account slot lease (Redis) */
-    int slot_release_script;
+    int slot_script;           /* account slot lease (Redis); given back with a plain ZREM */
     EVP_MD_CTX *sha;           /* reused for every key hash: no allocation per request */
     struct proxy_req_s *spare; /* finished requests kept for reuse (see preq_alloc in tg_proxy.c) */
     int nspare;

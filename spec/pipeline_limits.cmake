@@ -1,0 +1,26 @@
+# Tests of issue 17 "pipeline", goal 4 (Redis script executions at the end of a request),
+# on the limiter's side. Included by spec/CMakeLists.txt after state_limits.cmake.
+#
+#   integration.pipeline_end   spec/integration/pipeline_end.test.mjs: per billed request
+#                              one release.lua (leases back + TPM corrected), the account
+#                              slot back with a plain ZREM; counted with MONITOR on a
+#                              private redis-server
+#
+# The limiter's guarantees the end of a request keeps are the `limits` tests below, also
+# labelled `pipeline`: concurrency never exceeded across instances (limits_concurrency),
+# a client that goes away releases at once (limits_lease), a release that got no answer
+# is sent again (limits_lease_recovery), TPM corrected to the real usage (limits_tpm).
+
+find_program(TG_NODE node)
+if(NOT TG_NODE)
+  message(WARNING "node not found: pipeline limits tests not registered")
+  return()
+endif()
+
+tg_services_test(pipeline_end ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_end.test.mjs
+  "pipeline;limits;integration" 120)
+foreach(name limits_concurrency limits_lease limits_lease_recovery limits_tpm)
+  if(TEST integration.${name})
+    set_property(TEST integration.${name} APPEND PROPERTY LABELS pipeline)
+  endif()
+endforeach()
