@@ -6,7 +6,7 @@
 export const USAGE_COLUMNS = [
   'id', 'created_at', 'request_id', 'tenant_id', 'api_key_id', 'group_id', 'account_id', 'model',
   'status', 'attempts', 'input_tokens', 'output_tokens', 'cache_read_tokens', 'cache_write_tokens',
-  'reasoning_tokens', 'cost', 'estimated', 'ttft_ms', 'total_ms',
+  'reasoning_tokens', 'cost', 'estimated', 'ttft_ms', 'total_ms', 'tenant', 'key', 'account',
 ];
 
 export function csvCell(v) {

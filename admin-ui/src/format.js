@@ -1,11 +1,26 @@
 // Display formats: money, counts, durations, times, and what an API list returns.
 
+/**
+ * Dollars as stored: at least `digits` decimals, and every further non-zero one the value
+ * holds (a balance of 0.000117 shows as $0.000117, not $0.00). Decimal strings from the
+ * API are read as text, so no digit is lost to a float.
+ */
 export function money(v, digits = 2) {
   if (v === null || v === undefined || v === '') return '—';
-  const n = Number(v);
-  if (!Number.isFinite(n)) return String(v);
-  const d = Math.abs(n) > 0 && Math.abs(n) < 0.01 ? 6 : digits;
-  return `$${n.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: d })}`;
+  // A JSON number (the API sends money as numbers with the database's digits) is cut at
+  // 10 decimals, the database's scale, so float noise (0.1 + 0.2) never shows.
+  const t = typeof v === 'number' && Number.isFinite(v) && Math.abs(v) < 1e21 ? v.toFixed(10) : String(v).trim();
+  const m = /^(-?)(\d+)(?:\.(\d+))?$/.exec(t);
+  if (!m) {
+    const n = Number(v);
+    if (!Number.isFinite(n)) return String(v);
+    const f = n.toFixed(10);
+    return /^-?\d+\.\d+$/.test(f) ? money(f, digits) : String(v);
+  }
+  const frac = (m[3] || '').replace(/0+$/, '');
+  const shown = frac.length >= digits ? frac : frac.padEnd(digits, '0');
+  const whole = Number(m[2]).toLocaleString('en-US');
+  return `${m[1]}$${whole}${shown ? `.${shown}` : ''}`;
 }
 
 export function num(v, digits = 0) {
@@ -26,11 +41,12 @@ export function ms(v) {
   return n >= 1000 ? `${(n / 1000).toFixed(2)} s` : `${n.toFixed(n < 10 ? 1 : 0)} ms`;
 }
 
+/** One date format everywhere: the browser's locale, date and time to the second. */
 export function when(iso) {
   if (!iso) return '—';
-  const d = new Date(iso);
+  const d = typeof iso === 'number' ? new Date(iso) : new Date(iso);
   if (Number.isNaN(d.getTime())) return String(iso);
-  return d.toLocaleString('en-GB', { year: 'numeric', month: 'short', day: '2-digit', hour: '2-digit', minute: '2-digit', second: '2-digit' });
+  return d.toLocaleString(undefined, { year: 'numeric', month: 'short', day: '2-digit', hour: '2-digit', minute: '2-digit', second: '2-digit' });
 }
 
 export function ago(iso, now = Date.now()) {

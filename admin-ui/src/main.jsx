@@ -5,7 +5,7 @@ import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 
 import { login, logout, resumeSession, setSessionLostHandler } from './api.js';
-import { ErrorBox, Spinner } from './components.jsx';
+import { Empty, ErrorBox, PageHead, Spinner } from './components.jsx';
 import { Accounts } from './pages/accounts.jsx';
 import { Capacity } from './pages/capacity.jsx';
 import { Dashboard } from './pages/dashboard.jsx';
@@ -32,9 +32,27 @@ const PAGES = [
   { path: 'capacity', label: 'Capacity', component: Capacity },
 ];
 
+function NotFound() {
+  return (
+    <div>
+      <PageHead title="Page not found" sub={`The console has no page at ${location.pathname}.`} />
+      <Empty title="Nothing here.">
+        Pick a page from the menu, or go to the{' '}
+        <a href="/admin/dashboard" onClick={(e) => (e.preventDefault(), navigate('dashboard'))}>
+          dashboard
+        </a>
+        .
+      </Empty>
+    </div>
+  );
+}
+
+const NOT_FOUND = { path: '', label: 'Page not found', component: NotFound };
+
 function currentPage() {
-  const rest = location.pathname.replace(/^\/admin\/?/, '').split('/')[0];
-  return PAGES.find((p) => p.path === rest) || PAGES[0];
+  const rest = location.pathname.replace(/^\/admin\/?/, '').replace(/\/$/, '');
+  if (rest === '') return PAGES[0];
+  return PAGES.find((p) => p.path === rest) || NOT_FOUND;
 }
 
 function Login({ reason, onDone }) {

@@ -576,6 +576,12 @@ test('keyboard and accessibility: skip link, focus trapped in dialogs and given 
   if (v.length) found['Accounts: edit dialog'] = v;
   await modal().getByRole('button', { name: 'Cancel' }).click();
   assert.deepEqual(found, {}, 'axe-core violations');
+
+  // An unknown console path says so (it showed the dashboard).
+  await page.goto(`${gw.url}/admin/no-such-page`);
+  await page.getByRole('heading', { level: 1, name: 'Page not found' }).waitFor();
+  assert.equal(await page.locator('[data-testid="stat-requests"]').count(), 0);
+  await shot('not-found');
 });
 
 test('a phone (375 px): every page usable — menu, no sideways page scroll, tables scroll with the name held, actions reachable', async () => {

@@ -8,7 +8,8 @@ import { test } from 'node:test';
 
 import { capacityReport, listValue, quantile } from '../../admin-ui/src/capacity.js';
 import { csvCell, toCsv, USAGE_COLUMNS } from '../../admin-ui/src/csv.js';
-import { histogramQuantile, parsePrometheus, ratePoint, summarize } from '../../admin-ui/src/metrics.js';
+import { histogramQuantile, parsePrometheus, ratePoint, refusalRows, summarize } from '../../admin-ui/src/metrics.js';
+import { money } from '../../admin-ui/src/format.js';
 
 const close = (a, b, eps = 1e-9, what = '') => assert.ok(Math.abs(a - b) <= eps, `${what}: ${a} != ${b}`);
 
@@ -146,4 +147,24 @@ test('toCsv quotes what needs quoting and defuses spreadsheet formulas', () => {
   assert.ok(row.startsWith('1,'));
   assert.ok(csv.includes('"r\n1"'));
   assert.ok(csv.endsWith('\r\n'));
+});
+
+test('money shows what is stored: at least 2 decimals, every further non-zero digit, no float rounding', () => {
+  assert.equal(money('0.000117'), '$0.000117');
+  assert.equal(money('15.5000000000'), '$15.50');
+  assert.equal(money(15.5), '$15.50');
+  assert.equal(money('1234567.1234567891'), '$1,234,567.1234567891');
+  assert.equal(money('0'), '$0.00');
+  assert.equal(money(0.1 + 0.2), '$0.30');
+  assert.equal(money(null), '—');
+});
+
+test('refusals by reason: counts since start and between two samples, largest recent first', () => {
+  const a = summarize(parsePrometheus('tollgate_refusals_total{code="invalid_api_key"} 5\n'));
+  const b = summarize(parsePrometheus('tollgate_refusals_total{code="invalid_api_key"} 6\ntollgate_refusals_total{code="no_account_available"} 4\n'));
+  assert.deepEqual(refusalRows(a, b), [
+    { code: 'no_account_available', total: 4, recent: 4 },
+    { code: 'invalid_api_key', total: 6, recent: 1 },
+  ]);
+  assert.deepEqual(refusalRows(null, a), [{ code: 'invalid_api_key', total: 5, recent: 0 }]);
 });

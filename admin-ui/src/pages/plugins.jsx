@@ -4,7 +4,7 @@ import { useState } from 'preact/hooks';
 
 import { api } from '../api.js';
 import { ActionButton, Badge, Empty, ErrorBox, Notice, PageHead, Spinner, useLoad } from '../components.jsx';
-import { num } from '../format.js';
+import { num, when } from '../format.js';
 
 export function Plugins() {
   const { data, error, loading, reload } = useLoad(() => api.get('/plugins'));
@@ -63,7 +63,7 @@ export function Plugins() {
                 <div class="stat-label">Last reload</div>
                 <div class="stat-value">{last ? <Badge kind={last.ok ? 'ok' : 'bad'}>{last.ok ? 'ok' : 'failed'}</Badge> : '—'}</div>
                 <div class="stat-sub">
-                  {last?.at_ms ? `${new Date(last.at_ms).toLocaleString('en-GB')} (${last.trigger})` : 'none since start'}
+                  {last?.at_ms ? `${when(last.at_ms)} (${last.trigger})` : 'none since start'}
                 </div>
               </div>
               <div class="stat card">

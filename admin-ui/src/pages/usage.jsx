@@ -29,8 +29,8 @@ export function Usage() {
     to: q0.to || '',
   });
   const refs = useLoad(async () => {
-    const [tenants, keys] = await Promise.all([listAll('/tenants'), listAll('/keys')]);
-    return { tenants, keys };
+    const [tenants, keys, accounts] = await Promise.all([listAll('/tenants'), listAll('/keys'), listAll('/accounts').catch(() => [])]);
+    return { tenants, keys, accounts };
   });
   const [state, setState] = useState({ rows: null, loading: false, progress: 0, error: null, truncated: false });
   const ctl = useRef(null);
@@ -105,7 +105,14 @@ export function Usage() {
   };
 
   const exportCsv = () => {
-    const blob = new Blob([toCsv(rows)], { type: 'text/csv;charset=utf-8' });
+    // Names next to the ids, as they are now (a renamed tenant shows its new name).
+    const named = rows.map((r) => ({
+      ...r,
+      tenant: tenants.find((t) => t.id === r.tenant_id)?.name ?? '',
+      key: (refs.data?.keys || []).find((k) => k.id === r.api_key_id)?.name ?? '',
+      account: (refs.data?.accounts || []).find((a) => a.id === r.account_id)?.name ?? '',
+    }));
+    const blob = new Blob([toCsv(named)], { type: 'text/csv;charset=utf-8' });
     const a = document.createElement('a');
     a.href = URL.createObjectURL(blob);
     const stamp = new Date().toISOString().replace(/[:.]/g, '-').slice(0, 19);
