@@ -218,6 +218,7 @@ export function Modal({ title, onClose, children, wide }) {
   useEffect(() => {
     const opener = document.activeElement;
     const key = (e) => {
+      if (document.querySelector('.relogin')) return; // the login dialog over the page has the keys
       if (e.key === 'Escape') closeRef.current?.();
       if (e.key !== 'Tab' || !ref.current) return;
       const items = [...ref.current.querySelectorAll(FOCUSABLE)].filter((el) => el.offsetParent !== null || el === document.activeElement);

@@ -179,9 +179,11 @@ function App() {
     }
   };
   useEffect(() => {
+    // A session lost while working: the page stays (with what was typed in its forms)
+    // under a login dialog; after logging in, send the form again.
     setSessionLostHandler(() => {
-      setReason('Your session ended (it lasts 12 hours, and a gateway restart ends it). Log in again.');
-      setState('login');
+      setReason('Your session ended (it lasts 12 hours, and a gateway restart ends it). Log in again: what you typed is kept.');
+      setState((s) => (s === 'in' || s === 'relogin' ? 'relogin' : 'login'));
     });
     check();
   }, []);
@@ -206,16 +208,29 @@ function App() {
       />
     );
   return (
-    <Shell
-      onLogout={async () => {
-        try {
-          await logout();
-        } finally {
-          setReason('');
-          setState('login');
-        }
-      }}
-    />
+    <>
+      <Shell
+        onLogout={async () => {
+          try {
+            await logout();
+          } finally {
+            setReason('');
+            setState('login');
+          }
+        }}
+      />
+      {state === 'relogin' && (
+        <div class="modal-backdrop relogin" role="dialog" aria-modal="true" aria-label="Log in again">
+          <Login
+            reason={reason}
+            onDone={() => {
+              setReason('');
+              setState('in');
+            }}
+          />
+        </div>
+      )}
+    </>
   );
 }
 

@@ -647,6 +647,25 @@ test('a phone (375 px): every page usable — menu, no sideways page scroll, tab
   await page.setViewportSize({ width: 1440, height: 900 });
 });
 
+test('a session that ends while a form is filled: log in again over the page, the form keeps its input', async () => {
+  await go('Tenants');
+  await page.getByRole('button', { name: 'New tenant' }).click();
+  await modal().locator('input[name="name"]').fill('kept-across-login');
+  await modal().locator('input[name="budget"]').fill('12');
+  await ctx.clearCookies(); // the session is gone, as after 12 hours or a gateway restart
+  await modal().getByRole('button', { name: 'Create tenant' }).click();
+  const relogin = page.locator('.relogin');
+  await relogin.getByText('what you typed is kept').waitFor();
+  await shot('session-ended');
+  await relogin.locator('input[name="token"]').fill(ADMIN_TOKEN);
+  await relogin.getByRole('button', { name: 'Log in' }).click();
+  await relogin.waitFor({ state: 'detached' });
+  assert.equal(await modal().locator('input[name="name"]').inputValue(), 'kept-across-login');
+  assert.equal(await modal().locator('input[name="budget"]').inputValue(), '12');
+  await submitModal('Create tenant');
+  await row('kept-across-login').waitFor();
+});
+
 test('log out: the console and the admin API are closed to this browser again', async () => {
   await page.getByRole('button', { name: 'Log out' }).click();
   await page.locator('input[name="token"]').waitFor();
