@@ -58,6 +58,18 @@ for i in $(seq "$TENANTS"); do
             SELECT id, 'k$i', sha256(convert_to('tg-settle-bench-$i', 'UTF8')), 'tg-settl' FROM tenants WHERE name = 'bench-$i'"
 done
 DURABLE=$(sql -c "SELECT current_setting('fsync') || '/' || current_setting('synchronous_commit')")
+# Postgres' CPU: the postmaster's own and its reaped children's (backends that exited),
+# plus every live child's (backends, WAL writer, checkpointer), in clock ticks.
+pg_ticks() {
+    local pm
+    pm=$(head -1 "$T/pg/pgdata/postmaster.pid")
+    { awk '{print $14 + $15 + $16 + $17}' "/proc/$pm/stat"
+      for p in $(pgrep -P "$pm" || true); do awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || true; done
+    } | awk '{ s += $1 } END { print s + 0 }'
+}
+# Rows written in user tables (inserted + updated + deleted; the statistics collector's
+# counters, flushed by each backend within a second of its transaction).
+pg_rows() { sleep 1.2; sql -c "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"; }
 busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
 
 echo "### In-process settlement path (billing_settle_bench.c): tg_billing against Postgres + Redis, no HTTP"
@@ -66,18 +78,22 @@ echo "Commit $(git_head), $(date -u '+%Y-%m-%d %H:%M UTC'); Postgres fsync/synch
 echo "$TENANTS tenants (one key each, no budget), requests round robin over them; $N requests per run; window $WINDOW"
 echo "reservations in flight per worker; backlog cap $BACKLOG settled-but-uncommitted requests per worker (0 = none)."
 echo ""
-echo "| run | workers | committed | wall s | **committed / s** | accepted / s (reserve + settle calls) | tg_settle_batch calls | elements / call | usage rows / txn p50 / p90 / max | spooled | reservations failed (503) | worker loop: longest stall ms / stalls > 10 ms | of which the loop's own CPU: longest ms / > 10 ms | bench CPU µs / req | Redis CPU µs / req | rest of the box (Postgres …) CPU µs / req | both cores busy | load before → after | ledger verify |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---|---|"
+echo "| run | workers | committed | wall s | **committed / s** | accepted / s (reserve + settle calls) | tg_settle_batch calls | elements / call | usage rows / txn p50 / p90 / max | spooled | reservations failed (503) | worker loop: longest stall ms / stalls > 10 ms | of which the loop's own CPU: longest ms / > 10 ms | bench CPU µs / req | Redis CPU µs / req | **Postgres CPU µs / req** | **rows written / req** | rest of the box (Postgres …) CPU µs / req | both cores busy | load before → after | ledger verify |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|"
 run() { # NAME WORKERS BACKLOG
-    local name=$1 workers=$2 cap=$3 since out rc l0 l1 r0 r1 b0 b1 rows dist verify
+    local name=$1 workers=$2 cap=$3 since out rc l0 l1 r0 r1 p0 p1 w0 w1 b0 b1 rows dist verify
     since=$(sql -c "SELECT now()")
     l0=$(load_now)
+    w0=$(pg_rows)
     r0=$(cpu_ticks "$PID_REDIS")
+    p0=$(pg_ticks)
     read -r b0 t0 <<<"$(busy)"
     rc=0
     out=$(timeout 300 "$T/billing_settle_bench" "$N" "$workers" "$WINDOW" "$cap" "$T/spool-$name" 2>"$T/$name.err") || rc=$?
     read -r b1 t1 <<<"$(busy)"
+    p1=$(pg_ticks)
     r1=$(cpu_ticks "$PID_REDIS")
+    w1=$(pg_rows)
     l1=$(load_now)
     [ -n "$out" ] || { log "run $name failed (rc $rc):"; tail -5 "$T/$name.err" >&2; exit 1; }
     echo "$out" >>"$T/results.txt"
@@ -86,7 +102,7 @@ run() { # NAME WORKERS BACKLOG
     dist=$(sql -c "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY c) || ' / ' || percentile_disc(0.9) WITHIN GROUP (ORDER BY c) || ' / ' || max(c)
                    FROM (SELECT count(*) AS c FROM usage WHERE created_at >= '$since' GROUP BY created_at) x")
     verify=$("$T/tollgate" ledger verify -c "$T/tool.lua" >"$T/verify-$name.txt" 2>&1 && echo "exit 0" || echo "exit $? (see below)")
-    echo "| $name | $workers | $(kv committed "$out") ($rows usage rows) | $(kv wall_s "$out") | **$(kv committed_per_s "$out")** | $(kv accepted_per_s "$out") | $(kv batches "$out") | $(kv elements_per_batch "$out") | $dist | $(kv spooled "$out") | $(kv failed "$out") | $(kv loop_max_stall_ms "$out") / $(kv loop_stalls_over_10ms "$out") | $(kv loop_max_busy_ms "$out") / $(kv loop_busy_over_10ms "$out") | $(kv cpu_us_per_req "$out") | $(per_req $((r1 - r0)) "$(kv committed "$out")") | $(awk -v a="$b0" -v b="$b1" -v hz="$HZ" -v n="$(kv committed "$out")" -v own="$(kv cpu_us_per_req "$out")" -v r=$((r1 - r0)) \
+    echo "| $name | $workers | $(kv committed "$out") ($rows usage rows) | $(kv wall_s "$out") | **$(kv committed_per_s "$out")** | $(kv accepted_per_s "$out") | $(kv batches "$out") | $(kv elements_per_batch "$out") | $dist | $(kv spooled "$out") | $(kv failed "$out") | $(kv loop_max_stall_ms "$out") / $(kv loop_stalls_over_10ms "$out") | $(kv loop_max_busy_ms "$out") / $(kv loop_busy_over_10ms "$out") | $(kv cpu_us_per_req "$out") | $(per_req $((r1 - r0)) "$(kv committed "$out")") | **$(per_req $((p1 - p0)) "$(kv committed "$out")")** | **$(awk -v w=$((w1 - w0)) -v n="$(kv committed "$out")" 'BEGIN { printf "%.2f", w / n }')** | $(awk -v a="$b0" -v b="$b1" -v hz="$HZ" -v n="$(kv committed "$out")" -v own="$(kv cpu_us_per_req "$out")" -v r=$((r1 - r0)) \
         'BEGIN { printf "%.1f", (b - a - r) / hz * 1e6 / n - own }') | $(awk -v a="$b0" -v b="$b1" -v c="$t0" -v d="$t1" 'BEGIN { printf "%.0f%%", (b - a) / (d - c) * 100 }') | $l0 → $l1 | $verify |"
     [ "$verify" = "exit 0" ] || sed 's/^/    /' "$T/verify-$name.txt" >>"$T/verify-problems.txt"
     [ $rc = 0 ] || log "run $name: the bench exited $rc (conflicts, failures or a mismatch): see $T/$name.err"
@@ -110,6 +126,9 @@ echo "- worker loop: a 1 ms timer on each billing instance's loop; a late tick i
 echo "  request of that gateway worker would have waited as long), e.g. by the spool's write + fsync when the queue spills."
 echo "  A stall mixes the loop's own work with waiting for a CPU on a busy box; \"the loop's own CPU\" is the thread's CPU"
 echo "  time (CLOCK_THREAD_CPUTIME_ID) between the same two ticks, i.e. what the settlement path itself held the loop for."
+echo "- Postgres CPU: the postmaster's and its children's CPU time over the run (backends, WAL writer, checkpointer;"
+echo "  /proc/<pid>/stat), per committed settlement. rows written: n_tup_ins + n_tup_upd + n_tup_del of every user"
+echo "  table (pg_stat_user_tables) over the run, per committed settlement (tenant and key balance updates included)."
 echo "- both cores busy: (user + nice + system + irq + softirq) / all ticks of the machine over the run (this bench,"
 echo "  Postgres, Redis, and anything else on the box). rest of the box = all busy CPU over the run − this bench − Redis,"
 echo "  per request: mostly Postgres (its backends, WAL writer), plus whatever else ran on the shared machine."
