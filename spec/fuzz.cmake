@@ -46,6 +46,7 @@ if(TG_FUZZ)
   tg_fuzz_target(fuzz_json_members)
   tg_fuzz_target(fuzz_log_safe)
   tg_fuzz_target(fuzz_json_numbers)
+  tg_fuzz_target(fuzz_json_scan)
 endif()
 
 # In the release build (the one spec/run.sh runs ctest in), the fuzz and sanitizer

@@ -38,3 +38,9 @@ foreach(file ${TG_CORE_IT})
       LABELS "core;integration;asan" TIMEOUT 180)
   endif()
 endforeach()
+
+# Issue 17 (pipeline): the request body validated in one pass, its tree built on demand.
+add_test(NAME integration.pipeline_parse COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_parse.test.mjs)
+set_tests_properties(integration.pipeline_parse PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+  LABELS "pipeline;core;integration" TIMEOUT 120)

@@ -55,4 +55,52 @@ char *tg_json_dumps(const json_t *v, size_t flags);
 int tg_json_set_members(const char *doc, size_t len, const char *const *keys, const char *const *values, int n,
                         tg_buf_t *out);
 
+/*
+ * One pass over a request body that says whether tg_json_loadb(body, JSON_REJECT_DUPLICATES)
+ * would accept it, without building the tree, and reads the top-level members the
+ * pipeline checks on every request (tg_json_scan_top_t). Three answers: TG_JSON_VALID
+ * and TG_JSON_INVALID are certain (the fuzz target fuzz_json_scan holds them to
+ * jansson's verdict); TG_JSON_UNSURE is for what the scan leaves to jansson (an escaped
+ * key, an object of more than 32 keys, nesting deeper than 64, a number token longer
+ * than 64 bytes, an integer beyond int64): the caller parses then.
+ */
+enum { TG_JSON_VALID = 0, TG_JSON_INVALID = 1, TG_JSON_UNSURE = 2 };
+
+/* The top-level members read, in this order in tg_json_scan_top_t.m[]. */
+enum {
+    TG_JTOP_MODEL,
+    TG_JTOP_STREAM,
+    TG_JTOP_MESSAGES,
+    TG_JTOP_INPUT,
+    TG_JTOP_MAX_COMPLETION_TOKENS,
+    TG_JTOP_MAX_TOKENS,
+    TG_JTOP__COUNT
+};
+
+/* A value's kind: 0 absent, or one of these. */
+enum {
+    TG_JV_STRING = 1, /* start/len: the bytes between the quotes; escaped: holds a backslash */
+    TG_JV_INT,        /* within int64 */
+    TG_JV_REAL,
+    TG_JV_TRUE,
+    TG_JV_FALSE,
+    TG_JV_NULL,
+    TG_JV_OBJECT,
+    TG_JV_ARRAY,
+};
+
+typedef struct {
+    int kind;
+    int escaped;
+    size_t start, len;
+} tg_json_scan_val_t;
+
+typedef struct {
+    int object;      /* the document is an object (else an array) */
+    tg_json_scan_val_t m[TG_JTOP__COUNT];
+} tg_json_scan_top_t;
+
+/** TG_JSON_VALID, TG_JSON_INVALID or TG_JSON_UNSURE; *top is filled for TG_JSON_VALID. */
+int tg_json_scan(const char *buf, size_t len, tg_json_scan_top_t *top);
+
 #endif

@@ -196,6 +196,7 @@ static int money_bound(proxy_req_t *p) {
     if (p->bound_done)
         return p->bound_done > 0 ? TG_OK : TG_DONE;
     p->bound_done = -1;
+    tg__proxy_json(p); /* read, and the cap written, in the tree */
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     const char *limit_field = p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens";
     const char *field, *bad;
@@ -300,6 +301,7 @@ int tg__phase_admit(proxy_req_t *p) {
      * of wrapping, so a huge max_tokens charges the whole TPM bucket, never nothing. The
      * client's bound, before billing's default is put in: kept when admitting again
      * after a balance load. */
+    tg__proxy_json(p); /* the limit fields are read from the tree */
     if (!p->balance_loads) {
         const char *field, *bad;
         int64_t out_bound = client_out_bound(p, &field, &bad);

@@ -14,6 +14,7 @@
 #include <openssl/sha.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "tg_proxy_internal.h"
 
@@ -106,10 +107,86 @@ int tg__phase_auth(proxy_req_t *p) {
 
 /* ---- phase: parse ------------------------------------------------------------------- */
 
+/* The body's tree, built the first time a phase asks (phase_parse only validated the
+ * body, in one pass, when it could check what it checks without it). NULL for a request
+ * without a body to parse, or when memory ran out. */
+json_t *tg__proxy_json(proxy_req_t *p) {
+    if (!p->json && p->parsed) {
+        json_error_t jerr;
+        p->json = tg_json_loadb(p->req->body.data ? p->req->body.data : "", p->req->body.len, JSON_REJECT_DUPLICATES,
+                                &jerr);
+        tg__cleanup_add(p, cleanup_json);
+        if (!p->json)
+            tg_log_error("request %s: the validated body did not parse: %s", p->req->id, jerr.text);
+    }
+    return p->json;
+}
+
+/*
+ * The checks of phase_parse below, read from tg_json_scan's pass instead of a tree, in
+ * the same order with the same answers. Returns 0, nothing done, when the request needs
+ * the tree here (count_tokens, a chat stream's stream_options, a model spelled with an
+ * escape): phase_parse parses then. Else 1 with *rc the phase's result.
+ */
+static int parse_scanned(proxy_req_t *p, const tg_json_scan_top_t *top, int *rc) {
+    const tg_json_scan_val_t *model = &top->m[TG_JTOP_MODEL], *stream = &top->m[TG_JTOP_STREAM];
+    if ((model->kind == TG_JV_STRING && model->escaped) ||
+        (p->req->route == TG_ROUTE_MESSAGES && strcmp(p->path, "/v1/messages/count_tokens") == 0) ||
+        (stream->kind == TG_JV_TRUE && p->proto == TG_PROTO_OPENAI_CHAT))
+        return 0;
+    p->parsed = 1;
+    *rc = TG_DONE;
+    if (!top->object) {
+        tg__proxy_fail(p, 400, "invalid_request_error", "invalid_request", "request body must be a JSON object");
+        return 1;
+    }
+    if (!model->kind) {
+        tg__proxy_fail(p, 400, "invalid_request_error", "missing_model", "you must provide a model parameter");
+        return 1;
+    }
+    if (model->kind != TG_JV_STRING || model->len == 0 || model->len >= sizeof(p->model)) {
+        tg__proxy_fail(p, 400, "invalid_request_error", "invalid_model", "model must be a non-empty string");
+        return 1;
+    }
+    memcpy(p->model, p->req->body.data + model->start, model->len);
+    p->model[model->len] = '\0';
+    if (p->proto == TG_PROTO_OPENAI_CHAT || p->proto == TG_PROTO_ANTHROPIC) {
+        if (top->m[TG_JTOP_MESSAGES].kind != TG_JV_ARRAY) {
+            tg__proxy_fail(p, 400, "invalid_request_error", "missing_messages", "messages must be an array");
+            return 1;
+        }
+    } else if (top->m[TG_JTOP_INPUT].kind != TG_JV_STRING && top->m[TG_JTOP_INPUT].kind != TG_JV_ARRAY) {
+        tg__proxy_fail(p, 400, "invalid_request_error", "missing_input", "input must be a string or an array");
+        return 1;
+    }
+    if (stream->kind && stream->kind != TG_JV_TRUE && stream->kind != TG_JV_FALSE && stream->kind != TG_JV_NULL) {
+        tg__proxy_fail(p, 400, "invalid_request_error", "invalid_stream", "stream must be a boolean");
+        return 1;
+    }
+    p->stream = stream->kind == TG_JV_TRUE && p->proto != TG_PROTO_EMBEDDINGS;
+    /* What the plugins see as max_tokens (phase_plugins): max_completion_tokens when it
+     * is an integer, else max_tokens when it is one (the scan's integers are within
+     * int64), else -1. */
+    const tg_json_scan_val_t *mt = &top->m[TG_JTOP_MAX_COMPLETION_TOKENS];
+    if (mt->kind != TG_JV_INT)
+        mt = &top->m[TG_JTOP_MAX_TOKENS];
+    p->scan_max_tokens = mt->kind == TG_JV_INT ? strtoll(p->req->body.data + mt->start, NULL, 10) : -1;
+    *rc = TG_OK;
+    return 1;
+}
+
 int tg__phase_parse(proxy_req_t *p) {
     tg_request_t *req = p->req;
     if (!tg__is_model_route(req->route))
         return TG_OK;
+    /* One pass validates the body (tg_json_scan, held to jansson's verdict by its fuzz
+     * target); the tree is built only when a phase asks for it (tg__proxy_json). A body
+     * the scan refuses or leaves to jansson is parsed here, for jansson's error message
+     * or verdict. */
+    tg_json_scan_top_t top;
+    int rc, verdict = tg_json_scan(req->body.data ? req->body.data : "", req->body.len, &top);
+    if (verdict == TG_JSON_VALID && parse_scanned(p, &top, &rc))
+        return rc;
     json_error_t jerr;
     p->json = tg_json_loadb(req->body.data ? req->body.data : "", req->body.len, JSON_REJECT_DUPLICATES, &jerr);
     tg__cleanup_add(p, cleanup_json);
@@ -118,6 +195,7 @@ int tg__phase_parse(proxy_req_t *p) {
         snprintf(msg, sizeof(msg), "request body is not valid JSON: %s (at byte %d)", jerr.text, jerr.position);
         return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_json", msg);
     }
+    p->parsed = 1;
     if (!json_is_object(p->json))
         return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_request", "request body must be a JSON object");
     /* Integers beyond int64 are kept where they are data (tool schemas, arguments); a
@@ -239,10 +317,14 @@ int tg__phase_plugins(proxy_req_t *p) {
     c->tenant_id = p->tenant_id_s;
     c->tenant_id_len = strlen(p->tenant_id_s);
     c->stream = p->stream;
-    json_t *mt = json_object_get(p->json, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(p->json, "max_tokens");
-    c->max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    if (p->json) {
+        json_t *mt = json_object_get(p->json, "max_completion_tokens");
+        if (!json_is_integer(mt))
+            mt = json_object_get(p->json, "max_tokens");
+        c->max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    } else {
+        c->max_tokens = p->scan_max_tokens; /* the body was only scanned (phase_parse) */
+    }
     tg_plugins_ctx_set_model(c, p->model, strlen(p->model));
     if (tg_plugins_has_hook(pl, c, TG_HOOK_ON_REQUEST) && tg_plugins_run(pl, TG_HOOK_ON_REQUEST, c) == TG_DONE)
         return tg__plugin_reject(p);
@@ -250,7 +332,7 @@ int tg__phase_plugins(proxy_req_t *p) {
         return tg__plugin_reject(p);
     if (c->model_len && (c->model_len != strlen(p->model) || memcmp(c->model, p->model, c->model_len) != 0)) {
         snprintf(p->model, sizeof(p->model), "%.*s", (int)c->model_len, c->model);
-        json_object_set_new(p->json, "model", json_string(p->model));
+        json_object_set_new(tg__proxy_json(p), "model", json_string(p->model));
         p->json_dirty |= DIRTY_MODEL;
     }
     /* The key's model restrictions apply to the model that will be served. */

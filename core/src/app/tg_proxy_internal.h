@@ -102,7 +102,9 @@ struct proxy_req_s {
     proxy_worker_t *pw;
     phase_t phase;                /* the next phase to run */
     const char *path;      /* path without query */
-    json_t *json;          /* parsed request body */
+    json_t *json;          /* the request body's tree, built when a phase asks (tg__proxy_json) */
+    int parsed;            /* the body is valid (phase_parse): tg__proxy_json can build it */
+    int64_t scan_max_tokens; /* the plugins' max_tokens, when the body was only scanned */
     tg_buf_t upstream_req; /* bytes sent upstream */
     char model[128];
     int stream;
@@ -186,6 +188,7 @@ int tg__phase_auth(proxy_req_t *p);
 int tg__phase_parse(proxy_req_t *p);
 int tg__phase_plugins(proxy_req_t *p);
 int tg__plugin_reject(proxy_req_t *p);
+json_t *tg__proxy_json(proxy_req_t *p);
 
 /* tg_proxy_admit.c */
 int tg__phase_admit(proxy_req_t *p);

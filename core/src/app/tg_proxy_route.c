@@ -45,8 +45,9 @@ static void sticky_got(void *ud, redisReply *r, const char *err) {
 int tg__phase_sticky(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
-    if (!pr || !pr->group_id || !redis || !p->json || p->attempt > 1)
+    if (!pr || !pr->group_id || !redis || !p->parsed || p->attempt > 1)
         return TG_OK;
+    tg__proxy_json(p);
     tg_buf_t src;
     tg_buf_init(&src);
     const tg_str_t *h = tg_request_header(p->req, "x-session-id");
@@ -223,11 +224,16 @@ static void use_account(proxy_req_t *p, const tg_account_t *acc) {
     p->at.up_proto = upstream_proto(p, acc->provider);
     p->at.up = acc->upstream;
     p->at.credential = acc->credential;
-    if (p->json) {
+    if (p->parsed) {
+        /* The tree holds p->model unless the account maps it: only then is it built and
+         * changed. */
         const char *mapped = tg_account_map_model(acc, p->model);
-        json_object_set_new(p->json, "model", json_string(mapped));
-        if (strcmp(mapped, p->model) != 0)
+        if (strcmp(mapped, p->model) != 0 && tg__proxy_json(p)) {
+            json_object_set_new(p->json, "model", json_string(mapped));
             p->json_dirty |= DIRTY_MODEL;
+        } else if (p->json) {
+            json_object_set_new(p->json, "model", json_string(mapped));
+        }
     }
 }
 

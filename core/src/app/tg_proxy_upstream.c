@@ -138,7 +138,7 @@ int tg__phase_upstream(proxy_req_t *p) {
              * mapped for the account is in p->json). */
             json_t *out = NULL;
             char err[256];
-            json_t *m = json_object_get(p->json, "model");
+            json_t *m = json_object_get(tg__proxy_json(p), "model");
             if (tg_translate_request(p->proto, p->at.up_proto, p->json, json_string_value(m), &out, err, sizeof(err)) !=
                 TG_OK)
                 return tg__proxy_fail(p, 400, "invalid_request_error", "untranslatable_request", err);
@@ -147,7 +147,7 @@ int tg__phase_upstream(proxy_req_t *p) {
             json_decref(out);
         } else {
             if (p->cap_added)
-                output_cap(p, p->json, 0);
+                output_cap(p, tg__proxy_json(p), 0);
             if (p->json_dirty)
                 body = patched_body(p, &body_len);
         }
