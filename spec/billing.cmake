@@ -28,13 +28,3 @@ endforeach()
 if(TEST integration.billing_crash_settled)
   set_tests_properties(integration.billing_crash_settled PROPERTIES LABELS "hostile;billing;integration")
 endif()
-
-# The settlement's rows (issue #17 "pipeline", goal 3: one row per billed request, holds
-# in Redis without a reservation row): the crash, Postgres-restart and load tests are also
-# labelled `pipeline`.
-foreach(name billing_crash billing_crash_settled billing_pg_restart billing_load billing_verify)
-  if(TEST integration.${name})
-    get_test_property(integration.${name} LABELS labels)
-    set_tests_properties(integration.${name} PROPERTIES LABELS "${labels};pipeline")
-  endif()
-endforeach()

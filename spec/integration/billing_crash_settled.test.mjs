@@ -50,15 +50,15 @@ test('kill -9 after a request finished, before its settlement reached Postgres: 
   await waitUsageRow(bill, warm.headers['x-request-id']);
   const before = await accountsMoney(bill);
 
-  // Postgres is slow: the usage table is locked, so the batch carrying this request's
-  // settlement waits in the gateway's hands.
+  // Postgres is slow: the reservations table is locked, so the batch carrying this
+  // request's reservation row and settlement waits in the gateway's hands.
   const locker = spawn('psql', ['-X', '-q', '-d', bill.conninfo, '-c',
-    "SET application_name = 'tg-locker'; BEGIN; LOCK TABLE usage IN SHARE MODE; SELECT pg_sleep(60); COMMIT;"],
+    "SET application_name = 'tg-locker'; BEGIN; LOCK TABLE reservations IN SHARE MODE; SELECT pg_sleep(60); COMMIT;"],
   { stdio: 'ignore' });
   const lockerExit = new Promise((resolve) => locker.on('exit', resolve));
   await waitFor(async () => Number(await bill.db.scalar(
-    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'usage' AND l.mode = 'ShareLock' AND l.granted")) > 0,
-  { timeout: 5000, what: 'the lock on usage' });
+    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'reservations' AND l.mode = 'ShareLock' AND l.granted")) > 0,
+  { timeout: 5000, what: 'the lock on reservations' });
   const body = chatBody('finished while Postgres is slow [mock chunks=3]', { maxTokens: 100 });
   const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 100);
   const r = await chat(gw, bill.key, body);

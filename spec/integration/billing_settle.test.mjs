@@ -20,7 +20,6 @@ import {
   chatBody,
   costOf,
   count,
-  heldBound,
   ledger,
   ledgerRows,
   liveMoney,
@@ -121,8 +120,8 @@ test('the seed example: reserve 3,000, actual 2,400 -> exactly 600 back to the l
   assert.equal(row.input_tokens + row.output_tokens, 2400);
   assert.equal(row.cost, A, 'billed exactly the actual 2,400 tokens');
   assert.equal(row.estimated, false);
-  assert.deepEqual(await reservationRows(bill, id), [], 'no reservation row: the hold was in Redis (sql/0005)');
-  assert.equal(await heldBound(bill, id), R, 'its usage row keeps the bound it held, exactly R');
+  assert.deepEqual((await reservationRows(bill, id)).map((x) => [x.attempt, x.state, x.amount, x.settled_cost]),
+    [[1, 'reconciled', R, A]], 'one reservation of exactly R, reconciled at A');
   assert.deepEqual(await ledgerRows(bill, id), [{ kind: 'usage', amount: -A }]);
 
   const afterSettle = await snapshot(bill);
@@ -181,7 +180,9 @@ test('no max_tokens: the configured cap (4096) is reserved and sent upstream; a 
   assert.equal(row.output_tokens, 7);
   assert.equal(row.cost, costOf(mockInputTokens(text), 7));
   assert.equal(row.estimated, false);
-  assert.equal(await heldBound(bill, id), reservationFor(bytes, 4096), 'bound = (bytes/3 + 1) in + 4096 out');
+  const [res] = await reservationRows(bill, id);
+  assert.equal(res.amount, reservationFor(bytes, 4096), 'bound = (bytes/3 + 1) in + 4096 out');
+  assert.equal(res.state, 'reconciled');
 
   const now = await snapshot(bill);
   assert.equal(now.avail, before.avail - row.cost, 'the live balance lost the cost only');
@@ -202,7 +203,8 @@ test("the group's rate multiplier scales the reservation and the bill", async ()
   const row = await waitUsageRow(b2, id);
   const base = costOf(mockInputTokens(text), 9);
   assert.equal(row.cost, (base * 3n) / 2n, `cost = 1.5 x ${base}`);
-  assert.equal(await heldBound(b2, id), (reservationFor(Buffer.byteLength(JSON.stringify(body)), 50) * 3n) / 2n);
+  const [res] = await reservationRows(b2, id);
+  assert.equal(res.amount, (reservationFor(Buffer.byteLength(JSON.stringify(body)), 50) * 3n) / 2n);
   const m = await accountsMoney(b2);
   assert.equal(m.balance, 5_000_000_000n - row.cost);
   assert.equal((await liveMoney(b2)).avail, m.balance);

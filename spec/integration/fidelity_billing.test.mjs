@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 
 import { startMock, stopAll } from './lib/harness.mjs';
 import { chat } from './lib/db.mjs';
-import { billedSetup, heldBound, reservationFor, startBilledGateway, waitUsageRow } from './lib/billing.mjs';
+import { billedSetup, reservationFor, reservationRows, startBilledGateway, waitUsageRow } from './lib/billing.mjs';
 
 const DEFAULT_CAP = 3000;
 let mock;
@@ -50,7 +50,8 @@ for (const [model, field, other] of [
     assert.equal(got[other], undefined, `and no ${other}`);
     const id = r.headers['x-request-id'];
     await waitUsageRow(bill, id);
-    assert.equal(await heldBound(bill, id), reservationFor(Buffer.byteLength(JSON.stringify(body)), DEFAULT_CAP), 'the bound reserved');
+    const [row] = await reservationRows(bill, id);
+    assert.equal(row.amount, reservationFor(Buffer.byteLength(JSON.stringify(body)), DEFAULT_CAP), 'the bound reserved');
   });
 }
 

@@ -10,18 +10,18 @@
  * admit (tg_billing_admission_money builds its part; tg_billing_admitted records it);
  * a retry's, or one the admission could not take, by tg_billing_reserve (a script of
  * its own, the same writes).
- * A hold in Redis has no Postgres row: it is indexed in Redis ({t:T}:holds), where the
- * reconciler finds the holds of a gateway that died before settling them; only a
- * reservation without a hold (money open) gets a durable row, through the settlement
- * batcher or the local spool — so no request waits on Postgres, and a Postgres outage
- * does not stop traffic for tenants whose balance is live in Redis.
+ * The reservation's durable Postgres row (`reserved`) is written by the settlement
+ * batcher within a millisecond, or appended to the local fsync'd spool when Postgres is
+ * unreachable — so no request waits on Postgres, and a Postgres outage does not stop
+ * traffic for tenants whose balance is live in Redis. The hold is also indexed in Redis
+ * ({t:T}:holds), so the reconciler finds the holds of a gateway that died before their
+ * row reached Postgres.
  *
  * After the response, the exact usage is priced and settled: the Redis reservation's
  * unused part is returned exactly once (the reservation key is deleted by the same
- * script that credits it back) once the settlement is durable, and the Postgres
- * settlement (tg_settle_batch: the usage row, which is the dedup, and only if it was
- * inserted: debit, spend, the batch's ledger entry for its tenant; sql/0005) is queued,
- * grouped with others into one transaction per batch, and on
+ * script that credits it back), and the Postgres settlement (tg_settle_batch: dedup row
+ * first, and only if it was inserted: debit, usage row, ledger row, reservation
+ * reconciled) is queued, grouped with others into one transaction per batch, and on
  * failure — or when the queue reaches queue_max because Postgres is slower than the
  * traffic — appended to a local fsync'd spool that is replayed until it succeeds.
  *
@@ -87,7 +87,7 @@ void tg_reserve_detach(tg_reserve_t *r);
 void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, const char *tenant_init,
                                 const char *key_init, tg_limit_money_t *out);
 /** The admission reserved r (TG_ADMIT_OK, reserved): records it as tg_billing_reserve
- *  does (the counter; the hold needs no Postgres row). Call it when the upstream
+ *  does (the Postgres row through the batcher, the counter). Call it when the upstream
  *  call is about to be made; a request that ends before gives the hold back with
  *  tg_billing_release_attempt instead, and nothing is recorded. */
 void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r);
@@ -115,8 +115,6 @@ typedef struct {
     int attempts;
     unsigned unheld;     /* bit a-1: attempt a went ahead without a Redis hold (money open
                             while Redis was down): its cost comes off the live balance */
-    int64_t reserved;    /* nano-USD each attempt held (its bound; kept in its usage row) */
-    int has_rows;        /* its reservations have Postgres rows (the reconciler's settlements) */
     int status;
     double ttft_ms, total_ms;
 } tg_settlement_t;

@@ -172,7 +172,6 @@ void tg__on_finish(tg_request_t *req, int aborted) {
                 .unreadable = unreadable,
                 .attempts = p->reserved,
                 .unheld = p->unheld,
-                .reserved = p->reserved_amount,
                 .status = aborted && req->status < 400 ? 499 : req->status,
                 .ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
                 .total_ms = (double)(now - req->start_ns) / 1e6,

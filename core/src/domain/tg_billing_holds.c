@@ -50,7 +50,7 @@ static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, i
 
 
 static void reserve_send(tg_reserve_t *x);
-static void unheld_row(tg_billing_t *b, const tg_reserve_req_t *r);
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld);
 
 static void reserve_finish(tg_reserve_t *x, int status, const char *code, const char *msg) {
     if (!x->detached)
@@ -90,12 +90,9 @@ static void load_balance(tg_reserve_t *x) {
     tg_pg_query(tg_state_pg(x->b->st), INIT_SQL, 2, params, init_loaded, x);
 }
 
-/* A reservation without a hold in Redis (money open while Redis was down) has a durable
- * Postgres row, which goes with the next settlement batch, or to the local spool when
- * Postgres is unreachable: no request waits on Postgres. A hold in Redis needs none:
- * Redis holds the money and indexes the hold ({t:T}:holds), where the reconciler finds
- * it if its gateway dies before settling (README, Billing). */
-static void unheld_row(tg_billing_t *b, const tg_reserve_req_t *r) {
+/* The reservation's durable Postgres row goes with the next settlement batch, in order,
+ * or to the local spool when Postgres is unreachable: no request waits on Postgres. */
+static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld) {
     char amount[32];
     tg_money_format(r->amount, amount);
     json_t *o = json_object();
@@ -107,7 +104,8 @@ static void unheld_row(tg_billing_t *b, const tg_reserve_req_t *r) {
     json_object_set_new(o, "amount", json_string(amount));
     json_object_set_new(o, "model", json_string(r->model ? r->model : ""));
     json_object_set_new(o, "instance", json_string(tg__billing_instance));
-    json_object_set_new(o, "note", json_string("unheld")); /* no hold in Redis (INIT_SQL) */
+    if (unheld)
+        json_object_set_new(o, "note", json_string("unheld")); /* no hold in Redis (INIT_SQL) */
     tg__billing_enqueue(b, o);
 }
 
@@ -125,7 +123,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
              * usual (a fresh Redis loads the balance minus it) and the request settles
              * as usual; the settlement finds no hold to give back. */
             b->stats.unheld++;
-            unheld_row(b, &x->r);
+            reserved_row(b, &x->r, 1);
             reserve_finish(x, 0, "unheld", NULL);
             return;
         }
@@ -156,7 +154,8 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
         reserve_finish(x, 0, NULL, NULL);
         return;
     }
-    /* The hold is in Redis, indexed (atomic, before the upstream call): nothing to write. */
+    /* The hold is in Redis (atomic, before the upstream call). */
+    reserved_row(b, &x->r, 0);
     b->stats.reserved++;
     reserve_finish(x, 0, NULL, NULL);
 }
@@ -323,7 +322,7 @@ void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, cons
 }
 
 void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r) {
-    TG_UNUSED(r); /* the hold is in Redis, indexed: nothing to write */
+    reserved_row(b, r, 0);
     b->stats.reserved++;
 }
 

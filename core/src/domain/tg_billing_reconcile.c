@@ -33,7 +33,7 @@ const char tg__billing_due_sql[] =
     "WHERE (r.state = 'pending_reconciliation' OR r.state = 'reserved') "
     "AND r.created_at < now() - $1::int * interval '1 millisecond' "
     "AND NOT (coalesce(r.instance, '') = ANY ($2::text[])) "
-    "AND NOT EXISTS (SELECT 1 FROM usage u WHERE u.request_id = r.request_id) "
+    "AND NOT EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.request_id) "
     "GROUP BY r.request_id LIMIT 500";
 
 tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charge_unknown) {
@@ -49,27 +49,9 @@ tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charg
         .estimated = 1,
         /* The billed attempt held nothing in Redis (money open): debit after commit. */
         .unheld = !strcmp(PQgetvalue(res, i, 6), "t") && last <= 32 ? 1u << (last - 1) : 0,
-        .reserved = amount,
-        .has_rows = 1,
         .status = 0,
         .ttft_ms = -1,
     };
-}
-
-/* A held request has no reservation row, but the reconciler may have written one for its
- * hold (its gateway stopped heart-beating) in a transaction that ran beside the one that
- * settled it, each blind to the other: such a row is reconciled here, at every pass. */
-static const char SETTLED_ROWS_SQL[] =
-    "UPDATE reservations r SET state = 'reconciled', updated_at = now(), "
-    "settled_cost = CASE WHEN r.attempt = u.attempts THEN u.cost ELSE 0 END FROM usage u "
-    "WHERE u.request_id = r.request_id AND r.state IN ('reserved', 'pending_reconciliation')";
-
-static void settled_rows_cb(void *ud, const PGresult *res, const char *err) {
-    TG_UNUSED(ud);
-    TG_UNUSED(err);
-    if (res && atoi(PQcmdTuples((PGresult *)res)) > 0)
-        tg_log_warn("billing: reconciler marked %s reservation row(s) of settled requests reconciled",
-                    PQcmdTuples((PGresult *)res));
 }
 
 static void due_cb(void *ud, const PGresult *res, const char *err) {
@@ -102,7 +84,7 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
 static const char ORPHANS_SQL[] =
     "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, "
     "EXISTS (SELECT 1 FROM reservations r WHERE r.request_id = c.rid AND r.attempt = c.att), "
-    "EXISTS (SELECT 1 FROM usage d WHERE d.request_id = c.rid), "
+    "EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = c.rid), "
     "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid AND u.attempts = c.att), 0) "
     "FROM jsonb_to_recordset($1::jsonb) AS c(rid text, att int, key_id bigint, ms bigint, amount bigint, model text, "
     "instance text) "
@@ -311,7 +293,6 @@ static void alive_cb(void *ud, redisReply *r, const char *err) {
     char ms[16];
     snprintf(ms, sizeof(ms), "%d", b->cfg.reconcile_after_ms);
     const char *params[2] = {ms, arr.data};
-    tg_pg_query(tg_state_pg(b->st), SETTLED_ROWS_SQL, 0, NULL, settled_rows_cb, b);
     tg_pg_query(tg_state_pg(b->st), tg__billing_due_sql, 2, params, due_cb, b);
     tg_buf_free(&arr);
     scan_holds(b, r);

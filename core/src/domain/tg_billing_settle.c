@@ -20,8 +20,7 @@
 #include "tollgate/tg_redis.h"
 #include "tollgate/tg_scripts.h"
 
-/* Elements per transaction (a request gives one, its settlement; one without a Redis
- * hold, two: its reservation row too).
+/* Elements per transaction (a request gives two: its reservation and its settlement).
  * tg_settle_batch is set-based, so a bigger batch costs less per element; 400 keeps one
  * transaction around 30 ms on this class of machine. */
 #define BATCH_MAX 400
@@ -350,15 +349,6 @@ json_t *tg__billing_settlement_json(const tg_settlement_t *s) {
     json_object_set_new(o, "account_id", s->account_id ? json_integer(s->account_id) : json_null());
     json_object_set_new(o, "model", json_string(s->model ? s->model : ""));
     json_object_set_new(o, "attempts", json_integer(TG_MAX(s->attempts, 1)));
-    if (!s->unheld && !s->has_rows)
-        /* Every attempt held in Redis, so none has a reservation row: the settlement
-         * writes its usage row only (0005_settle_one_row.sql). */
-        json_object_set_new(o, "held", json_true());
-    if (s->reserved > 0) {
-        char reserved[32];
-        tg_money_format(s->reserved, reserved);
-        json_object_set_new(o, "reserved", json_string(reserved));
-    }
     /* What giving the holds back needs once this settlement is durable (release_durable). */
     json_object_set_new(o, "release_cost", json_integer(s->cost));
     json_object_set_new(o, "release_unheld", json_integer(s->unheld));

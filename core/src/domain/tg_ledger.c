@@ -42,46 +42,6 @@ static int check(PGconn *c, const char *what, const char *sql, int *problems) {
     return TG_OK;
 }
 
-/* What tenant T holds in Redis that no open reservation row describes (nano-USD): the
- * holds of requests in flight, and of a gateway that died before settling them, which
- * have no row (a hold in Redis needs none, sql/0005); -1 when it cannot be read. Each
- * hold is in {t:T}:holds, field <id>:<attempt>, value key|instance|ms|amount|model. */
-static long long holds_without_row(PGconn *c, redisContext *rc, const char *tenant) {
-    redisReply *rep = redisCommand(rc, "HGETALL {t:%s}:holds", tenant);
-    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        if (rep)
-            freeReplyObject(rep);
-        return -1;
-    }
-    tg_buf_t j;
-    tg_buf_init(&j);
-    tg_buf_appends(&j, "[");
-    for (size_t i = 0; i + 1 < rep->elements; i += 2) {
-        const char *field = rep->element[i]->str, *v = rep->element[i + 1]->str;
-        const char *colon = field ? strrchr(field, ':') : NULL, *p = v;
-        for (int bars = 0; p && bars < 3; bars++)
-            p = strchr(p, '|') ? strchr(p, '|') + 1 : NULL;
-        if (!colon || !p)
-            continue;
-        tg_buf_appends(&j, j.len > 1 ? ",{\"rid\":\"" : "{\"rid\":\"");
-        tg_buf_append_json_escaped(&j, field, (size_t)(colon - field));
-        tg_buf_printf(&j, "\",\"att\":%d,\"amount\":%lld}", atoi(colon + 1), atoll(p));
-    }
-    tg_buf_appends(&j, "]");
-    freeReplyObject(rep);
-    const char *params[1] = {j.data};
-    PGresult *r = PQexecParams(c,
-                               "SELECT coalesce(sum(h.amount), 0) FROM jsonb_to_recordset($1::jsonb) AS h(rid text, "
-                               "att int, amount bigint) WHERE NOT EXISTS (SELECT 1 FROM reservations r WHERE "
-                               "r.request_id = h.rid AND r.attempt = h.att AND r.state IN ('reserved', "
-                               "'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld')",
-                               1, NULL, params, NULL, NULL, 0);
-    long long sum = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? atoll(PQgetvalue(r, 0, 0)) : -1;
-    PQclear(r);
-    tg_buf_free(&j);
-    return sum;
-}
-
 int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
     PGconn *c = PQconnectdb(pg_conninfo);
     if (PQstatus(c) != CONNECTION_OK) {
@@ -102,22 +62,11 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "AND l.kind = 'usage')",
           &problems);
     check(c, "no request id billed twice",
-          "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' AND request_id IS NOT NULL GROUP BY request_id "
-          "HAVING count(*) > 1",
+          "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' GROUP BY request_id HAVING count(*) > 1",
           &problems);
-    /* A usage row is its request's dedup (its fingerprint) and is debited by one ledger
-     * entry: its batch's for its tenant (usage.ledger_id, sql/0005), or before 0005 one of
-     * its own (ledger.request_id). */
-    check(c, "every usage row has its fingerprint and its ledger entry",
-          "SELECT u.request_id, u.ledger_id FROM usage u LEFT JOIN ledger l ON l.id = u.ledger_id AND l.kind = "
-          "'usage' AND l.tenant_id = u.tenant_id LEFT JOIN (SELECT DISTINCT request_id FROM ledger WHERE kind = "
-          "'usage' AND request_id IS NOT NULL) o ON o.request_id = u.request_id WHERE u.fingerprint IS NULL OR "
-          "(u.ledger_id IS NULL AND o.request_id IS NULL) OR (u.ledger_id IS NOT NULL AND l.id IS NULL)",
-          &problems);
-    check(c, "each batch's ledger entry = minus the costs of its usage rows",
-          "SELECT l.id AS ledger_id, l.tenant_id, l.amount, -coalesce(u.c, 0) AS from_usage FROM ledger l LEFT JOIN "
-          "(SELECT ledger_id, sum(cost) AS c FROM usage WHERE ledger_id IS NOT NULL GROUP BY ledger_id) u ON "
-          "u.ledger_id = l.id WHERE l.kind = 'usage' AND l.request_id IS NULL AND l.amount <> -coalesce(u.c, 0)",
+    check(c, "every usage row has its dedup row",
+          "SELECT u.request_id FROM usage u LEFT JOIN billing_dedup d ON d.request_id = u.request_id WHERE "
+          "d.request_id IS NULL",
           &problems);
     check(c, "each key's spend = its usage",
           "SELECT k.id AS key_id, k.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM api_keys k LEFT JOIN usage u "
@@ -128,7 +77,7 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "now() - interval '1 minute'",
           &problems);
     check(c, "every settled request's reservations are reconciled",
-          "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN usage u ON u.request_id = "
+          "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN billing_dedup d ON d.request_id = "
           "r.request_id WHERE r.state <> 'reconciled'",
           &problems);
     char rerr[400];
@@ -149,14 +98,10 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
             if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->str) {
                 long long avail = atoll(rep->element[0]->str);
                 long long reserved = rep->element[1]->str ? atoll(rep->element[1]->str) : 0;
-                /* Postgres' view: its balance minus what is held, in open rows and in the
-                 * holds that have none. */
-                long long held = holds_without_row(c, rc, PQgetvalue(r, i, 0));
-                long long pg_avail = atoll(PQgetvalue(r, i, 1)) - held, pg_reserved = atoll(PQgetvalue(r, i, 2)) + held;
-                if (held < 0 || avail != pg_avail || reserved != pg_reserved) {
+                if (avail != atoll(PQgetvalue(r, i, 1)) || reserved != atoll(PQgetvalue(r, i, 2))) {
                     printf("PROBLEM Redis reserved totals match Postgres: tenant_id=%s redis_avail=%lld "
-                           "pg_avail=%lld redis_reserved=%lld pg_reserved=%lld (nano-USD)\n",
-                           PQgetvalue(r, i, 0), avail, pg_avail, reserved, pg_reserved);
+                           "pg_avail=%s redis_reserved=%lld pg_reserved=%s (nano-USD)\n",
+                           PQgetvalue(r, i, 0), avail, PQgetvalue(r, i, 1), reserved, PQgetvalue(r, i, 2));
                     bad++;
                 }
             }

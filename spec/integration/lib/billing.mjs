@@ -272,22 +272,11 @@ export async function reservationRows(bill, id) {
   return rows.map((r) => ({ ...r, amount: BigInt(r.amount), settled_cost: r.settled_cost === null ? null : BigInt(r.settled_cost) }));
 }
 
-/**
- * The ledger's debits of request `id` (amount as BigInt nano-USD): since 0005 its share of
- * its batch's entry (one `usage` entry per tenant per batch, named by usage.ledger_id),
- * before that a row of its own (ledger.request_id).
- */
+/** The ledger rows of kind `usage` of request `id` (amount as BigInt nano-USD). */
 export async function ledgerRows(bill, id) {
-  const rows = await bill.db.query(`SELECT l.kind, ${nanoCol('-u.cost', 'amount')} FROM usage u
-      JOIN ledger l ON l.id = u.ledger_id AND l.tenant_id = u.tenant_id WHERE u.request_id = ${lit(id)}
-    UNION ALL SELECT kind, ${nanoCol('amount', 'amount')} FROM ledger WHERE request_id = ${lit(id)}`);
+  const rows = await bill.db.query(`SELECT kind, ${nanoCol('amount', 'amount')} FROM ledger
+    WHERE request_id = ${lit(id)} ORDER BY id`);
   return rows.map((r) => ({ ...r, amount: BigInt(r.amount) }));
-}
-
-/** The bound each attempt of request `id` held (BigInt nano-USD), kept in its usage row. */
-export async function heldBound(bill, id) {
-  const v = await bill.db.scalar(`SELECT (reserved * 1000000000)::bigint::text FROM usage WHERE request_id = ${lit(id)}`);
-  return v === null || v === undefined ? null : BigInt(v);
 }
 
 /** How many rows `table` has (optionally WHERE `where`). */
