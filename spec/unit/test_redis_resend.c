@@ -202,7 +202,9 @@ TG_TEST(redis_resend, gives_up_after_the_last_resend) {
     ASSERT_EQ_INT(a.calls, 1);
     ASSERT(a.err == tg_redis_err_disconnected);
     ASSERT_EQ_INT(tg_redis_stats(r)->resends, TG_REDIS_RESEND_TRIES);
-    ASSERT(ms >= 15500 && ms < 25000);
+    /* The waits sum to 15.5 s; libuv's timers count from the loop's cached time, which
+     * can be a few ms older than t0, so the whole can read a little under. */
+    ASSERT(ms >= 15400 && ms < 25000);
     finish(&loop, r);
     ASSERT_EQ_INT(a.calls, 1);
 }
