@@ -51,6 +51,11 @@ void tg_buf_reserve(tg_buf_t *b, size_t extra);
 void tg_buf_append(tg_buf_t *b, const void *p, size_t n);
 void tg_buf_appends(tg_buf_t *b, const char *s);
 void tg_buf_printf(tg_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes "<pre><path>: <message>" into err (errlen bytes, cut to fit) and returns
+ * TG_ERROR: the error of a parser that names where in its input it failed. */
+int tg_err_at(char *err, size_t errlen, const char *pre, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /** Appends v in decimal / lowercase hex: the hot path's headers without printf. */
 void tg_buf_append_u64(tg_buf_t *b, uint64_t v);
 void tg_buf_append_hex(tg_buf_t *b, uint64_t v);

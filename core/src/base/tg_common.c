@@ -382,3 +382,13 @@ int tg_log_allow(const char *key, size_t n, uint64_t now_ms, uint64_t *suppresse
     s->suppressed = 0;
     return 1;
 }
+
+int tg_err_at(char *err, size_t errlen, const char *pre, const char *path, const char *fmt, ...) {
+    int n = snprintf(err, errlen, "%s%s: ", pre, path);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < errlen)
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return TG_ERROR;
+}

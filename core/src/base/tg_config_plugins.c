@@ -37,18 +37,6 @@ void tg_plugins_config_free(tg_plugins_config_t *cfg) {
     memset(cfg, 0, sizeof(*cfg));
 }
 
-static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int cfail(char *err, size_t errlen, const char *path, const char *fmt, ...) {
-    int n = snprintf(err, errlen, "config: %s: ", path);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < errlen)
-        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
-    va_end(ap);
-    return TG_ERROR;
-}
-
 void tg_config_lua_quote(tg_buf_t *b, const char *s, size_t n) {
     tg_buf_appends(b, "\"");
     for (size_t i = 0; i < n; i++) {
@@ -82,11 +70,11 @@ static int serialize(lua_State *L, int idx, tg_buf_t *b, const char *path, int d
     case LUA_TTABLE:
         break;
     default:
-        return cfail(err, errlen, path, "expected data (string, number, boolean, table), got %s",
+        return tg_err_at(err, errlen, "config: ", path, "expected data (string, number, boolean, table), got %s",
                      luaL_typename(L, idx));
     }
     if (depth > 32)
-        return cfail(err, errlen, path, "nested too deeply");
+        return tg_err_at(err, errlen, "config: ", path, "nested too deeply");
     tg_buf_appends(b, "{");
     lua_pushnil(L);
     while (lua_next(L, idx)) {
@@ -98,7 +86,7 @@ static int serialize(lua_State *L, int idx, tg_buf_t *b, const char *path, int d
             snprintf(sub, sizeof(sub), "%s[%g]", path, lua_tonumber(L, -2));
         } else {
             lua_pop(L, 2);
-            return cfail(err, errlen, path, "table keys must be strings or numbers");
+            return tg_err_at(err, errlen, "config: ", path, "table keys must be strings or numbers");
         }
         tg_buf_appends(b, "[");
         lua_pushvalue(L, -2);
@@ -119,7 +107,7 @@ static int serialize(lua_State *L, int idx, tg_buf_t *b, const char *path, int d
 
 static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *err, size_t errlen) {
     if (!lua_istable(L, t))
-        return cfail(err, errlen, "plugins.enabled", "expected a list of {name=..., config={...}}, got %s",
+        return tg_err_at(err, errlen, "config: ", "plugins.enabled", "expected a list of {name=..., config={...}}, got %s",
                      luaL_typename(L, t));
     size_t n = lua_objlen(L, t);
     out->enabled = calloc(n + 1, sizeof(*out->enabled));
@@ -132,7 +120,7 @@ static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *er
             /* Shorthand: "model-map" means {name = "model-map"}. */
             for (size_t k = 0; k < out->nenabled; k++)
                 if (!strcmp(out->enabled[k].name, lua_tostring(L, e))) {
-                    int rc = cfail(err, errlen, path, "name: \"%s\" is enabled twice", lua_tostring(L, e));
+                    int rc = tg_err_at(err, errlen, "config: ", path, "name: \"%s\" is enabled twice", lua_tostring(L, e));
                     lua_pop(L, 1);
                     return rc;
                 }
@@ -143,7 +131,7 @@ static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *er
         }
         if (!lua_istable(L, e)) {
             lua_pop(L, 1);
-            return cfail(err, errlen, path, "expected {name=..., config={...}}, got %s", luaL_typename(L, e));
+            return tg_err_at(err, errlen, "config: ", path, "expected {name=..., config={...}}, got %s", luaL_typename(L, e));
         }
         lua_pushnil(L);
         while (lua_next(L, e)) {
@@ -153,25 +141,25 @@ static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *er
                 char key[128];
                 snprintf(key, sizeof(key), "%s", k);
                 lua_pop(L, 2);
-                return cfail(err, errlen, path, "unknown key \"%s\" (expected name, config)", key);
+                return tg_err_at(err, errlen, "config: ", path, "unknown key \"%s\" (expected name, config)", key);
             }
         }
         lua_getfield(L, e, "name");
         if (lua_type(L, -1) != LUA_TSTRING) {
             const char *tn = luaL_typename(L, -1);
             lua_pop(L, 2);
-            return cfail(err, errlen, path, "name: expected string, got %s", tn);
+            return tg_err_at(err, errlen, "config: ", path, "name: expected string, got %s", tn);
         }
         const char *name = lua_tostring(L, -1);
         for (const char *c = name; *c; c++)
             if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_')) {
                 lua_pop(L, 2);
-                return cfail(err, errlen, path, "name: \"%s\" may hold only a-z, 0-9, - and _", name);
+                return tg_err_at(err, errlen, "config: ", path, "name: \"%s\" may hold only a-z, 0-9, - and _", name);
             }
         for (size_t k = 0; k < out->nenabled; k++)
             if (!strcmp(out->enabled[k].name, name)) {
                 lua_pop(L, 2);
-                return cfail(err, errlen, path, "name: \"%s\" is enabled twice", name);
+                return tg_err_at(err, errlen, "config: ", path, "name: \"%s\" is enabled twice", name);
             }
         tg_plugin_enable_t *pe = &out->enabled[out->nenabled++];
         pe->name = strdup(name);
@@ -185,7 +173,7 @@ static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *er
         if (lua_isnil(L, -1))
             tg_buf_appends(&b, "{}");
         else if (!lua_istable(L, -1))
-            rc = cfail(err, errlen, cpath, "expected table, got %s", luaL_typename(L, -1));
+            rc = tg_err_at(err, errlen, "config: ", cpath, "expected table, got %s", luaL_typename(L, -1));
         else
             rc = serialize(L, -1, &b, cpath, 0, err, errlen);
         pe->config_lua = strdup(b.data ? b.data : "{}");
@@ -202,7 +190,7 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     int t = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
     int rc = TG_OK;
     if (!lua_istable(L, t)) {
-        rc = cfail(err, errlen, "plugins", "expected table, got %s", luaL_typename(L, t));
+        rc = tg_err_at(err, errlen, "config: ", "plugins", "expected table, got %s", luaL_typename(L, t));
         goto done;
     }
     lua_pushnil(L);
@@ -217,14 +205,14 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
             char path[160];
             snprintf(path, sizeof(path), "plugins.%s", k);
             lua_pop(L, 1);
-            rc = cfail(err, errlen, path, "unknown key");
+            rc = tg_err_at(err, errlen, "config: ", path, "unknown key");
             goto done;
         }
     }
     lua_getfield(L, t, "dirs");
     if (!lua_isnil(L, -1)) {
         if (!lua_istable(L, -1)) {
-            rc = cfail(err, errlen, "plugins.dirs", "expected a list of folders, got %s", luaL_typename(L, -1));
+            rc = tg_err_at(err, errlen, "config: ", "plugins.dirs", "expected a list of folders, got %s", luaL_typename(L, -1));
             lua_pop(L, 1);
             goto done;
         }
@@ -239,7 +227,7 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
             if (lua_type(L, -1) != LUA_TSTRING) {
                 char path[64];
                 snprintf(path, sizeof(path), "plugins.dirs[%zu]", i);
-                rc = cfail(err, errlen, path, "expected string, got %s", luaL_typename(L, -1));
+                rc = tg_err_at(err, errlen, "config: ", path, "expected string, got %s", luaL_typename(L, -1));
                 lua_pop(L, 2);
                 goto done;
             }
@@ -251,7 +239,7 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     lua_getfield(L, t, "watch");
     if (!lua_isnil(L, -1)) {
         if (lua_type(L, -1) != LUA_TBOOLEAN)
-            rc = cfail(err, errlen, "plugins.watch", "expected boolean, got %s", luaL_typename(L, -1));
+            rc = tg_err_at(err, errlen, "config: ", "plugins.watch", "expected boolean, got %s", luaL_typename(L, -1));
         out->watch = lua_toboolean(L, -1);
     }
     lua_pop(L, 1);
@@ -261,7 +249,7 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     if (!lua_isnil(L, -1)) {
         double v = lua_tonumber(L, -1);
         if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(long)v || (v != 0 && v < 1000) || v > 1e10)
-            rc = cfail(err, errlen, "plugins.max_instructions", "expected 0 (off) or a whole number from 1000 to 1e10");
+            rc = tg_err_at(err, errlen, "config: ", "plugins.max_instructions", "expected 0 (off) or a whole number from 1000 to 1e10");
         out->max_instructions = (long)v;
     }
     lua_pop(L, 1);
@@ -271,7 +259,7 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     if (!lua_isnil(L, -1)) {
         double v = lua_tonumber(L, -1);
         if (lua_type(L, -1) != LUA_TNUMBER || v != (double)(int)v || v < 1 || v > 60000)
-            rc = cfail(err, errlen, "plugins.max_hook_ms", "expected a whole number from 1 to 60000");
+            rc = tg_err_at(err, errlen, "config: ", "plugins.max_hook_ms", "expected a whole number from 1 to 60000");
         out->max_hook_ms = (int)v;
     }
     lua_pop(L, 1);

@@ -215,22 +215,10 @@ tg_plugin_src_t *tg__plugin_src_read(const tg_plugins_config_t *cfg, int catalog
 #define GROUP_MAX_DEPTH 32
 #define GROUP_MAX_LUA (256u * 1024)
 
-static int gfail(char *err, size_t errlen, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int gfail(char *err, size_t errlen, const char *path, const char *fmt, ...) {
-    int n = snprintf(err, errlen, "%s: ", path);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < errlen)
-        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
-    va_end(ap);
-    return TG_ERROR;
-}
-
 /* Writes JSON value v as a Lua constructor (objects keyed by string, arrays 1..n). */
 static int json_to_lua(json_t *v, tg_buf_t *b, const char *path, int depth, char *err, size_t errlen) {
     if (b->len > GROUP_MAX_LUA)
-        return gfail(err, errlen, path, "config too large (over %u bytes)", GROUP_MAX_LUA);
+        return tg_err_at(err, errlen, "", path, "config too large (over %u bytes)", GROUP_MAX_LUA);
     switch (json_typeof(v)) {
     case JSON_STRING:
         tg_config_lua_quote(b, json_string_value(v), json_string_length(v));
@@ -246,12 +234,12 @@ static int json_to_lua(json_t *v, tg_buf_t *b, const char *path, int depth, char
         tg_buf_appends(b, json_is_true(v) ? "true" : "false");
         return TG_OK;
     case JSON_NULL:
-        return gfail(err, errlen, path, "null is not a value (leave the field out for its default)");
+        return tg_err_at(err, errlen, "", path, "null is not a value (leave the field out for its default)");
     default:
         break;
     }
     if (depth >= GROUP_MAX_DEPTH)
-        return gfail(err, errlen, path, "nested too deeply (more than %d levels)", GROUP_MAX_DEPTH);
+        return tg_err_at(err, errlen, "", path, "nested too deeply (more than %d levels)", GROUP_MAX_DEPTH);
     char sub[512];
     tg_buf_appends(b, "{");
     if (json_is_array(v)) {
@@ -293,10 +281,10 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return gfail(err, errlen, "plugins", "not valid JSON: %s", jerr.text);
+        return tg_err_at(err, errlen, "", "plugins", "not valid JSON: %s", jerr.text);
     if (!json_is_object(root)) {
         json_decref(root);
-        return gfail(err, errlen, "plugins", "expected an object {\"<plugin>\": {\"enabled\": ..., \"config\": {...}}}");
+        return tg_err_at(err, errlen, "", "plugins", "expected an object {\"<plugin>\": {\"enabled\": ..., \"config\": {...}}}");
     }
     tg_group_plugin_t *g = calloc(json_object_size(root) + 1, sizeof(*g));
     int n = 0, rc = TG_OK;
@@ -306,11 +294,11 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
         char path[160];
         snprintf(path, sizeof(path), "plugins.%.64s", name);
         if (!valid_name(name)) {
-            rc = gfail(err, errlen, path, "a plugin name holds only a-z, 0-9, - and _ (at most 63)");
+            rc = tg_err_at(err, errlen, "", path, "a plugin name holds only a-z, 0-9, - and _ (at most 63)");
             break;
         }
         if (!json_is_object(e)) {
-            rc = gfail(err, errlen, path, "expected an object {\"enabled\": true|false, \"config\": {...}}");
+            rc = tg_err_at(err, errlen, "", path, "expected an object {\"enabled\": true|false, \"config\": {...}}");
             break;
         }
         tg_group_plugin_t *p = &g[n++];
@@ -321,7 +309,7 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
         json_object_foreach(e, k, v) {
             if (!strcmp(k, "enabled")) {
                 if (!json_is_boolean(v)) {
-                    rc = gfail(err, errlen, path, "enabled: expected true or false");
+                    rc = tg_err_at(err, errlen, "", path, "enabled: expected true or false");
                     break;
                 }
                 p->enabled = json_is_true(v);
@@ -329,7 +317,7 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
                 char cpath[200];
                 snprintf(cpath, sizeof(cpath), "%s.config", path);
                 if (!json_is_object(v)) {
-                    rc = gfail(err, errlen, cpath, "expected an object");
+                    rc = tg_err_at(err, errlen, "", cpath, "expected an object");
                     break;
                 }
                 tg_buf_t b;
@@ -340,7 +328,7 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
                 if (rc != TG_OK)
                     break;
             } else {
-                rc = gfail(err, errlen, path, "unknown key \"%.64s\" (expected enabled, config)", k);
+                rc = tg_err_at(err, errlen, "", path, "unknown key \"%.64s\" (expected enabled, config)", k);
                 break;
             }
         }
