@@ -141,6 +141,10 @@ local function refresh_accounts()
         t.reset_in_ms = a.reset_in_ms
         t.cost = a.cost
         t.score = a.score
+        t.trial = a.trial ~= 0
+        t.headroom = a.headroom
+        t.window_left = a.window_left
+        t.window_reset_in_ms = a.window_reset_in_ms
     end
     naccounts = n
 end

@@ -34,7 +34,8 @@ end
 local ACCOUNT_DEFAULTS = {
     id = "", region = "", priority = 0, inflight = 0, max_concurrency = 0, queued = 0,
     sticky = false, tried = 0, excluded = false, error_ewma = 0, ttft_ewma_ms = -1,
-    reset_in_ms = -1, cost = 0, score = 0,
+    reset_in_ms = -1, cost = 0, score = 0, trial = false, headroom = -1, window_left = -1,
+    window_reset_in_ms = -1,
 }
 
 local Ctx = {}

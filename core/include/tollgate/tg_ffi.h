@@ -81,9 +81,16 @@ typedef struct {
     int excluded;          /* set by tg_ffi_exclude: never chosen */
     double error_ewma;     /* recent error rate, 0..1 */
     double ttft_ewma_ms;   /* recent time to first token; < 0 unknown */
-    double reset_in_ms;    /* until its rate window resets; < 0 unknown */
+    double reset_in_ms;    /* until its rate window resets (learned from the provider's
+                              headers, else the operator's reset_at); < 0 unknown */
     double cost;           /* relative price (USD per million tokens, blended) */
     double score;          /* the last score a plugin gave it (logs, workbench) */
+    int trial;             /* cooled, cooldown over: due its one trial request, which goes
+                              first whatever a plugin selects (unless it excludes it) */
+    double headroom;       /* the smallest share left of its learned limits (requests,
+                              tokens, plan windows), 0..1; < 0 unknown */
+    double window_left;    /* plan window resetting soonest: its unused share, 0..1; < 0 none */
+    double window_reset_in_ms; /* until that window resets; < 0 none */
 } tg_ffi_account_t;
 
 /**

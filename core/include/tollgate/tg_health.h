@@ -40,6 +40,9 @@ size_t tg_health_count(const tg_health_t *h);
 /** 1 if the account may take a request now (not cooling; a half-open account only when
  *  no trial is in flight). */
 int tg_health_available(tg_health_entry_t *e, int64_t now_ms);
+/** 1 if the account cooled and its cooldown is over with no trial in flight: its one
+ *  trial request is due, and goes first (tg_select's order; over a plugin's pick too). */
+int tg_health_trial_due(const tg_health_entry_t *e, int64_t now_ms);
 /** Marks the start of a request on the account (a trial if half-open). */
 void tg_health_begin(tg_health_entry_t *e);
 /** The request ended: ok or failed, with its TTFT in ms (< 0 unknown). */

@@ -199,10 +199,15 @@ int tg__phase_select(proxy_req_t *p) {
             fa->ttft_ewma_ms = e->ttft_ewma_ms;
             fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - q.now_ms) : -1;
             fa->cost = atof(acc->cost_multiplier);
+            fa->trial = tg_health_trial_due(e, q.now_ms);
+            fa->headroom = -1;
+            fa->window_left = -1;
+            fa->window_reset_in_ms = -1;
         }
         p->ctx.accounts = p->accts;
         p->ctx.naccounts = n;
         p->ctx.selected = -1;
+        /* A due trial goes first whatever the plugins pick (tg_plugins_run). */
         if (tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &p->ctx) == TG_DONE)
             return tg__plugin_reject(p);
         if (p->ctx.selected > 0 && p->ctx.selected < n) {

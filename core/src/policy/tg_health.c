@@ -81,6 +81,10 @@ int tg_health_available(tg_health_entry_t *e, int64_t now_ms) {
     return !(e->half_open && e->probing);
 }
 
+int tg_health_trial_due(const tg_health_entry_t *e, int64_t now_ms) {
+    return e->half_open && !e->probing && e->cooldown_until_ms && e->cooldown_until_ms <= now_ms;
+}
+
 void tg_health_begin(tg_health_entry_t *e) {
     e->inflight++;
     if (e->half_open)

@@ -694,6 +694,14 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
     if (hook == TG_HOOK_SELECT_ACCOUNT && ctx->naccounts > 0 && !ctx->reject_status) {
         if (ctx->selected < 0 || ctx->accounts[ctx->selected].excluded)
             ctx->selected = tg_plugins_default_select(ctx);
+        /* A cooled account whose cooldown is over gets its one trial request now, whatever
+         * the plugins scored (a score pulled down by the error EWMA would otherwise keep
+         * it waiting for minutes); a plugin that wants it left out excludes it. */
+        for (int i = 0; i < ctx->naccounts; i++)
+            if (ctx->accounts[i].trial && !ctx->accounts[i].excluded) {
+                ctx->selected = i;
+                break;
+            }
         if (ctx->selected < 0) {
             ctx->reject_status = 503;
             snprintf(ctx->reject_code, sizeof(ctx->reject_code), "no_available_account");
@@ -744,6 +752,7 @@ void tg__plugins_sample_ctx(tg_hookctx_t *ctx, tg_ffi_account_t *accts) {
             .id = ids[i], .id_len = strlen(ids[i]), .region = regions[i], .region_len = 2,
             .priority = i == 2 ? 0 : 1, .inflight = i, .max_concurrency = 10, .queued = 0,
             .error_ewma = 0.01 * i, .ttft_ewma_ms = 300 + 100 * i, .reset_in_ms = -1, .cost = 1 + i,
+            .headroom = -1, .window_left = -1, .window_reset_in_ms = -1,
         };
     }
     ctx->accounts = accts;

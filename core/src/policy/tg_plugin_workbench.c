@@ -7,7 +7,8 @@
  * A line may hold: id, model, protocol, route, tenant_id, key_id, group, stream,
  * max_tokens, headers {name: value}, now_ms (or now: "2024-01-15T10:00:00Z"),
  * accounts [{id, region, priority, inflight, max_concurrency, queued, sticky, tried,
- * error_ewma, ttft_ewma_ms, reset_in_ms, cost}], upstream_error {status, failure,
+ * error_ewma, ttft_ewma_ms, reset_in_ms, cost, trial, headroom, window_left,
+ * window_reset_in_ms}], upstream_error {status, failure,
  * attempt, retry_after_ms, elapsed_ms, deadline_ms, bytes_sent}, limiter_down
  * ["rate", "tokens", "concurrency", "money"], usage {input, output, cache_read,
  * cache_write, reasoning}, status. Hooks run in request order; those whose inputs are
@@ -147,6 +148,8 @@ static int fill(tg_hookctx_t *c, line_t *l, int lineno, char *err, size_t errlen
             .sticky = json_is_true(json_object_get(v, "sticky")), .tried = (int)jnum(v, "tried", 0),
             .error_ewma = jnum(v, "error_ewma", 0), .ttft_ewma_ms = jnum(v, "ttft_ewma_ms", -1),
             .reset_in_ms = jnum(v, "reset_in_ms", -1), .cost = jnum(v, "cost", 0),
+            .trial = json_is_true(json_object_get(v, "trial")), .headroom = jnum(v, "headroom", -1),
+            .window_left = jnum(v, "window_left", -1), .window_reset_in_ms = jnum(v, "window_reset_in_ms", -1),
         };
         c->naccounts = (int)i + 1;
     }
@@ -238,7 +241,7 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
         case TG_HOOK_SELECT_ACCOUNT: {
             const tg_ffi_account_t *a = c->selected >= 0 ? &c->accounts[c->selected] : NULL;
             tg_buf_printf(&b, "%.*s%s", a ? (int)a->id_len : 4, a ? a->id : "none",
-                          c->decided ? "" : " (built-in pick)");
+                          a && a->trial ? " (due a trial)" : c->decided ? "" : " (built-in pick)");
             int scored = 0;
             for (int i = 0; i < c->naccounts; i++)
                 scored |= c->accounts[i].score != 0;
@@ -246,6 +249,8 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
             for (int i = 0; i < c->naccounts; i++) {
                 const tg_ffi_account_t *x = &c->accounts[i];
                 tg_buf_printf(&b, "%s%.*s", i ? ", " : "", (int)x->id_len, x->id);
+                if (x->trial)
+                    tg_buf_appends(&b, " trial");
                 if (x->excluded)
                     tg_buf_appends(&b, " excluded");
                 else if (scored)

@@ -64,7 +64,7 @@ static void rank(cand_t *c, const tg_health_entry_t *e, int64_t now) {
     double load = acc->concurrency > 0 ? (double)e->inflight / acc->concurrency : 0;
     double ok = 1 - e->err_ewma;
     double w = (double)TG_MAX(acc->weight, 1) * ok * ok * TG_MAX(1 - load, 0.01);
-    c->trial = e->half_open && !e->probing && e->cooldown_until_ms && e->cooldown_until_ms <= now;
+    c->trial = tg_health_trial_due(e, now);
     c->key = (e->picks + 1) / w;
 }
 
