@@ -47,6 +47,7 @@ if(TG_FUZZ)
   tg_fuzz_target(fuzz_log_safe)
   tg_fuzz_target(fuzz_json_numbers)
   tg_fuzz_target(fuzz_json_scan)
+  tg_fuzz_target(fuzz_quota)
 endif()
 
 # In the release build (the one spec/run.sh runs ctest in), the fuzz and sanitizer

@@ -224,7 +224,8 @@ static void header_done(tg_upcall_t *c) {
         copy_value(c->retry_after, sizeof(c->retry_after), v, c->hval.len);
     } else if ((name.len > 12 && strncasecmp(name.p, "x-ratelimit-", 12) == 0) ||
                (name.len > 7 && strncasecmp(name.p, "openai-", 7) == 0) ||
-               (name.len > 10 && strncasecmp(name.p, "anthropic-", 10) == 0)) {
+               (name.len > 10 && strncasecmp(name.p, "anthropic-", 10) == 0) ||
+               (name.len > 8 && strncasecmp(name.p, "x-codex-", 8) == 0)) {
         if (!strpbrk(v, "\r\n")) {
             tg_buf_append(&c->extra, name.p, name.len);
             tg_buf_appends(&c->extra, ": ");
