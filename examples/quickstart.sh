@@ -1,31 +1,46 @@
 #!/usr/bin/env bash
 # tollgate quickstart: installs what is missing, builds build/tollgate, starts a private
-# Postgres and Redis under ./var (unix sockets), the mock upstream and the gateway, prints
-# how to reach it, streams one sample answer, then stays in the foreground until Ctrl-C
-# or SIGTERM, when it stops everything it started.
+# Postgres and Redis under ./var (unix sockets), the mock upstream and the gateway,
+# applies the demo state (examples/state.lua: a tenant with a balance, a group over three
+# mock accounts, prices, a key with limits and a budget), prints how to reach it, streams
+# one sample answer through the demo key and prints what it cost, then stays in the
+# foreground until Ctrl-C or SIGTERM, when it stops everything it started.
 #
-#   examples/quickstart.sh
+#   examples/quickstart.sh [--help]
 #
 # Environment:
 #   TOLLGATE_PORT        gateway port on 127.0.0.1 (default 8080)
-#   TOLLGATE_UPSTREAM    an OpenAI/Anthropic-compatible base URL (http://host:port/v1) to
-#                        route to instead of starting the mock upstream
-#   TOLLGATE_UPSTREAM_KEY       its API key (read by the config at start, never written)
+#   TOLLGATE_MOCK_PORT   mock upstream port on 127.0.0.1 (default: the gateway port + 1)
+#   TOLLGATE_UPSTREAM    an OpenAI/Anthropic-compatible base URL (http://host:port/v1): the
+#                        demo group's account "upstream" then routes to it (any model name
+#                        is passed through) and the mock upstream is not started
+#   TOLLGATE_UPSTREAM_KEY       its API key (sealed in Postgres under the secret key)
 #   TOLLGATE_UPSTREAM_PROVIDER  openai (default) or anthropic
 #   TOLLGATE_MODEL       model of the sample request (default mock-gpt; passed through)
+#   TOLLGATE_BIN         use this tollgate binary instead of building build/tollgate
 #   TG_QUICKSTART_NO_DEPS=1     skip spec/install-deps.sh
 #
-# ./var keeps the demo key (var/demo.key), the admin token (var/admin.token), the
-# Postgres data (var/pg) and the logs (var/*.log) across runs.
+# Exit status: 0 after Ctrl-C or SIGTERM, 1 when something could not start (the line
+# before says what, and which log to read).
+#
+# ./var keeps the demo key (var/demo.key), the admin token (var/admin.token), the secret
+# key that seals upstream credentials (var/secret.key), the Postgres data (var/pg) and
+# the logs (var/*.log) across runs.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$root"
-# shellcheck source=spec/lib/services.sh
+# shellcheck source-path=SCRIPTDIR/.. source=spec/lib/services.sh
 . "$root/spec/lib/services.sh"
 
 say() { echo "quickstart: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
+
+case ${1:-} in
+  -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  '') ;;
+  *) die "unknown argument \"$1\" (examples/quickstart.sh takes no arguments; see --help)" ;;
+esac
 
 var=$root/var
 mkdir -p "$var"
@@ -35,14 +50,20 @@ if [ "${TG_QUICKSTART_NO_DEPS:-0}" != 1 ]; then
   spec/install-deps.sh --run >&2
 fi
 
-say "building build/tollgate (log: var/build.log)"
-if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-       cmake --build build -j"${TG_BUILD_JOBS:-2}"; } >"$var/build.log" 2>&1; then
-  tail -n 40 "$var/build.log" >&2
-  die "build failed (full log: var/build.log)"
+if [ -n "${TOLLGATE_BIN:-}" ]; then
+  tg=$TOLLGATE_BIN
+  [ -x "$tg" ] || die "TOLLGATE_BIN=$tg is not an executable file"
+  say "using $tg (TOLLGATE_BIN; not building)"
+else
+  say "building build/tollgate (log: var/build.log)"
+  if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+         cmake --build build -j"${TG_BUILD_JOBS:-2}"; } >"$var/build.log" 2>&1; then
+    tail -n 40 "$var/build.log" >&2
+    die "build failed (full log: var/build.log)"
+  fi
+  tg=$root/build/tollgate
+  [ -x "$tg" ] || die "build finished but $tg is missing"
 fi
-tg=$root/build/tollgate
-[ -x "$tg" ] || die "build finished but $tg is missing"
 
 # --- secrets kept across runs --------------------------------------------------------
 rand_hex() { od -An -N16 -tx1 /dev/urandom | tr -d ' \n'; }
@@ -52,14 +73,23 @@ fi
 if [ ! -s "$var/admin.token" ]; then
   (umask 077 && echo "adm-$(rand_hex)" >"$var/admin.token")
 fi
+if [ ! -s "$var/secret.key" ]; then
+  (umask 077 && echo "$(rand_hex)$(rand_hex)" >"$var/secret.key")
+fi
 demo_key=$(cat "$var/demo.key")
 admin_token=${TOLLGATE_ADMIN_TOKEN:-$(cat "$var/admin.token")}
+secret_key=${TOLLGATE_SECRET_KEY:-$(cat "$var/secret.key")}
 
 # --- ports -----------------------------------------------------------------------------
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 port=${TOLLGATE_PORT:-8080}
 if port_open "$port"; then
   die "port $port on 127.0.0.1 is already in use: set TOLLGATE_PORT to another port"
+fi
+# A fixed mock port keeps the demo accounts' base_url the same from run to run.
+mock_port=${TOLLGATE_MOCK_PORT:-$((port + 1))}
+if [ -z "${TOLLGATE_UPSTREAM:-}" ] && port_open "$mock_port"; then
+  die "port $mock_port on 127.0.0.1 (the mock upstream) is already in use: set TOLLGATE_MOCK_PORT to another port"
 fi
 
 # One quickstart per checkout: a second one would share (and then stop) ./var's services.
@@ -69,7 +99,7 @@ fi
 echo $$ >"$var/quickstart.pid"
 
 # --- stop everything we started, newest first, each by its PID ---------------------------
-gw_pid='' mock_pid='' pg_dir='' redis_dir=''
+gw_pid='' mock_pid='' flaky_pid='' pg_dir='' redis_dir=''
 # shellcheck disable=SC2317  # invoked by the traps
 stop_pid() { # PID NAME
   if [ -z "$1" ] || ! kill -0 "$1" 2>/dev/null; then return 0; fi
@@ -86,6 +116,7 @@ cleanup() {
   set +e
   trap - EXIT INT TERM
   say "stopping"
+  stop_pid "$flaky_pid" "fault re-arm loop"
   stop_pid "$gw_pid" gateway
   stop_pid "$mock_pid" mock-upstream
   [ -n "$redis_dir" ] && tg_redis_stop "$redis_dir"
@@ -117,11 +148,11 @@ tg_redis_start "$redis_dir" || die "Redis did not start (log: $redis_dir/redis.l
 launcher=()
 command -v setsid >/dev/null 2>&1 && launcher=(setsid) # Ctrl-C reaches only this script
 model=${TOLLGATE_MODEL:-mock-gpt}
+mock_url=http://127.0.0.1:$mock_port/v1
 if [ -n "${TOLLGATE_UPSTREAM:-}" ]; then
   upstream_url=$TOLLGATE_UPSTREAM
-  say "upstream: $upstream_url (model $model, passed through)"
+  say "upstream: $upstream_url (account \"upstream\" of group demo; model $model, passed through)"
 else
-  mock_port=$(tg_free_port)
   "${launcher[@]}" "$tg" mock-upstream --listen "127.0.0.1:$mock_port" \
     </dev/null >"$var/mock.log" 2>&1 &
   mock_pid=$!
@@ -131,8 +162,29 @@ else
     sleep 0.1
   done
   port_open "$mock_port" || die "mock-upstream is not listening on 127.0.0.1:$mock_port"
-  upstream_url=http://127.0.0.1:$mock_port/v1
+  upstream_url=$mock_url
   say "mock upstream on $upstream_url (pid $mock_pid)"
+  # The mock's fault rules, by account credential (core/src/mock/tg_mock.c): mock-eu-west
+  # answers slowly, mock-ap-south fails its next request with a 503 — re-armed every 20 s
+  # by a small loop, so it fails now and then and the gateway's failover shows.
+  mock_rule() {
+    curl -fsS -o /dev/null --max-time 2 -X POST "http://127.0.0.1:$mock_port/_mock/faults" \
+      -H 'Content-Type: application/json' -d "$1"
+  }
+  mock_rule '{"credential":"sk-mock-eu-west","ttft_ms":700}' || die "could not set the mock's fault rules"
+  mock_rule '{"credential":"sk-mock-ap-south","count":1,"status":503}' || die "could not set the mock's fault rules"
+  (
+    sp=''
+    # shellcheck disable=SC2317  # invoked by the trap
+    trap 'kill "$sp" 2>/dev/null; exit 0' TERM # `wait`, unlike a plain sleep, lets it run at once
+    while :; do
+      sleep 20 &
+      sp=$!
+      wait "$sp"
+      mock_rule '{"credential":"sk-mock-ap-south","count":1,"status":503}' 2>/dev/null || true
+    done
+  ) </dev/null >/dev/null 2>&1 &
+  flaky_pid=$!
 fi
 
 # --- config ------------------------------------------------------------------------------
@@ -148,7 +200,9 @@ conf=$var/tollgate.lua
   echo "  listen = $(lua_str "127.0.0.1:$port"),"
   echo "  workers = 2,"
   echo "  admin_token = $(lua_str "$admin_token"),"
-  echo "  keys = { $(lua_str "$demo_key") },"
+  echo "  secret_key = $(lua_str "$secret_key"),"
+  echo "  -- The demo key lives in Postgres (examples/state.lua); this upstream serves only"
+  echo "  -- keys without a group."
   if [ -n "${TOLLGATE_UPSTREAM:-}" ]; then
     echo "  upstream = { url = $(lua_str "$upstream_url"),"
     echo "               api_key = os.getenv(\"TOLLGATE_UPSTREAM_KEY\"),"
@@ -163,11 +217,16 @@ conf=$var/tollgate.lua
 chmod 600 "$conf.tmp"
 mv "$conf.tmp" "$conf"
 
-if "$tg" migrate --help >/dev/null 2>&1; then
-  say "applying migrations"
-  "$tg" migrate -c "$conf" >"$var/migrate.log" 2>&1 ||
-    { tail -n 20 "$var/migrate.log" >&2; die "tollgate migrate failed (log: var/migrate.log)"; }
-fi
+say "applying migrations"
+"$tg" migrate -c "$conf" >"$var/migrate.log" 2>&1 ||
+  { tail -n 20 "$var/migrate.log" >&2; die "tollgate migrate failed (log: var/migrate.log)"; }
+
+# --- the demo state: tenant, group, accounts, prices, key ------------------------------------
+say "applying the demo state (examples/state.lua; log: var/apply.log)"
+TOLLGATE_MOCK_URL=$mock_url TOLLGATE_DEMO_KEY=$demo_key \
+  "$tg" apply -c "$conf" examples/state.lua >"$var/apply.log" 2>&1 ||
+  { tail -n 20 "$var/apply.log" >&2; die "tollgate apply failed (log: var/apply.log)"; }
+say "$(tail -n 1 "$var/apply.log")"
 
 # --- the gateway ---------------------------------------------------------------------------
 "${launcher[@]}" "$tg" serve -c "$conf" </dev/null >"$var/tollgate.log" 2>&1 &
@@ -188,6 +247,13 @@ echo "TOLLGATE_URL=$base/v1"
 echo "TOLLGATE_ADMIN_URL=$base/admin/"
 echo "TOLLGATE_KEY=$demo_key"
 echo "TOLLGATE_ADMIN_TOKEN=$admin_token"
+if [ -n "${TOLLGATE_UPSTREAM:-}" ]; then
+  accounts_line="account upstream ($upstream_url; the mock accounts are disabled)"
+else
+  accounts_line="mock-us-east, mock-eu-west (cheaper, slow first token), mock-ap-south (fails now and then)"
+fi
+say "demo state: tenant demo (opening balance 100 USD); group demo over $accounts_line;" \
+  "key demo: 60 requests/min (burst 20), 4 at a time, budget 5 USD"
 
 # --- one streamed sample answer --------------------------------------------------------------
 # Prints each chunk's delta content as it arrives; anything that is not an SSE data line
@@ -211,15 +277,46 @@ stream_text() {
   done
   echo
 }
-body=$(printf '{"model":%s,"stream":true,"messages":[{"role":"user","content":"Hello from the tollgate quickstart [mock chunks=12 interval_ms=40]"}]}' \
-  "$(lua_str "$model")")
+prompt="Hello from the tollgate quickstart"
+[ -n "${TOLLGATE_UPSTREAM:-}" ] || prompt="$prompt [mock chunks=12 interval_ms=40]"
+body=$(printf '{"model":%s,"stream":true,"messages":[{"role":"user","content":%s}]}' \
+  "$(lua_str "$model")" "$(lua_str "$prompt")")
 echo "--- sample: POST /v1/chat/completions (stream) ---"
-if ! curl -sS -N --max-time 60 "$base/v1/chat/completions" \
+rm -f "$var/sample.headers"
+if ! curl -sS -N --max-time 60 -D "$var/sample.headers" "$base/v1/chat/completions" \
     -H "Authorization: Bearer $demo_key" -H 'Content-Type: application/json' \
     -d "$body" | stream_text; then
   say "the sample request failed (log: var/tollgate.log); the gateway keeps running"
 fi
 echo "---"
+
+# --- what the sample cost: its usage row, written by the settlement a moment later ----------
+rid=$(sed -n 's/^x-request-id: *\([A-Za-z0-9._-]*\).*/\1/Ip' "$var/sample.headers" 2>/dev/null | head -n 1)
+psql_bin=$(tg__pg_bindir)/psql
+row=''
+if [ -n "$rid" ]; then
+  for ((i = 0; i < 50; i++)); do
+    row=$("$psql_bin" "$TOLLGATE_PG" -AtqF ' ' -c "SELECT trim(trailing '.' FROM trim(trailing '0' FROM u.cost::text)),
+             coalesce(a.name, '-'), u.attempts, coalesce(u.input_tokens::text, '?'),
+             coalesce(u.output_tokens::text, '?'), u.model
+           FROM usage u LEFT JOIN accounts a ON a.id = u.account_id WHERE u.request_id = '$rid'" 2>/dev/null) || row=''
+    [ -n "$row" ] && break
+    sleep 0.1
+  done
+fi
+if [ -n "$row" ]; then
+  read -r cost account attempts in_tok out_tok used_model <<<"$row"
+  [ "$cost" = 0 ] || cost=${cost/#./0.}
+  echo "TOLLGATE_SAMPLE_REQUEST=$rid"
+  echo "TOLLGATE_SAMPLE_COST=$cost"
+  echo "cost: $cost USD for $in_tok input + $out_tok output tokens of $used_model, routed to account" \
+    "$account ($attempts attempt(s)) within key demo's limits, debited from tenant demo's balance" \
+    "(a usage row and a ledger entry)"
+  [ "$cost" != 0 ] || say "no price for model $used_model: add one (examples/state.lua prices, or the console's Prices page)"
+  echo "console: $base/admin/usage (log in with TOLLGATE_ADMIN_TOKEN; the dashboard, accounts and ledger pages show the rest)"
+else
+  say "the sample's usage row did not appear (request ${rid:-without an id}; log: var/tollgate.log)"
+fi
 say "running (gateway pid $gw_pid); Ctrl-C or SIGTERM stops everything"
 
 # --- foreground until a signal ---------------------------------------------------------------
