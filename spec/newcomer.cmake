@@ -13,3 +13,4 @@ function(tg_newcomer_test name file timeout)
 endfunction()
 
 tg_newcomer_test(integration.newcomer_quickstart ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_quickstart.test.mjs 300)
+tg_newcomer_test(integration.newcomer_config ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_config.test.mjs 60)
