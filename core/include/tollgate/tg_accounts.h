@@ -75,6 +75,8 @@ typedef struct {
 int tg_snapshot_pool(const tg_snapshot_t *s, int64_t group_id, const char *model, tg_pool_t *out);
 /** The member of the group with this id, or NULL (binary search). */
 const tg_account_t *tg_snapshot_member(const tg_snapshot_t *s, int64_t group_id, int64_t account_id);
+/** Every member of the group, by id (the snapshot owns the array); returns how many. */
+int tg_snapshot_members(const tg_snapshot_t *s, int64_t group_id, const tg_account_t *const **out);
 /** 1 if the account serves `model`: it lists no models, or lists or maps this one. */
 int tg_account_serves(const tg_account_t *acc, const char *model);
 

@@ -28,6 +28,8 @@
  *   tg_proxy_route.c     phases sticky, select, slot: the account; and the retry
  *                        loop (tg__maybe_retry) that sends a failed attempt back to select
  *   tg_proxy_upstream.c  phase upstream: the request the upstream receives, the call
+ *   tg_proxy_models.c    GET /v1/models: the group's accounts' lists, merged and
+ *                        cached, in the client's shape
  *   tg_proxy_relay.c     the answer on its way back (streamed, translated, deferred
  *                        for a retry) and a client that leaves or reads slowly
  *   tg_proxy_settle.c    the end (tg__on_finish): releases, hooks, what is billed,
@@ -65,6 +67,7 @@ void tg_proxy_worker_destroy(tg_proxy_worker_t *pw) {
     if (!pw)
         return;
     EVP_MD_CTX_free(pw->sha);
+    tg__models_cache_free(pw);
     while (pw->spare) {
         proxy_req_t *p = pw->spare;
         TG_UNPOISON(p, sizeof(*p));
@@ -194,7 +197,7 @@ int tg__proxy_answer_error(proxy_req_t *p, int status, const char *type, const c
     /* Counted by code for /metrics: the console's refusals by reason. */
     tg_metrics_count_refusal(&p->req->worker->metrics,
                              p->error && !strcmp(p->error, "rejected_by_plugin") ? p->error : code);
-    if (p->proto == TG_PROTO_ANTHROPIC && p->req->route == TG_ROUTE_MESSAGES) {
+    if (p->proto == TG_PROTO_ANTHROPIC && (p->req->route == TG_ROUTE_MESSAGES || p->req->route == TG_ROUTE_MODELS)) {
         tg_buf_t o, a;
         tg_buf_init(&o);
         tg_buf_init(&a);

@@ -38,6 +38,7 @@ typedef struct tg_proxy_worker_s {
     int slot_script;           /* account slot lease (Redis); given back with a plain ZREM */
     EVP_MD_CTX *sha;           /* reused for every key hash: no allocation per request */
     struct proxy_req_s *spare; /* finished requests kept for reuse (see preq_alloc in tg_proxy.c) */
+    struct tg_models_cache_s *models; /* GET /v1/models lists (tg_proxy_models.c) */
     int nspare;
 } proxy_worker_t;
 
@@ -150,6 +151,7 @@ struct proxy_req_s {
     int64_t sticky_account;       /* bound account (0 none) */
     tg_redis_req_t *sticky_rq;
     char traceparent[56];
+    struct models_fetch_s *models_fetch; /* GET /v1/models: the accounts asked (tg_proxy_models.c) */
     void (*cleanups[CLEANUPS_MAX])(proxy_req_t *p); /* run newest first by tg__preq_free */
     int ncleanups;
     /* Large arrays, written before they are read: not zeroed at allocation (this is
@@ -206,6 +208,10 @@ int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after
 
 /* tg_proxy_upstream.c */
 int tg__phase_upstream(proxy_req_t *p);
+
+/* tg_proxy_models.c */
+int tg__models_list(proxy_req_t *p);
+void tg__models_cache_free(proxy_worker_t *pw);
 
 /* tg_proxy_relay.c */
 extern const tg_upcall_cbs_t tg__up_cbs;

@@ -105,22 +105,6 @@ static int was_tried(const proxy_req_t *p, int64_t id) {
     return 0;
 }
 
-static void models_from_group(proxy_req_t *p) {
-    const tg_principal_t *pr = p->principal;
-    json_t *list = json_array();
-    for (int i = 0; i < pr->ngroup_models; i++) {
-        if (!tg_principal_allows_model(pr, pr->group_models[i]))
-            continue;
-        json_array_append_new(list, json_pack("{s:s,s:s,s:i,s:s}", "id", pr->group_models[i], "object", "model",
-                                              "created", 0, "owned_by", "tollgate"));
-    }
-    json_t *doc = json_pack("{s:s,s:o}", "object", "list", "data", list);
-    char *s = json_dumps(doc, JSON_COMPACT);
-    tg_response_send(p->req, 200, "application/json", NULL, s, strlen(s));
-    free(s);
-    json_decref(doc);
-}
-
 /* What the upstream speaks: an Anthropic account speaks Messages; an OpenAI one speaks
  * the client's OpenAI protocol, or chat completions for an Anthropic client. */
 static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider) {
@@ -146,6 +130,8 @@ static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky) {
 int tg__phase_select(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
+    if (p->req->route == TG_ROUTE_MODELS)
+        return tg__models_list(p);
     if (!pr || !pr->group_id || !pw->ctx->accounts) {
         p->at.up = pw->ctx->upstream;
         p->at.credential = p->req->worker->gw->cfg->upstream.api_key;
@@ -155,10 +141,6 @@ int tg__phase_select(proxy_req_t *p) {
         if (!p->at.up)
             return tg__proxy_fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
         return TG_OK;
-    }
-    if (p->req->route == TG_ROUTE_MODELS && pr->ngroup_models > 0) {
-        models_from_group(p);
-        return TG_DONE;
     }
     if (!p->snap && (p->snap = tg_accounts_snapshot(pw->ctx->accounts)) != NULL)
         tg__cleanup_add(p, tg__cleanup_snapshot);

@@ -71,6 +71,8 @@ void tg_router_handle(tg_request_t *req) {
         if (data_routes[i].post ? req->method != HTTP_POST : !is_get(req))
             tg_proxy_refuse(req, data_routes[i].proto, 405, "method_not_allowed", "method not allowed",
                             data_routes[i].post ? ALLOW_POST : ALLOW_GET);
+        else if (data_routes[i].route == TG_ROUTE_MODELS && tg_request_header(req, "anthropic-version"))
+            tg_proxy_handle(req, TG_PROTO_ANTHROPIC); /* an Anthropic client: its list's shape, its errors */
         else
             tg_proxy_handle(req, data_routes[i].proto);
         return;

@@ -590,6 +590,12 @@ const tg_account_t *tg_snapshot_member(const tg_snapshot_t *s, int64_t group_id,
     return g && lo < g->n && g->by_id[lo]->id == account_id ? g->by_id[lo] : NULL;
 }
 
+int tg_snapshot_members(const tg_snapshot_t *s, int64_t group_id, const tg_account_t *const **out) {
+    const group_t *g = group_of(s, group_id);
+    *out = g ? g->by_id : NULL;
+    return g ? g->n : 0;
+}
+
 int tg_account_serves(const tg_account_t *acc, const char *model) {
     if (acc->nmodels == 0 || (json_is_object(acc->model_map) && json_object_get(acc->model_map, model)))
         return 1;

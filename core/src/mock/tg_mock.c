@@ -54,6 +54,15 @@
  *   usage=3        chat only: a usage object whose counts cannot be read (strings)
  *   close_delimited=1  answer without Content-Length or chunked encoding and close the
  *                  connection after the body (HTTP/1.1 allows it: the close ends it)
+ *   page=N         GET /models in Anthropic's shape: at most N models per page, whatever
+ *                  limit the request asks for (so a client must follow has_more)
+ *
+ * GET /models answers in the shape of the API the request speaks: with an
+ * anthropic-version header Anthropic's {"data":[{type,id,display_name,created_at}],
+ * "has_more","first_id","last_id"} (limit, default 20, and after_id / before_id
+ * honoured), listing mock-claude and the --models names; else OpenAI's
+ * {"object":"list","data":[{id,object,created,owned_by}]} listing mock-gpt, mock-claude,
+ * mock-embed and the --models names.
  *
  * The credential of a request is the `Authorization: Bearer X` token, else the
  * `x-api-key` header, else "-". Control endpoints (never counted, any thread):
@@ -109,10 +118,10 @@
 /* ---- knobs ---------------------------------------------------------------------- */
 
 enum { K_STATUS, K_RETRY_AFTER, K_DELAY_MS, K_TTFT_MS, K_CHUNKS, K_INTERVAL_MS,
-       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K__COUNT };
+       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K_PAGE, K__COUNT };
 static const char *const knob_names[K__COUNT] = {
     "status", "retry_after", "delay_ms", "ttft_ms", "chunks",
-    "interval_ms", "close_after", "hang", "usage", "close_delimited"};
+    "interval_ms", "close_after", "hang", "usage", "close_delimited", "page"};
 
 /** Knob values; -1 means "not set here". */
 typedef struct {
@@ -325,6 +334,8 @@ typedef struct {
     long long created;
     cred_t *cred;
     uint64_t gen;
+    int models_anth, models_limit;    /* GET /models: Anthropic's shape, its page size */
+    char models_after[128], models_before[128]; /* its cursors ("" none) */
 } resp_t;
 
 typedef struct conn_s {
@@ -653,29 +664,110 @@ static void render_embeddings(conn_t *c) {
     BUF_LIT(b, "}");
 }
 
-static void put_model(tg_buf_t *b, const char *id, size_t n, int first) {
-    tg_buf_appends(b, first ? "{\"id\":\"" : ",{\"id\":\"");
-    tg_buf_append_json_escaped(b, id, n);
-    BUF_LIT(b, "\",\"object\":\"model\",\"type\":\"model\",\"created\":1700000000,"
-               "\"created_at\":\"2023-11-14T22:13:20Z\",\"owned_by\":\"tollgate-mock\",\"display_name\":\"");
-    tg_buf_append_json_escaped(b, id, n);
-    BUF_LIT(b, "\"}");
-}
-
-static void render_models(conn_t *c) {
-    tg_buf_t *b = &c->scratch;
-    BUF_LIT(b, "{\"object\":\"list\",\"data\":[");
-    put_model(b, "mock-gpt", 8, 1);
-    put_model(b, "mock-claude", 11, 0);
-    put_model(b, "mock-embed", 10, 0);
+/* The models the mock lists: mock-gpt, mock-claude, mock-embed and --models, or for an
+ * Anthropic request mock-claude and --models. Calls fn(id, n, ud) for each, in order. */
+static void models_each(int anth, void (*fn)(const char *id, size_t n, void *ud), void *ud) {
+    if (!anth)
+        fn("mock-gpt", 8, ud);
+    fn("mock-claude", 11, ud);
+    if (!anth)
+        fn("mock-embed", 10, ud);
     for (const char *p = g_models; p && *p;) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
         if (n)
-            put_model(b, p, n, 0);
+            fn(p, n, ud);
         p = e ? e + 1 : p + n;
     }
-    BUF_LIT(b, "],\"has_more\":false}");
+}
+
+typedef struct {
+    tg_buf_t *b;
+    const resp_t *r;
+    int index, from, to, total, after_at, before_at;
+} models_walk_t;
+
+static void models_find(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    if (strlen(w->r->models_after) == n && !memcmp(w->r->models_after, id, n))
+        w->after_at = w->index;
+    if (strlen(w->r->models_before) == n && !memcmp(w->r->models_before, id, n))
+        w->before_at = w->index;
+    w->index++;
+}
+
+static void models_put(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    int i = w->index++;
+    if (i < w->from || i >= w->to)
+        return;
+    tg_buf_t *b = w->b;
+    if (i > w->from)
+        BUF_LIT(b, ",");
+    if (w->r->models_anth) {
+        BUF_LIT(b, "{\"type\":\"model\",\"id\":\"");
+        tg_buf_append_json_escaped(b, id, n);
+        BUF_LIT(b, "\",\"display_name\":\"");
+        tg_buf_append_json_escaped(b, id, n);
+        BUF_LIT(b, "\",\"created_at\":\"2023-11-14T22:13:20Z\"}");
+    } else {
+        BUF_LIT(b, "{\"id\":\"");
+        tg_buf_append_json_escaped(b, id, n);
+        BUF_LIT(b, "\",\"object\":\"model\",\"created\":1700000000,\"owned_by\":\"tollgate-mock\"}");
+    }
+}
+
+static void models_id_at(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    if (w->index == w->from)
+        tg_buf_append_json_escaped(w->b, id, n);
+    w->index++;
+}
+
+static void render_models(conn_t *c) {
+    tg_buf_t *b = &c->scratch;
+    const resp_t *r = &c->r;
+    models_walk_t w = {.b = b, .r = r, .after_at = -1, .before_at = -1};
+    models_each(r->models_anth, models_find, &w);
+    w.total = w.index;
+    if (!r->models_anth) {
+        w.index = 0, w.from = 0, w.to = w.total;
+        BUF_LIT(b, "{\"object\":\"list\",\"data\":[");
+        models_each(0, models_put, &w);
+        BUF_LIT(b, "]}");
+        return;
+    }
+    int limit = r->models_limit;
+    if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < limit)
+        limit = r->k.v[K_PAGE];
+    int has_more;
+    if (r->models_before[0]) {
+        w.to = w.before_at >= 0 ? w.before_at : w.total;
+        w.from = w.to > limit ? w.to - limit : 0;
+        has_more = w.from > 0;
+    } else {
+        w.from = r->models_after[0] ? (w.after_at >= 0 ? w.after_at + 1 : w.total) : 0;
+        w.to = w.total - w.from > limit ? w.from + limit : w.total;
+        has_more = w.to < w.total;
+    }
+    BUF_LIT(b, "{\"data\":[");
+    w.index = 0;
+    models_each(1, models_put, &w);
+    tg_buf_printf(b, "],\"has_more\":%s,\"first_id\":", has_more ? "true" : "false");
+    for (int k = 0; k < 2; k++) {
+        int at = k ? w.to - 1 : w.from;
+        if (w.to <= w.from) {
+            BUF_LIT(b, "null");
+        } else {
+            models_walk_t one = {.b = b, .from = at};
+            BUF_LIT(b, "\"");
+            models_each(1, models_id_at, &one);
+            BUF_LIT(b, "\"");
+        }
+        if (!k)
+            BUF_LIT(b, ",\"last_id\":");
+    }
+    BUF_LIT(b, "}");
 }
 
 /* ---- streaming ------------------------------------------------------------------ */
@@ -1048,6 +1140,41 @@ static int route(const char *path, size_t n, int method, int *bad_method) {
     return API_NONE;
 }
 
+/* The value of request header `name` (lowercase) read so far, or NULL. */
+static const char *hdr_get(const conn_t *c, const char *name) {
+    const char *h = c->hdrs.data, *end = h ? h + c->hdrs.len : NULL;
+    while (h && h < end) {
+        const char *v = memchr(h, '\0', (size_t)(end - h));
+        if (!v || ++v >= end)
+            return NULL;
+        const char *next = memchr(v, '\0', (size_t)(end - v));
+        if (!next)
+            return NULL;
+        if (!strcmp(h, name))
+            return v;
+        h = next + 1;
+    }
+    return NULL;
+}
+
+/* Copies query parameter `name` of url[0..n) (not decoded) into out; "" if absent. */
+static void query_get(const char *url, size_t n, const char *name, char *out, size_t outlen) {
+    const char *q = memchr(url, '?', n), *end = url + n;
+    size_t nlen = strlen(name);
+    out[0] = '\0';
+    for (q = q ? q + 1 : end; q < end;) {
+        const char *amp = memchr(q, '&', (size_t)(end - q));
+        const char *e = amp ? amp : end;
+        if ((size_t)(e - q) > nlen && !memcmp(q, name, nlen) && q[nlen] == '=') {
+            size_t len = TG_MIN((size_t)(e - q) - nlen - 1, outlen - 1);
+            memcpy(out, q + nlen + 1, len);
+            out[len] = '\0';
+            return;
+        }
+        q = e + 1;
+    }
+}
+
 /* Handles the request just read: counts it, then answers it now or arms a timer. */
 static void handle_request(conn_t *c) {
     resp_t *r = &c->r;
@@ -1123,6 +1250,17 @@ static void handle_request(conn_t *c) {
     BUF_LIT(&c->model, ""); /* keeps model.data a NUL-terminated string */
     json_decref(root);
 
+    if (api == API_MODELS) {
+        char lim[16];
+        r->models_anth = hdr_get(c, "anthropic-version") != NULL;
+        query_get(url, c->url.len, "limit", lim, sizeof(lim));
+        r->models_limit = lim[0] ? atoi(lim) : 20;
+        if (r->models_limit < 1 || r->models_limit > 1000)
+            r->models_limit = 20;
+        query_get(url, c->url.len, "after_id", r->models_after, sizeof(r->models_after));
+        query_get(url, c->url.len, "before_id", r->models_before, sizeof(r->models_before));
+    }
+
     /* The credential: Bearer token, else x-api-key, else "-". */
     const char *cred = "-";
     size_t cred_len = 1;
@@ -1172,7 +1310,7 @@ static void handle_request(conn_t *c) {
     g_st.have_last = 1;
     pthread_mutex_unlock(&g_st.mu);
 
-    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0}};
+    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0, -1}};
     k = defaults;
     knobs_merge(&k, &rk);
     knobs_merge(&k, &c->hk);

@@ -209,9 +209,9 @@ export function fetchT(url, init = {}, timeout = 10000) {
  * Starts `tollgate mock-upstream` on a free port. Returns
  * {url, port, proc, stats(), reset(), last(), stop()}.
  */
-export async function startMock() {
+export async function startMock({ args = [] } = {}) {
   const port = await freePort();
-  const proc = new Proc('mock', ['mock-upstream', '--listen', `${HOST}:${port}`]);
+  const proc = new Proc('mock', ['mock-upstream', '--listen', `${HOST}:${port}`, ...args]);
   const url = `http://${HOST}:${port}`;
   try {
     await Promise.race([
