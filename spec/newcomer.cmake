@@ -14,3 +14,4 @@ endfunction()
 
 tg_newcomer_test(integration.newcomer_quickstart ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_quickstart.test.mjs 300)
 tg_newcomer_test(integration.newcomer_config ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_config.test.mjs 60)
+tg_newcomer_test(integration.newcomer_cli ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_cli.test.mjs 60)

@@ -926,7 +926,10 @@ int tg_db_apply(PGconn *c, const tg_config_t *cfg, const char *state_path, int d
 
 int tg_db_main(const char *cmd, const tg_config_t *cfg, int argc, char **argv) {
     if (!cfg->pg_conninfo) {
-        fprintf(stderr, "%s: no database: set postgres in the config or TOLLGATE_PG\n", cmd);
+        fprintf(stderr,
+                "%s: no database: set postgres in the config or TOLLGATE_PG (a libpq conninfo, e.g. "
+                "\"host=/run/postgresql dbname=tollgate\")\n",
+                cmd);
         return 2;
     }
     PGconn *c = PQconnectdb(cfg->pg_conninfo);
