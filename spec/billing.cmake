@@ -28,3 +28,10 @@ endforeach()
 if(TEST integration.billing_crash_settled)
   set_tests_properties(integration.billing_crash_settled PROPERTIES LABELS "hostile;billing;integration")
 endif()
+
+# Money in flight and rows per request (issue 17, goal 3): also labelled `pipeline`.
+foreach(name billing_inflight billing_rows)
+  if(TEST integration.${name})
+    set_tests_properties(integration.${name} PROPERTIES LABELS "pipeline;billing;integration")
+  endif()
+endforeach()

@@ -23,6 +23,7 @@
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_redis.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_tables.h"
 #include "tollgate/tg_ui.h"
@@ -65,6 +66,8 @@ typedef struct {
     int64_t topup_tenant, topup_nano; /* applied to the live Redis balance once committed */
     char *account_groups; /* JSON array text of group ids to set after an account write */
     tg_acctest_t *test;   /* an account test in progress (tg_admin_accounts.c) */
+    tg_redis_req_t *holds_q; /* a key delete's look at the holds in Redis */
+    char key_id[24];
     char path[256];
 } actx_t;
 
@@ -81,6 +84,10 @@ static void admin_abort(tg_request_t *req) {
     if (a && a->q) {
         tg_pg_cancel(a->q);
         a->q = NULL;
+    }
+    if (a && a->holds_q) {
+        tg_redis_cancel(a->holds_q);
+        a->holds_q = NULL;
     }
     if (a)
         tg_acctest_abort(a->test);
@@ -531,17 +538,73 @@ static void get_row(actx_t *a, const char *id) {
     tg_buf_free(&sel);
 }
 
+/* A key with billing history, or with a request held in Redis right now, is revoked
+ * instead of deleted: its usage rows and ledger keep pointing at it, and the settlement
+ * of a request in flight must find it (a deleted key's settlement would fail its foreign
+ * key and the bill be lost). One without either is deleted. Either way it stops working
+ * at once. $2: a hold of the key is in its tenant's holds index ({t:T}:holds, whose
+ * values start with "<key id>|"); a hold whose Postgres row has not landed yet is only
+ * there. */
+static const char KEY_DELETE_SQL[] =
+    "WITH h AS (SELECT $2::bool OR EXISTS (SELECT 1 FROM reservations WHERE api_key_id = $1::bigint) OR EXISTS "
+    "(SELECT 1 FROM usage WHERE api_key_id = $1::bigint) AS kept), d AS (DELETE FROM api_keys WHERE id = $1::bigint "
+    "AND NOT (SELECT kept FROM h) RETURNING 1), r AS (UPDATE api_keys SET status = 'revoked', updated_at = now() "
+    "WHERE id = $1::bigint AND (SELECT kept FROM h) RETURNING 1) SELECT 1 FROM d UNION ALL SELECT 1 FROM r";
+
+static void key_holds_cb(void *ud, redisReply *r, const char *err) {
+    actx_t *a = ud;
+    a->holds_q = NULL;
+    if (err || !r || r->type != REDIS_REPLY_ARRAY) {
+        reply_error(a->req, 503, "limiter_unavailable",
+                    "the key's requests in flight could not be checked (Redis is unavailable); try again");
+        return;
+    }
+    size_t n = strlen(a->key_id);
+    int held = 0;
+    for (size_t i = 0; i < r->elements && !held; i++) {
+        const redisReply *v = r->element[i];
+        held = v->str && v->len > n && !memcmp(v->str, a->key_id, n) && v->str[n] == '|';
+    }
+    const char *params[2] = {a->key_id, held ? "true" : "false"};
+    run(a, KEY_DELETE_SQL, 2, params, K_DELETED);
+}
+
+static void key_tenant_cb(void *ud, const PGresult *res, const char *err) {
+    actx_t *a = ud;
+    a->q = NULL;
+    if (err) {
+        reply_pg_error(a->req, "keys", 1, res, err);
+        return;
+    }
+    if (PQntuples(res) == 0) {
+        reply_error(a->req, 404, "not_found", "no such object");
+        return;
+    }
+    tg_redis_t *redis = tg_state_redis(a->req->worker->ctx->state);
+    if (!redis) { /* no Redis, no billing: nothing can be held */
+        const char *params[2] = {a->key_id, "false"};
+        run(a, KEY_DELETE_SQL, 2, params, K_DELETED);
+        return;
+    }
+    char hkey[64];
+    snprintf(hkey, sizeof(hkey), "{t:%s}:holds", PQgetvalue(res, 0, 0));
+    const char *argv[2] = {"HVALS", hkey};
+    a->holds_q = tg_redis_command(redis, key_holds_cb, a, 2, argv, NULL);
+    if (!a->holds_q)
+        reply_error(a->req, 503, "limiter_unavailable",
+                    "the key's requests in flight could not be checked (Redis is unavailable); try again");
+}
+
 static void delete_row(actx_t *a, const char *id) {
     if (!strcmp(a->res->name, "keys")) {
-        /* A key with billing history is revoked instead (its usage rows and ledger keep
-         * pointing at it); one without is deleted. Either way it stops working at once. */
-        const char *params[1] = {id};
-        run(a,
-            "WITH h AS (SELECT EXISTS (SELECT 1 FROM reservations WHERE api_key_id = $1::bigint) OR EXISTS (SELECT 1 "
-            "FROM usage WHERE api_key_id = $1::bigint) AS kept), d AS (DELETE FROM api_keys WHERE id = $1::bigint AND "
-            "NOT (SELECT kept FROM h) RETURNING 1), r AS (UPDATE api_keys SET status = 'revoked', updated_at = now() "
-            "WHERE id = $1::bigint AND (SELECT kept FROM h) RETURNING 1) SELECT 1 FROM d UNION ALL SELECT 1 FROM r",
-            1, params, K_DELETED);
+        tg_pg_t *pg = tg_state_pg(a->req->worker->ctx->state);
+        if (!pg) {
+            reply_error(a->req, 503, "database_unavailable", "no database is configured (postgres / TOLLGATE_PG)");
+            return;
+        }
+        snprintf(a->key_id, sizeof(a->key_id), "%.20s", id); /* digits only (is_digits) */
+        const char *params[1] = {a->key_id};
+        a->q = tg_pg_query(pg, "SELECT tenant_id FROM api_keys WHERE id = $1::bigint", 1, params, key_tenant_cb, a);
         return;
     }
     char sql[256];

@@ -1,0 +1,255 @@
+// Money in flight (pipeline #17, goal 3): what must hold whatever Postgres keeps about the
+// requests that are held and not settled yet. These are the guarantees a design with
+// fewer Postgres rows per request must keep (README, Billing; spec/bench/RESULTS.md,
+// "568e937 withdrawn"): a balance or key budget loaded from Postgres while requests are
+// in flight subtracts them, a key deleted mid-request keeps its bill, and a dead
+// gateway's holds are settled exactly once.
+//
+//   (a) Redis loses its data with requests in flight: the balance reloaded from Postgres
+//       still counts them (no more admitted than the balance covers), nothing is billed
+//       twice, Postgres never goes negative, the live balance never stands above
+//       Postgres'; (a2, todo: main errs low by the lost holds) the books agree after.
+//   (b) a key gains a budget while its requests are held: the budget loaded then counts
+//       them (not overspent).
+//   (c) a key deleted while its first request is held: the bill lands, the key's row
+//       stays (revoked), no hold is left in Redis.
+//   (d) a gateway killed (-9) mid-stream: `tollgate ledger reconcile` settles its hold
+//       exactly once and gives it back; ledger verify clean.
+//
+// A private Redis: the test flushes it, and the reconciler lock is deployment-wide.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { sleep, startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
+import { adminClient, chat, redisCli, startRedis } from './lib/db.mjs';
+import {
+  accountsMoney,
+  billedSetup,
+  chatBody,
+  count,
+  fmtNano,
+  ledger,
+  liveMoney,
+  reservationFor,
+  startBilledGateway,
+  streamChat,
+  usageRows,
+  verifyLedger,
+  waitUsageRow,
+} from './lib/billing.mjs';
+
+let mock;
+let redis;
+let flushed; // test (a)'s deployment, for (a2)
+
+before(async () => {
+  mock = await startMock();
+  redis = await startRedis();
+});
+
+after(async () => {
+  await stopAll();
+  await redis?.stop();
+});
+
+// A bound of about 2 USD per request (max_tokens 1,000,000 at 2 USD per million output
+// tokens): a handful of requests in flight are a large part of the balance, while what
+// each one really costs (the mock's few tokens) is a few micro-USD.
+const MAX = 1000000;
+const longBody = (tag, ms = 3000) =>
+  chatBody(`${tag} [mock chunks=${Math.round(ms / 100)} interval_ms=100]`, { maxTokens: MAX, stream: true });
+const boundOf = (body) => reservationFor(Buffer.byteLength(JSON.stringify({ stream: true, ...body })), MAX);
+
+/** Starts `n` long streams of `tag`; resolves once each has its answer head (or a refusal). */
+async function startStreams(gw, key, tag, n) {
+  const heads = [];
+  const done = [];
+  for (let i = 0; i < n; i++) {
+    let headed;
+    const head = new Promise((resolve) => {
+      headed = resolve;
+    });
+    done.push(streamChat(gw, key, longBody(`${tag} ${i}`), { onHead: (o) => headed(o) }).then((o) => {
+      headed(o);
+      return o;
+    }));
+    heads.push(head);
+  }
+  const hs = await Promise.all(heads);
+  return { heads: hs, done: Promise.all(done) };
+}
+
+/** The holds left in Redis for the tenant: {field: value}. */
+async function holdsIndex(bill) {
+  const out = await redisCli(bill.redis, 'HGETALL', `{t:${bill.tenantId}}:holds`);
+  const l = out.split('\n').filter(Boolean);
+  const h = {};
+  for (let i = 0; i + 1 < l.length; i += 2) h[l[i]] = l[i + 1];
+  return h;
+}
+
+async function settledAll(bill, ids) {
+  await waitFor(async () => {
+    const n = Number(await bill.db.scalar(`SELECT count(*) FROM usage WHERE request_id = ANY (ARRAY[${ids.map((x) => `'${x}'`).join(',')}]::text[])`));
+    return n === ids.length;
+  }, { timeout: 20000, interval: 200, what: `${ids.length} usage rows` });
+}
+
+test('(a) Redis flushed with requests in flight: the reloaded balance counts them, never overspent, the live balance never above Postgres', async () => {
+  const probe = longBody('flush old 0');
+  const R = boundOf(probe);
+  // Three requests in flight, then room for two and a half more.
+  const bill = await billedSetup({ mock, balance: fmtNano(R * 11n / 2n + 1000000n), redis: redis.url });
+  try {
+    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    const old = await startStreams(gw, bill.key, 'flush old', 3);
+    assert.deepEqual(old.heads.map((h) => h.status), [200, 200, 200], 'three requests held');
+    await sleep(300); // their reservation rows (or whatever records them) reach Postgres
+    assert.equal(await redisCli(bill.redis, 'FLUSHALL'), 'OK');
+
+    // Six more while the first three still run: the balance, reloaded from Postgres,
+    // covers only two of them.
+    const fresh = await startStreams(gw, bill.key, 'flush new', 6);
+    const codes = fresh.heads.map((h) => h.status).sort();
+    assert.deepEqual(codes, [200, 200, 402, 402, 402, 402],
+      `two admitted, four refused: the balance reloaded from Postgres subtracts the three in flight (${codes})`);
+    const oldDone = await old.done;
+    const newDone = await fresh.done;
+    const ids = [...oldDone, ...newDone].filter((o) => o.status === 200).map((o) => o.requestId);
+    assert.equal(ids.length, 5);
+    await settledAll(bill, ids);
+
+    const m = await accountsMoney(bill);
+    assert.ok(m.balance >= 0n, `Postgres balance never below zero (${m.balance})`);
+    assert.equal(await count(bill, 'usage'), 5, 'each admitted request billed once');
+    assert.equal(await count(bill, 'usage', 'estimated'), 0, 'at its real usage');
+    // Every hold given back: nothing is held, and the live balance never stands above
+    // Postgres' (it may stand below it, by at most the three bounds Redis lost: the
+    // reload subtracted them, and their holds were gone when they settled).
+    await waitFor(async () => ((await liveMoney(bill)).reserved ?? 0n) === 0n, { timeout: 10000, what: 'nothing held' });
+    const live = await liveMoney(bill);
+    assert.ok(live.avail <= m.balance, `the live balance (${live.avail}) is never above Postgres' (${m.balance})`);
+    assert.ok(m.balance - live.avail <= 3n * R, `below it by at most the bounds lost (${m.balance - live.avail} > ${3n * R})`);
+    assert.deepEqual(await holdsIndex(bill), {}, 'no hold left in Redis');
+    flushed = { bill, gw, m, R };
+  } catch (e) {
+    await bill.db.drop();
+    throw e;
+  }
+});
+
+test('(a2) after the Redis flush, once everything settled, the books agree (live balance = Postgres, ledger verify clean)', {
+  todo: 'main errs low: a hold Redis lost is subtracted by the reload and never given back (README, Billing: a Redis that loses its data); the in-flight design of #17 goal 3 must make this exact',
+}, async () => {
+  assert.ok(flushed, 'test (a) ran');
+  const { bill, gw, m } = flushed;
+  try {
+    const live = await liveMoney(bill);
+    assert.equal(live.avail, m.balance, `live balance = Postgres balance (reserved ${live.reserved})`);
+    await verifyLedger(bill);
+  } finally {
+    await gw.stop();
+    await bill.db.drop();
+  }
+});
+
+test('(b) a key budget set mid-request: the budget loaded then counts the requests in flight', async () => {
+  const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
+  try {
+    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    const R = boundOf(longBody('budget old 0'));
+    const old = await startStreams(gw, bill.key, 'budget old', 3);
+    assert.deepEqual(old.heads.map((h) => h.status), [200, 200, 200]);
+    await sleep(300);
+    // Room for the three in flight and two and a half more.
+    const admin = adminClient(gw);
+    const up = await admin.patch(`/keys/${bill.keyId}`, { budget: fmtNano(R * 11n / 2n) });
+    assert.equal(up.status, 200, up.text);
+    await sleep(500); // the gateways reload the key
+
+    const fresh = await startStreams(gw, bill.key, 'budget new', 6);
+    const codes = fresh.heads.map((h) => h.status).sort();
+    assert.deepEqual(codes, [200, 200, 402, 402, 402, 402],
+      `two admitted: the key budget loaded from Postgres subtracts the three in flight (${codes}; ${fresh.heads.map((h) => h.text.slice(0, 80)).join(' | ')})`);
+    assert.match(fresh.heads.find((h) => h.status === 402).text, /budget_exceeded/);
+    const ids = [...await old.done, ...await fresh.done].filter((o) => o.status === 200).map((o) => o.requestId);
+    await settledAll(bill, ids);
+    const m = await accountsMoney(bill);
+    // Every hold back: the key's live budget is its budget minus its spend.
+    await waitFor(async () => {
+      const v = await redisCli(bill.redis, 'HGET', `{t:${bill.tenantId}}:kmoney:${bill.keyId}`, 'avail');
+      return v !== '' && BigInt(v) === R * 11n / 2n - m.keySpend;
+    }, { timeout: 10000, interval: 200, what: 'the live key budget = budget - spend' });
+    await verifyLedger(bill);
+    await gw.stop();
+  } finally {
+    await bill.db.drop();
+  }
+});
+
+test('(c) a key deleted while its first request is held: the bill lands, the key is kept (revoked), no hold left', async () => {
+  const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
+  try {
+    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    const s = await startStreams(gw, bill.key, 'deleted key', 1);
+    assert.equal(s.heads[0].status, 200);
+    const del = await adminClient(gw).del(`/keys/${bill.keyId}`);
+    assert.ok(del.status === 204 || del.status === 409, `the delete is answered (${del.status} ${del.text})`);
+    if (del.status === 409) assert.match(del.text, /in flight|held|revoke/i, 'a 409 says why');
+    const [o] = await s.done;
+    const row = await waitUsageRow(bill, o.requestId, 20000).catch((e) => {
+      throw new Error(`${e.message} (delete answered ${del.status}; client ${o.status}, ${o.chunks} chunks)\n${gw.proc.tail(20)}`);
+    });
+    assert.equal(row.api_key_id, bill.keyId, 'billed to the key');
+    assert.equal(await count(bill, 'api_keys', `id = ${bill.keyId}`), 1, 'the key row stays (usage points at it)');
+    const after = await chat(gw, bill.key, chatBody('after the delete [mock chunks=1]'));
+    if (del.status === 204) assert.equal(after.status, 401, 'a deleted (revoked) key stops working');
+    await waitFor(async () => ((await liveMoney(bill)).reserved ?? 0n) === 0n, { timeout: 10000, what: 'nothing held' });
+    assert.deepEqual(await holdsIndex(bill), {}, 'no hold left in Redis');
+    await verifyLedger(bill);
+    await gw.stop();
+  } finally {
+    await bill.db.drop();
+  }
+});
+
+test('(d) a gateway killed mid-stream: `ledger reconcile` settles its hold exactly once and gives it back', async () => {
+  const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
+  try {
+    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    const before = await accountsMoney(bill);
+    const body = chatBody('killed [mock chunks=200 interval_ms=50]', { maxTokens: 1000, stream: true });
+    const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
+    const r = await streamChat(gw, bill.key, body, { onChunk: (n) => n === 5 && gw.proc.signal('SIGKILL') });
+    await gw.proc.exited;
+    const id = r.requestId;
+    assert.equal((await usageRows(bill, id)).length, 0, 'not billed yet');
+    assert.equal((await liveMoney(bill)).reserved, R, 'held in Redis');
+    await sleep(300);
+
+    const rec = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
+    assert.equal(rec.code, 0, rec.stdout + rec.stderr);
+    const row = await waitUsageRow(bill, id, 5000);
+    assert.equal(row.estimated, true);
+    assert.equal(row.cost, R, 'charged at its bound (unknown_usage = "charge")');
+    const again = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /0 request\(s\) settled/, 'a second pass finds nothing');
+    assert.equal((await usageRows(bill, id)).length, 1, 'billed exactly once');
+    const m = await accountsMoney(bill);
+    assert.equal(m.balance, before.balance - R);
+    const live = await liveMoney(bill);
+    assert.equal(live.reserved, 0n, 'the hold was given back');
+    assert.equal(live.avail, m.balance);
+    assert.deepEqual(await holdsIndex(bill), {}, 'no hold left in Redis');
+    // A live gateway's reconciler, later, finds nothing to do either.
+    const gw2 = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    await sleep(2500);
+    assert.equal((await usageRows(bill, id)).length, 1, 'still billed exactly once');
+    await verifyLedger(bill);
+    await gw2.stop();
+  } finally {
+    await bill.db.drop();
+  }
+});
