@@ -1,6 +1,7 @@
 -- router: picks the upstream account. Each candidate gets a score from its priority,
--- load, queue, error and TTFT EWMAs, the time until its rate window resets, its cost
--- and stickiness; then one of the best top_k is drawn at random, weighted by
+-- load, queue, error and TTFT EWMAs, the time until its rate window resets, the share
+-- of its quota left (headroom) and a plan window about to reset with quota unused (use
+-- it or lose it) — both as its provider last said —, its cost and stickiness; then one of the best top_k is drawn at random, weighted by
 -- exp((score - best) / temperature), so load spreads without flapping to the worst.
 -- Excluded accounts (by a policy of higher priority) are never scored.
 --
@@ -14,15 +15,17 @@ local exp, random = math.exp, math.random
 -- conf's weights and limits as upvalues (cheaper than table lookups), loaded when the
 -- config in use changes (a group may have its own instance).
 local cur_conf
-local wpri, wload, wqueue, werr, wttft, wreset, wcost, wsticky, wtried
-local window, sticky_max_error, sticky_max_ttft, saturated_penalty
+local wpri, wload, wqueue, werr, wttft, wreset, wcost, wsticky, wtried, whead, wuse
+local window, use_window, sticky_max_error, sticky_max_ttft, saturated_penalty
 
 local function use(conf)
     if conf == cur_conf then return end
     local w = conf.weights
     wpri, wload, wqueue, werr, wttft = w.priority, w.load, w.queue, w.error, w.ttft
     wreset, wcost, wsticky, wtried = w.reset, w.cost, w.sticky, w.tried
+    whead, wuse = w.headroom, w.use_it_or_lose_it
     window, sticky_max_error = conf.reset_window_ms, conf.sticky_max_error
+    use_window = conf.use_it_window_ms
     sticky_max_ttft, saturated_penalty = conf.sticky_max_ttft_ms, conf.saturated_penalty
     cur_conf = conf
 end
@@ -44,6 +47,14 @@ local function score(a)
     if ttft >= 0 then s = s - wttft * ttft / 1000 end
     if reset >= 0 and reset < window then
         s = s + wreset * (1 - reset / window)
+    end
+    -- The provider's own figures: little quota left weighs against an account; a plan
+    -- window that resets soon with quota unused weighs for it (what is not used by the
+    -- reset is lost).
+    local headroom, left, wreset_in = a.headroom, a.window_left, a.window_reset_in_ms
+    if headroom >= 0 then s = s - whead * (1 - headroom) end
+    if left > 0 and wreset_in >= 0 and wreset_in < use_window then
+        s = s + wuse * left * (1 - wreset_in / use_window)
     end
     -- Stickiness keeps prompt-cache locality, but is dropped at once for an account
     -- that is saturated, failing or slow.

@@ -38,6 +38,21 @@ describe("router", function()
         eq(pick({ { reset_in_ms = -1 }, { reset_in_ms = 1000 } }, BEST), 2)
     end)
 
+    it("avoids an account with little quota left, as its provider said", function()
+        eq(pick({ { headroom = 0.05 }, { headroom = 0.9 } }, BEST), 2)
+        eq(pick({ { headroom = -1 }, { headroom = 0.1 } }, BEST), 1) -- unknown is not penalised
+    end)
+
+    it("prefers a plan window that resets soon with quota left (use it or lose it)", function()
+        eq(pick({ { window_left = 0.6, window_reset_in_ms = 86400000 },
+                  { window_left = 0.6, window_reset_in_ms = 600000 } }, BEST), 2)
+        eq(pick({ { window_left = 0, window_reset_in_ms = 60000 },
+                  { window_left = 0.5, window_reset_in_ms = 60000 } }, BEST), 2)
+        -- the weight is the plugin's config: 0 turns it off (the earlier account stays)
+        eq(pick({ { window_left = 0.5, window_reset_in_ms = 7200000 }, { window_left = 0.5, window_reset_in_ms = 60000 } },
+            { top_k = 1, weights = { use_it_or_lose_it = 0 } }), 1)
+    end)
+
     it("prefers the cheaper account, all else equal", function()
         eq(pick({ { cost = 15 }, { cost = 3 } }, BEST), 2)
     end)

@@ -281,3 +281,55 @@ TG_TEST(select, large_group_top_tier_only) {
     tg_snapshot_release(s);
     free(a);
 }
+
+/* An account whose provider said it is spent (a window used up, no requests left, fewer
+ * tokens than the request needs) is passed over until the stated reset — and a sticky
+ * conversation leaves it; when every account is spent the quota is not looked at. */
+TG_TEST(select, learned_quota_passes_over_spent_accounts) {
+    tg_account_t *a = accounts(3);
+    tg_snapshot_t *s = build(a, 3);
+    tg_health_t *h = tg_health_create();
+    tg_select_t q = query("gpt");
+    int skipped = 0;
+    q.quota_skipped = &skipped;
+    q.est_tokens = 500;
+    tg_quota_t qt;
+    tg_quota_init(&qt, q.now_ms);
+    const char *spent = "x-codex-primary-used-percent: 100\r\nx-codex-primary-reset-after-seconds: 60\r\n";
+    tg_quota_parse_headers(&qt, spent, strlen(spent), q.now_ms);
+    tg_health_learn(tg_health_get(h, 1000), &qt);
+    tg_quota_init(&qt, q.now_ms);
+    const char *few = "x-ratelimit-limit-tokens: 10000\r\nx-ratelimit-remaining-tokens: 200\r\n"
+                      "x-ratelimit-reset-tokens: 30s\r\n";
+    tg_quota_parse_headers(&qt, few, strlen(few), q.now_ms);
+    tg_health_learn(tg_health_get(h, 1001), &qt);
+    const tg_account_t *out[TG_SELECT_MAX];
+    int sticky;
+    ASSERT_EQ_INT(tg_select(s, h, &q, out, TG_SELECT_MAX, &sticky), 1);
+    ASSERT_EQ_INT(out[0]->id, 1002);
+    ASSERT_EQ_INT(skipped, 2);
+    q.est_tokens = 100; /* 200 tokens left cover this one */
+    ASSERT_EQ_INT(tg_select(s, h, &q, out, TG_SELECT_MAX, &sticky), 2);
+    q.sticky = 1000; /* a conversation bound to the spent account leaves it */
+    ASSERT_EQ_INT(tg_select(s, h, &q, out, TG_SELECT_MAX, &sticky), 2);
+    ASSERT_EQ_INT(sticky, 0);
+    q.sticky = 0;
+    q.now_ms += 60001; /* past the reset: back */
+    ASSERT_EQ_INT(tg_select(s, h, &q, out, TG_SELECT_MAX, &sticky), 3);
+    ASSERT_EQ_INT(skipped, 0);
+    q.now_ms -= 60001;
+    q.quota_stale_ms = 1; /* stale state is not trusted */
+    q.now_ms += 2;
+    ASSERT_EQ_INT(tg_select(s, h, &q, out, TG_SELECT_MAX, &sticky), 3);
+    q.now_ms -= 2;
+    q.quota_stale_ms = 0;
+    a[2].active = 0; /* every account left is spent: the providers answer for themselves */
+    tg_snapshot_release(s);
+    s = build(a, 3);
+    q.est_tokens = 500;
+    ASSERT_EQ_INT(tg_select(s, h, &q, out, TG_SELECT_MAX, &sticky), 2);
+    ASSERT_EQ_INT(skipped, 0);
+    tg_health_destroy(h);
+    tg_snapshot_release(s);
+    free(a);
+}

@@ -106,6 +106,8 @@ typedef struct {
         int cooldown_529_ms;
         int cooldown_auth_ms;  /* 401 / 403 */
         int cooldown_5xx_ms;   /* after repeated failures (error EWMA over 0.5) */
+        int quota_stale_ms;    /* learned quota older than this is not trusted (the fleet's
+                                  copy in Redis expires then too) */
     } routing;
     struct {
         int enabled;             /* meter DB keys (needs Postgres and Redis); default on */

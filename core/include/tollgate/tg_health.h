@@ -10,6 +10,7 @@
 #define TOLLGATE_TG_HEALTH_H
 
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_quota.h"
 
 typedef struct tg_health_s tg_health_t;
 
@@ -24,6 +25,10 @@ typedef struct {
     int probing;            /* a trial request is in flight */
     uint64_t successes, failures;
     double picks;           /* requests routed here by this worker (fair share) */
+    tg_quota_t *quota;      /* what the provider said about its quota (tg_quota.h); NULL
+                               until it said something (allocated once, kept) */
+    int64_t quota_shared_ms; /* when this worker last wrote it to the fleet's copy */
+    int64_t quota_read_ms;  /* when this worker last read the fleet's copy */
 } tg_health_entry_t;
 
 tg_health_t *tg_health_create(void);
@@ -43,6 +48,11 @@ int tg_health_available(tg_health_entry_t *e, int64_t now_ms);
 /** 1 if the account cooled and its cooldown is over with no trial in flight: its one
  *  trial request is due, and goes first (tg_select's order; over a plugin's pick too). */
 int tg_health_trial_due(const tg_health_entry_t *e, int64_t now_ms);
+/** Folds what one response said about the account's quota into its entry (allocates
+ *  the entry's state the first time only). */
+void tg_health_learn(tg_health_entry_t *e, const tg_quota_t *q);
+/** The entry's learned quota if it is at most stale_ms old (0: no bound), else NULL. */
+const tg_quota_t *tg_health_quota(const tg_health_entry_t *e, int64_t now_ms, int64_t stale_ms);
 /** Marks the start of a request on the account (a trial if half-open). */
 void tg_health_begin(tg_health_entry_t *e);
 /** The request ended: ok or failed, with its TTFT in ms (< 0 unknown). */

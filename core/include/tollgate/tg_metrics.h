@@ -61,6 +61,12 @@ typedef struct {
     _Atomic uint64_t tokens_input;
     _Atomic uint64_t tokens_output;
     _Atomic uint64_t refusals[TG_METRICS_NREFUSALS]; /* the gateway's own error answers, by code */
+    _Atomic uint64_t quota_values;     /* quota values read from upstream headers and bodies */
+    _Atomic uint64_t quota_malformed;  /* quota header values that could not be read (ignored) */
+    _Atomic uint64_t quota_skips;      /* accounts passed over because their quota was spent */
+    _Atomic uint64_t quota_shared;     /* learned quota written to the fleet's copy (Redis) */
+    _Atomic uint64_t sticky_bound;     /* requests whose conversation was bound to an account */
+    _Atomic uint64_t sticky_kept;      /* of those, sent to the bound account */
     /* Registered while the worker is built, before any request (tg_metrics_collector_add). */
     struct {
         tg_metrics_collect_fn fn;

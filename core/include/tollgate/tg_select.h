@@ -36,13 +36,20 @@ typedef struct {
     const int64_t *avoid;   /* a retry must move: these are skipped unless nothing else is left */
     int navoid;
     int64_t sticky;         /* the conversation's bound account, first while healthy; 0 none */
+    int64_t est_tokens;     /* the request's token estimate (0 unknown): an account whose
+                               learned quota cannot cover it is passed over */
+    int64_t quota_stale_ms; /* learned quota older than this is not trusted (0: no bound) */
+    int *quota_skipped;     /* out, optional: accounts passed over for their quota */
 } tg_select_t;
 
 /**
  * Fills out[0..n) with the accounts to try, best first, and returns n (0: no account of
  * the group can take this request now; at most min(max, TG_SELECT_MAX)). Accounts are
  * active, not cooling (snapshot or health), serve the model, and are available
- * (tg_health_available: a half-open account only while no trial runs). *sticky_first is
+ * (tg_health_available: a half-open account only while no trial runs), and have quota
+ * for the request by what their provider said (tg_quota_blocked_until: no window spent,
+ * requests left, tokens for q->est_tokens) — unless no account has, when the quota is
+ * not looked at (the provider answers for itself). *sticky_first is
  * set to 1 when out[0] is q->sticky, kept because it is healthy: not failing (error EWMA
  * < 0.5), not slow (TTFT EWMA < 30 s) and not saturated. May create health entries for
  * the accounts it looks at.

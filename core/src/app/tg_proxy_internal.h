@@ -143,6 +143,7 @@ struct proxy_req_s {
     int retry_other;              /* the next attempt must use another account if any */
     int norder, next_order;
     tg_redis_req_t *slot_rq;
+    tg_redis_req_t *quota_rq;     /* the fleet's copy of the account's quota, read with its slot */
     uv_timer_t *slot_timer;       /* renews the slot lease while the call runs */
     int64_t slot_account;         /* holds a slot lease on this account */
     uint64_t slot_wait_since;     /* every account was full since (ms), 0 not waiting */
@@ -202,6 +203,10 @@ int tg__phase_select(proxy_req_t *p);
 int tg__phase_slot(proxy_req_t *p);
 void tg__cleanup_snapshot(proxy_req_t *p);
 void tg__sticky_bind(proxy_req_t *p);
+/* What the attempt's upstream said about its account's quota: its forwarded header lines
+ * and, for an error, its body (tg_quota.h), folded into the account's health and shared
+ * with the fleet (tg_proxy_route.c). */
+void tg__quota_learn(proxy_req_t *p, int status, const char *lines, const char *body, size_t body_len);
 int tg__retryable_status(int st);
 int tg__can_retry(const proxy_req_t *p);
 int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms);

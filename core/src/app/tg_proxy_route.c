@@ -113,8 +113,14 @@ static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider) {
     return p->proto == TG_PROTO_ANTHROPIC ? TG_PROTO_OPENAI_CHAT : p->proto;
 }
 
+/* The request's token estimate for the quota check: the limiter's when it made one,
+ * else the prompt's bytes / 4. */
+static int64_t quota_estimate(const proxy_req_t *p) {
+    return p->est_tokens > 0 ? p->est_tokens : (int64_t)(p->req->body.len / 4) + 1;
+}
+
 /* Fills p->order through tg_select (the default order, no plugin) and returns how many. */
-static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky) {
+static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky, int *quota_skipped) {
     *q = (tg_select_t){
         .group_id = p->principal->group_id,
         .model = p->req->route == TG_ROUTE_MODELS ? "" : p->model,
@@ -123,6 +129,9 @@ static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky) {
         .avoid = p->retry_other ? p->tried : NULL,
         .navoid = p->retry_other ? p->ntried : 0,
         .sticky = p->attempt == 1 ? p->sticky_account : 0,
+        .est_tokens = quota_estimate(p),
+        .quota_stale_ms = p->req->worker->gw->cfg->routing.quota_stale_ms,
+        .quota_skipped = quota_skipped,
     };
     return tg_select(p->snap, p->pw->ctx->health, q, p->order, (int)(sizeof(p->order) / sizeof(p->order[0])), sticky);
 }
@@ -152,9 +161,13 @@ int tg__phase_select(proxy_req_t *p) {
         return tg__proxy_fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
     }
     /* The accounts to try, best first: a bounded sample of the group (tg_select.h). */
-    int sticky = 0;
+    int sticky = 0, skips = 0;
     tg_select_t q;
-    int n = select_order(p, &q, &sticky);
+    int n = select_order(p, &q, &sticky, &skips);
+    if (skips)
+        atomic_fetch_add_explicit(&p->req->worker->metrics.quota_skips, (uint64_t)skips, memory_order_relaxed);
+    if (p->attempt == 1 && p->sticky_account)
+        atomic_fetch_add_explicit(&p->req->worker->metrics.sticky_bound, 1, memory_order_relaxed);
     if (n == 0) {
         char msg[256];
         snprintf(msg, sizeof(msg), "no upstream account of this key's group can serve model \"%s\" right now", q.model);
@@ -182,9 +195,16 @@ int tg__phase_select(proxy_req_t *p) {
             fa->reset_in_ms = acc->reset_at_ms ? (double)(acc->reset_at_ms - q.now_ms) : -1;
             fa->cost = atof(acc->cost_multiplier);
             fa->trial = tg_health_trial_due(e, q.now_ms);
-            fa->headroom = -1;
-            fa->window_left = -1;
-            fa->window_reset_in_ms = -1;
+            fa->headroom = fa->window_left = fa->window_reset_in_ms = -1;
+            const tg_quota_t *qt = e->quota ? tg_health_quota(e, q.now_ms, q.quota_stale_ms) : NULL;
+            if (qt) {
+                /* What the provider said wins over the operator's reset_at. */
+                double reset;
+                fa->headroom = tg_quota_headroom(qt, q.now_ms, &reset);
+                if (reset >= 0)
+                    fa->reset_in_ms = reset;
+                tg_quota_window_soonest(qt, q.now_ms, &fa->window_left, &fa->window_reset_in_ms);
+            }
         }
         p->ctx.accounts = p->accts;
         p->ctx.naccounts = n;
@@ -203,10 +223,95 @@ int tg__phase_select(proxy_req_t *p) {
     return TG_OK;
 }
 
+/* ---- learned quota ------------------------------------------------------------------ */
+
+/* The fleet's copy of an account's learned quota: {a:<id>}:quota (the account's hash
+ * tag, beside its slot set), the text of tg_quota_encode, expiring after
+ * routing.quota_stale_ms. Written fire-and-forget (nothing waits for the reply) at most
+ * once a second per account per worker, or at once when the account became spent, so a
+ * busy account costs one SET per second per worker rather than one per request. */
+static void quota_share(proxy_req_t *p, tg_health_entry_t *e, int64_t now, int urgent) {
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    if (!redis || (!urgent && now - e->quota_shared_ms < 1000))
+        return;
+    char key[48], text[TG_QUOTA_TEXT_MAX], px[16];
+    size_t n = tg_quota_encode(e->quota, text, sizeof(text));
+    if (!n)
+        return;
+    e->quota_shared_ms = now;
+    snprintf(key, sizeof(key), "{a:%lld}:quota", (long long)e->account_id);
+    snprintf(px, sizeof(px), "%d", p->req->worker->gw->cfg->routing.quota_stale_ms);
+    const char *argv[5] = {"SET", key, text, "PX", px};
+    size_t lens[5] = {3, strlen(key), n, 2, strlen(px)};
+    tg_redis_command(redis, NULL, NULL, 5, argv, lens);
+    atomic_fetch_add_explicit(&p->req->worker->metrics.quota_shared, 1, memory_order_relaxed);
+}
+
+void tg__quota_learn(proxy_req_t *p, int status, const char *lines, const char *body, size_t body_len) {
+    if (!p->at.account)
+        return;
+    int64_t now = (int64_t)tg_wall_ms();
+    tg_quota_t q;
+    tg_quota_init(&q, now);
+    if (lines && *lines)
+        tg_quota_parse_headers(&q, lines, strlen(lines), now);
+    if (body && body_len)
+        tg_quota_parse_error(&q, body, body_len, now);
+    tg_metrics_t *m = &p->req->worker->metrics;
+    if (q.malformed)
+        atomic_fetch_add_explicit(&m->quota_malformed, (uint64_t)q.malformed, memory_order_relaxed);
+    tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, p->at.account->id);
+    if (!q.known) {
+        /* An answer that says nothing of the quota still says the account served it. */
+        if (status < 400 && e->quota)
+            e->quota->blocked_until_ms = 0;
+        return;
+    }
+    atomic_fetch_add_explicit(&m->quota_values, (uint64_t)q.known, memory_order_relaxed);
+    int was = e->quota && tg_quota_blocked_until(e->quota, now, 1) != 0;
+    tg_health_learn(e, &q);
+    if (status < 400 && !q.blocked_until_ms)
+        e->quota->blocked_until_ms = 0;
+    int is = tg_quota_blocked_until(e->quota, now, 1) != 0;
+    quota_share(p, e, now, is && !was);
+}
+
+/* The fleet's copy, read when this worker's own is older than a second, in the same
+ * pipeline as the account's slot (so no round trip of its own): newer than what this
+ * worker has, it replaces it, and slot_got then sees a spent account before using it. */
+static void quota_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->quota_rq = NULL;
+    if (err || !r || r->type != REDIS_REPLY_STRING || p->next_order >= p->norder)
+        return;
+    tg_quota_t q;
+    if (!tg_quota_decode(&q, r->str, r->len))
+        return;
+    tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, p->order[p->next_order]->id);
+    if (!e->quota || q.at_ms > e->quota->at_ms) {
+        if (!e->quota)
+            tg_health_learn(e, &q);
+        *e->quota = q;
+    }
+}
+
+static void quota_read(proxy_req_t *p, tg_redis_t *redis, tg_health_entry_t *e) {
+    int64_t now = (int64_t)tg_wall_ms();
+    if (p->quota_rq || (e->quota && now - e->quota->at_ms < 1000) || now - e->quota_read_ms < 1000)
+        return;
+    e->quota_read_ms = now;
+    char key[48];
+    snprintf(key, sizeof(key), "{a:%lld}:quota", (long long)e->account_id);
+    const char *argv[2] = {"GET", key};
+    p->quota_rq = tg_redis_command(redis, quota_got, p, 2, argv, NULL);
+}
+
 /* ---- phase: slot -------------------------------------------------------------------- */
 
 static void use_account(proxy_req_t *p, const tg_account_t *acc) {
     p->at.account = acc;
+    if (p->attempt == 1 && p->sticky_account == acc->id)
+        atomic_fetch_add_explicit(&p->req->worker->metrics.sticky_kept, 1, memory_order_relaxed);
     tg_health_get(p->pw->ctx->health, acc->id)->picks += 1;
     p->at.up_proto = upstream_proto(p, acc->provider);
     p->at.up = acc->upstream;
@@ -242,6 +347,9 @@ static void slot_release(proxy_req_t *p) {
 
 /* The account slot: the lookup in flight, the lease, its renewal timer. */
 static void cleanup_slot(proxy_req_t *p) {
+    if (p->quota_rq)
+        tg_redis_cancel(p->quota_rq);
+    p->quota_rq = NULL;
     if (p->slot_rq)
         tg_redis_cancel(p->slot_rq);
     slot_release(p);
@@ -285,6 +393,21 @@ static void slot_got(void *ud, redisReply *r, const char *err) {
     }
     if (r->integer == 1) {
         p->slot_account = acc->id;
+        tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, acc->id);
+        if (e->quota && p->next_order + 1 < p->norder) {
+            /* The fleet's copy (read with the slot) may say the account is spent. */
+            tg_select_t q = {.now_ms = (int64_t)tg_wall_ms(), .est_tokens = quota_estimate(p),
+                             .quota_stale_ms = p->req->worker->gw->cfg->routing.quota_stale_ms};
+            const tg_quota_t *qt = tg_health_quota(e, q.now_ms, q.quota_stale_ms);
+            if (qt && tg_quota_blocked_until(qt, q.now_ms, q.est_tokens)) {
+                atomic_fetch_add_explicit(&p->req->worker->metrics.quota_skips, 1, memory_order_relaxed);
+                slot_release(p);
+                p->next_order++;
+                if (slot_try(p) == TG_OK)
+                    tg__proxy_run(p);
+                return;
+            }
+        }
         slot_renew_start(p);
         use_account(p, acc);
         tg__proxy_run(p);
@@ -314,6 +437,7 @@ static int slot_try(proxy_req_t *p) {
         snprintf(limit, sizeof(limit), "%d", acc->concurrency);
         snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
         const char *argv[4] = {key, p->req->id, limit, ttl};
+        quota_read(p, redis, e);
         p->slot_rq = tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, slot_got, p);
         if (p->slot_rq)
             return TG_AGAIN;
@@ -332,7 +456,7 @@ static int slot_try(proxy_req_t *p) {
         /* A fresh sample for the next poll: in a group larger than the sample, accounts
          * that were not drawn this time may have free slots. */
         tg_select_t q;
-        int sticky, n = select_order(p, &q, &sticky);
+        int sticky, skips, n = select_order(p, &q, &sticky, &skips);
         if (n > 0)
             p->norder = n;
         p->next_order = 0;
@@ -404,7 +528,19 @@ int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after
         tg_health_end(p->at.health, 0, -1);
         p->at.health = NULL;
     }
-    if (status == 429)
+    int64_t learned = 0;
+    if (p->at.account && (status == 429 || status == 529)) {
+        /* The provider said when the account's quota comes back (headers or body): cool
+         * until exactly then (its half-open trial comes at the reset). */
+        tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, p->at.account->id);
+        int64_t now = (int64_t)tg_wall_ms();
+        const tg_quota_t *qt = e->quota ? tg_health_quota(e, now, cfg->routing.quota_stale_ms) : NULL;
+        int64_t until = qt ? tg_quota_blocked_until(qt, now, 1) : 0;
+        learned = until > now ? until - now : 0;
+    }
+    if (learned > 0)
+        cool_account(p, learned);
+    else if (status == 429)
         cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_429_ms);
     else if (status == 529)
         cool_account(p, retry_after_ms > 0 ? retry_after_ms : cfg->routing.cooldown_529_ms);

@@ -332,7 +332,7 @@ static int limiter_fn(cfg_ctx *c, void *a) { return load_limiter(c, a); }
 static int load_routing(cfg_ctx *c, void *arg) {
     tg_config_t *cfg = arg;
     static const char *const keys[] = {"max_attempts", "deadline_ms", "cooldown_429_ms", "cooldown_529_ms",
-                                       "cooldown_auth_ms", "cooldown_5xx_ms", NULL};
+                                       "cooldown_auth_ms", "cooldown_5xx_ms", "quota_stale_ms", NULL};
     c->prefix = "routing.";
     int rc = check_keys(c, keys);
     rc = rc ?: get_int(c, "max_attempts", &cfg->routing.max_attempts, 1, 8);
@@ -341,6 +341,7 @@ static int load_routing(cfg_ctx *c, void *arg) {
     rc = rc ?: get_int(c, "cooldown_529_ms", &cfg->routing.cooldown_529_ms, 0, 86400000);
     rc = rc ?: get_int(c, "cooldown_auth_ms", &cfg->routing.cooldown_auth_ms, 0, 86400000);
     rc = rc ?: get_int(c, "cooldown_5xx_ms", &cfg->routing.cooldown_5xx_ms, 0, 86400000);
+    rc = rc ?: get_int(c, "quota_stale_ms", &cfg->routing.quota_stale_ms, 1000, 86400000);
     if (rc == TG_OK)
         c->prefix = "";
     return rc;
@@ -393,6 +394,7 @@ static void defaults(tg_config_t *cfg) {
     cfg->routing.cooldown_529_ms = 10000;
     cfg->routing.cooldown_auth_ms = 300000;
     cfg->routing.cooldown_5xx_ms = 15000;
+    cfg->routing.quota_stale_ms = 600000;
     cfg->billing.enabled = 1;
     cfg->billing.default_max_tokens = 4096;
     cfg->billing.spool_dir = strdup("var/spool");

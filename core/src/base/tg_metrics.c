@@ -142,6 +142,31 @@ void tg_metrics_render(tg_metrics_t *const *w, int n, tg_buf_t *out) {
                   "tollgate_tokens_total{kind=\"input\"} %llu\ntollgate_tokens_total{kind=\"output\"} %llu\n",
                   (unsigned long long)SUM_FIELD(w, n, tokens_input, uint64_t),
                   (unsigned long long)SUM_FIELD(w, n, tokens_output, uint64_t));
+    tg_buf_printf(out,
+                  "# HELP tollgate_quota_values_total Quota values read from upstream headers and error bodies.\n"
+                  "# TYPE tollgate_quota_values_total counter\ntollgate_quota_values_total %llu\n"
+                  "# HELP tollgate_quota_malformed_total Quota header values that could not be read (ignored).\n"
+                  "# TYPE tollgate_quota_malformed_total counter\ntollgate_quota_malformed_total %llu\n"
+                  "# HELP tollgate_quota_skips_total Accounts passed over because their provider said their quota "
+                  "could not cover the request.\n"
+                  "# TYPE tollgate_quota_skips_total counter\ntollgate_quota_skips_total %llu\n"
+                  "# HELP tollgate_quota_shared_total Learned quota states written to the fleet's copy in Redis.\n"
+                  "# TYPE tollgate_quota_shared_total counter\ntollgate_quota_shared_total %llu\n",
+                  (unsigned long long)SUM_FIELD(w, n, quota_values, uint64_t),
+                  (unsigned long long)SUM_FIELD(w, n, quota_malformed, uint64_t),
+                  (unsigned long long)SUM_FIELD(w, n, quota_skips, uint64_t),
+                  (unsigned long long)SUM_FIELD(w, n, quota_shared, uint64_t));
+    {
+        uint64_t bound = SUM_FIELD(w, n, sticky_bound, uint64_t), kept = SUM_FIELD(w, n, sticky_kept, uint64_t);
+        tg_buf_printf(out,
+                      "# HELP tollgate_sticky_bound_total Requests whose conversation was bound to an account.\n"
+                      "# TYPE tollgate_sticky_bound_total counter\ntollgate_sticky_bound_total %llu\n"
+                      "# HELP tollgate_sticky_hits_total Of those, requests sent to the bound account.\n"
+                      "# TYPE tollgate_sticky_hits_total counter\ntollgate_sticky_hits_total %llu\n"
+                      "# HELP tollgate_sticky_hit_ratio Sticky hits / bound requests since start.\n"
+                      "# TYPE tollgate_sticky_hit_ratio gauge\ntollgate_sticky_hit_ratio %.4f\n",
+                      (unsigned long long)bound, (unsigned long long)kept, bound ? (double)kept / (double)bound : 0.0);
+    }
     tg_buf_appends(out, "# HELP tollgate_refusals_total Error answers the gateway made itself (not relayed from an "
                         "upstream), by error code.\n# TYPE tollgate_refusals_total counter\n");
     for (int i = 0; i < TG_METRICS_NREFUSALS; i++) {

@@ -74,6 +74,16 @@
  *                         that body verbatim (an event stream when the request streams:
  *                         a scripted upstream answer, e.g. a refusal or a tool call)
  *   GET    /_mock/faults  the installed rules;   DELETE /_mock/faults  clears them
+ *   POST   /_mock/quota   {"credential":"sk-x","style":"openai"|"anthropic"|"unified"|
+ *                         "codex"|"none","limit":N,"window_ms":M,"malformed":false}: the
+ *                         credential's requests count against a window of M ms (from now,
+ *                         then back to back) and carry that provider's quota headers with
+ *                         the real countdown (x-ratelimit-*; anthropic-ratelimit-requests-*;
+ *                         anthropic-ratelimit-unified-*; x-codex-primary-*); past N
+ *                         requests (0: never) it answers 429 with that provider's body
+ *                         (usage_limit_reached with resets_at for codex) and Retry-After
+ *                         until the reset; "malformed" sends unreadable values instead.
+ *                         Stats show {"quota":{"used","limit","rejected","reset_in_ms"}}
  *   GET    /_mock/stats   {"total","inflight","max_inflight","aborted","credentials":
  *                         {"<cred>":{"requests","inflight","max_inflight","aborted"}}}
  *   POST   /_mock/reset   zeroes the stats, clears the rules and the last request
@@ -237,9 +247,15 @@ static size_t text_walk(json_t *v, knobs_t *k, int depth) {
 
 /* ---- shared state: stats, fault rules, last request ------------------------------ */
 
+/* A credential's quota as a provider would state it (POST /_mock/quota). */
+enum { Q_NONE = 0, Q_OPENAI, Q_ANTHROPIC, Q_UNIFIED, Q_CODEX };
+
 typedef struct cred_s {
     struct cred_s *next;
     int64_t requests, inflight, max_inflight, aborted;
+    int q_style, q_malformed;
+    int64_t q_limit, q_window_ms, q_start_ms, q_used; /* limit 0: counted, never enforced */
+    int64_t q_rejected; /* requests answered 429 because the window was spent */
     size_t len;
     char name[];
 } cred_t;
@@ -336,6 +352,7 @@ typedef struct {
     uint64_t gen;
     int models_anth, models_limit;    /* GET /models: Anthropic's shape, its page size */
     char models_after[128], models_before[128]; /* its cursors ("" none) */
+    char qhdr[640]; /* the credential's quota headers ("Name: value\r\n" lines), or "" */
 } resp_t;
 
 typedef struct conn_s {
@@ -518,6 +535,7 @@ static void put_response(conn_t *c, tg_buf_t *dst, int status, int retry_after, 
         tg_buf_printf(dst, "Content-Length: %zu\r\n", c->scratch.len);
     if (retry_after >= 0)
         tg_buf_printf(dst, "Retry-After: %d\r\n", retry_after);
+    tg_buf_appends(dst, c->r.qhdr);
     if (!keepalive)
         BUF_LIT(dst, "Connection: close\r\n");
     BUF_LIT(dst, "\r\n");
@@ -796,6 +814,7 @@ static void stream_start(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
     BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
+    tg_buf_appends(&c->out, r->qhdr);
     if (!r->raw)
         BUF_LIT(&c->out, "Transfer-Encoding: chunked\r\n");
     if (!r->keepalive)
@@ -967,9 +986,14 @@ static void render_stats_locked(tg_buf_t *b) {
             tg_buf_appends(b, first ? "\"" : ",\"");
             first = 0;
             tg_buf_append_json_escaped(b, c->name, c->len);
-            tg_buf_printf(b, "\":{\"requests\":%lld,\"inflight\":%lld,\"max_inflight\":%lld,\"aborted\":%lld}",
+            tg_buf_printf(b, "\":{\"requests\":%lld,\"inflight\":%lld,\"max_inflight\":%lld,\"aborted\":%lld",
                           (long long)c->requests, (long long)c->inflight, (long long)c->max_inflight,
                           (long long)c->aborted);
+            if (c->q_style)
+                tg_buf_printf(b, ",\"quota\":{\"used\":%lld,\"limit\":%lld,\"rejected\":%lld,\"reset_in_ms\":%lld}",
+                              (long long)c->q_used, (long long)c->q_limit, (long long)c->q_rejected,
+                              (long long)(c->q_start_ms + c->q_window_ms - (int64_t)tg_wall_ms()));
+            BUF_LIT(b, "}");
         }
     BUF_LIT(b, "}}");
 }
@@ -1025,6 +1049,127 @@ static void render_faults_locked(tg_buf_t *b) {
         BUF_LIT(b, "}");
     }
     BUF_LIT(b, "]");
+}
+
+/* ---- provider quota ------------------------------------------------------------- */
+
+/* POST /_mock/quota {"credential","style": openai|anthropic|unified|codex, "limit": N
+ * requests per window (0: counted, never enforced), "window_ms", "malformed": true}.
+ * Returns NULL or an error message. */
+static const char *quota_install(const char *body, size_t len) {
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    const char *st = json_string_value(json_object_get(root, "style"));
+    const char *cred = json_string_value(json_object_get(root, "credential"));
+    json_t *jl = json_object_get(root, "limit"), *jw = json_object_get(root, "window_ms");
+    int style = !st                         ? -1
+                : !strcmp(st, "openai")     ? Q_OPENAI
+                : !strcmp(st, "anthropic")  ? Q_ANTHROPIC
+                : !strcmp(st, "unified")    ? Q_UNIFIED
+                : !strcmp(st, "codex")      ? Q_CODEX
+                : !strcmp(st, "none")       ? Q_NONE
+                                            : -1;
+    int64_t limit = json_is_integer(jl) ? json_integer_value(jl) : -1;
+    int64_t window = json_is_integer(jw) ? json_integer_value(jw) : 60000;
+    if (!cred || style < 0 || limit < 0 || window < 100) {
+        json_decref(root);
+        return "quota: credential, style (openai, anthropic, unified, codex, none), limit >= 0 and "
+               "window_ms >= 100 are required";
+    }
+    pthread_mutex_lock(&g_st.mu);
+    cred_t *c = cred_get(cred, strlen(cred));
+    c->q_style = style;
+    c->q_limit = limit;
+    c->q_window_ms = window;
+    c->q_start_ms = (int64_t)tg_wall_ms();
+    c->q_used = 0;
+    c->q_malformed = json_is_true(json_object_get(root, "malformed"));
+    pthread_mutex_unlock(&g_st.mu);
+    json_decref(root);
+    return NULL;
+}
+
+/* Counts a request against its credential's window (caller holds mu) and writes the
+ * headers its provider would send into r->qhdr. Returns the window's reset (ms since
+ * the epoch) when the window was already spent (the request gets a 429), else 0. */
+static int64_t quota_step(cred_t *ce, resp_t *r) {
+    r->qhdr[0] = '\0';
+    if (!ce->q_style)
+        return 0;
+    int64_t now = (int64_t)tg_wall_ms();
+    if (now >= ce->q_start_ms + ce->q_window_ms) { /* a new window: the countdown starts over */
+        ce->q_start_ms += (now - ce->q_start_ms) / ce->q_window_ms * ce->q_window_ms;
+        ce->q_used = 0;
+    }
+    int64_t reset = ce->q_start_ms + ce->q_window_ms;
+    int spent = ce->q_limit > 0 && ce->q_used >= ce->q_limit;
+    if (spent)
+        ce->q_rejected++;
+    else
+        ce->q_used++;
+    int64_t lim = ce->q_limit > 0 ? ce->q_limit : 1000000, left = TG_MAX(lim - ce->q_used, 0);
+    double in_s = (double)(reset - now) / 1000, used = (double)ce->q_used / (double)lim;
+    char *h = r->qhdr;
+    size_t cap = sizeof(r->qhdr);
+    if (ce->q_malformed) {
+        snprintf(h, cap,
+                 "x-ratelimit-remaining-requests: plenty\r\nx-ratelimit-reset-requests: whenever\r\n"
+                 "anthropic-ratelimit-requests-reset: 2025-99-99T99:99:99Z\r\n"
+                 "anthropic-ratelimit-unified-5h-utilization: -7%%\r\nanthropic-ratelimit-unified-5h-status: fine\r\n"
+                 "x-codex-primary-used-percent: 1e999\r\nx-codex-primary-reset-after-seconds: later\r\n");
+        return spent ? reset : 0;
+    }
+    switch (ce->q_style) {
+    case Q_OPENAI:
+        snprintf(h, cap,
+                 "x-ratelimit-limit-requests: %lld\r\nx-ratelimit-remaining-requests: %lld\r\n"
+                 "x-ratelimit-reset-requests: %.3fs\r\nx-ratelimit-limit-tokens: %lld\r\n"
+                 "x-ratelimit-remaining-tokens: %lld\r\nx-ratelimit-reset-tokens: %.3fs\r\n",
+                 (long long)lim, (long long)left, in_s, (long long)lim * 100000, (long long)left * 100000, in_s);
+        break;
+    case Q_ANTHROPIC: {
+        char ts[32];
+        time_t t = (time_t)(reset / 1000);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(h, cap,
+                 "anthropic-ratelimit-requests-limit: %lld\r\nanthropic-ratelimit-requests-remaining: %lld\r\n"
+                 "anthropic-ratelimit-requests-reset: %s.%03dZ\r\n",
+                 (long long)lim, (long long)left, ts, (int)(reset % 1000));
+        break;
+    }
+    case Q_UNIFIED:
+        snprintf(h, cap,
+                 "anthropic-ratelimit-unified-status: %s\r\nanthropic-ratelimit-unified-reset: %.3f\r\n"
+                 "anthropic-ratelimit-unified-5h-status: %s\r\nanthropic-ratelimit-unified-5h-utilization: %.4f\r\n"
+                 "anthropic-ratelimit-unified-5h-reset: %.3f\r\n",
+                 spent ? "rejected" : "allowed", (double)reset / 1000, spent ? "rejected" : used >= 0.8 ? "allowed_warning" : "allowed",
+                 TG_MIN(used, 1.0), (double)reset / 1000);
+        break;
+    default: /* Q_CODEX */
+        snprintf(h, cap,
+                 "x-codex-primary-used-percent: %.2f\r\nx-codex-primary-window-minutes: %.4f\r\n"
+                 "x-codex-primary-reset-after-seconds: %.3f\r\n",
+                 TG_MIN(used, 1.0) * 100, (double)ce->q_window_ms / 60000, in_s);
+    }
+    return spent ? reset : 0;
+}
+
+/* The 429 of a spent window, in its provider's shape, into c->scratch. */
+static void render_spent(conn_t *c, int style, int64_t reset) {
+    int64_t now = (int64_t)tg_wall_ms();
+    tg_buf_t *b = &c->scratch;
+    b->len = 0;
+    if (style == Q_CODEX)
+        tg_buf_printf(b,
+                      "{\"error\":{\"type\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\","
+                      "\"plan_type\":\"plus\",\"resets_at\":%.3f,\"resets_in_seconds\":%.3f}}",
+                      (double)reset / 1000, (double)(reset - now) / 1000);
+    else if (style == Q_OPENAI)
+        render_error(c, API_CHAT, 429, "Rate limit reached for requests");
+    else
+        render_error(c, API_MESSAGES, 429, "Number of requests has exceeded your rate limit");
 }
 
 /* POST /_mock/faults. Returns NULL or an error message. */
@@ -1086,12 +1231,18 @@ static const char *fault_install(const char *body, size_t len) {
 
 static void handle_control(conn_t *c, const char *path, size_t plen) {
     tg_buf_t *b = &c->scratch;
+    c->r.qhdr[0] = '\0';
     int m = c->method, status = 200;
     const char *err = NULL;
 #define PATH_IS(lit) (plen == sizeof(lit) - 1 && memcmp(path, lit, plen) == 0)
     int install = PATH_IS("/_mock/faults") && m == HTTP_POST;
     if (install && (err = fault_install(c->body.data ? c->body.data : "", c->body.len)))
         status = 400;
+    if (PATH_IS("/_mock/quota") && m == HTTP_POST) {
+        install = 1;
+        if ((err = quota_install(c->body.data ? c->body.data : "", c->body.len)))
+            status = 400;
+    }
     pthread_mutex_lock(&g_st.mu);
     if (PATH_IS("/_mock/stats") && m == HTTP_GET)
         render_stats_locked(b);
@@ -1177,6 +1328,7 @@ static void query_get(const char *url, size_t n, const char *name, char *out, si
 
 /* Handles the request just read: counts it, then answers it now or arms a timer. */
 static void handle_request(conn_t *c) {
+    c->r.qhdr[0] = '\0';
     resp_t *r = &c->r;
     if (c->closing)
         return;
@@ -1286,6 +1438,8 @@ static void handle_request(conn_t *c) {
     ce->requests++;
     ce->inflight++;
     ce->max_inflight = TG_MAX(ce->max_inflight, ce->inflight);
+    int64_t spent_until = quota_step(ce, r);
+    int q_style = ce->q_style;
     fault_t **fp = fault_find(cred, cred_len);
     if (!fp)
         fp = fault_find("*", 1);
@@ -1340,7 +1494,11 @@ static void handle_request(conn_t *c) {
     tg_buf_t *dst = k.v[K_DELAY_MS] > 0 ? &c->held : &c->out;
     c->held.len = 0;
     r->whole = 1;
-    if (err_status || (status >= 100 && status <= 599 && status != 200)) {
+    if (spent_until && !err_status) {
+        /* The credential's window is spent: its provider's 429 until the reset. */
+        render_spent(c, q_style, spent_until);
+        put_response(c, dst, 429, (int)((spent_until - (int64_t)tg_wall_ms() + 999) / 1000), r->keepalive);
+    } else if (err_status || (status >= 100 && status <= 599 && status != 200)) {
         if (!err_status) {
             err_status = status;
             err_msg = "mock: injected error status (knob status)";

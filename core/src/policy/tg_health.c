@@ -23,6 +23,8 @@ tg_health_t *tg_health_create(void) {
 void tg_health_destroy(tg_health_t *h) {
     if (!h)
         return;
+    for (size_t i = 0; i < h->cap; i++)
+        free(h->slots[i].quota);
     free(h->slots);
     free(h);
 }
@@ -79,6 +81,20 @@ int tg_health_available(tg_health_entry_t *e, int64_t now_ms) {
         e->half_open = 1;
     }
     return !(e->half_open && e->probing);
+}
+
+void tg_health_learn(tg_health_entry_t *e, const tg_quota_t *q) {
+    if (!e->quota) {
+        e->quota = malloc(sizeof(*e->quota));
+        tg_quota_init(e->quota, q->at_ms);
+    }
+    tg_quota_merge(e->quota, q);
+}
+
+const tg_quota_t *tg_health_quota(const tg_health_entry_t *e, int64_t now_ms, int64_t stale_ms) {
+    if (!e->quota || (stale_ms > 0 && now_ms - e->quota->at_ms > stale_ms))
+        return NULL;
+    return e->quota;
 }
 
 int tg_health_trial_due(const tg_health_entry_t *e, int64_t now_ms) {

@@ -88,8 +88,14 @@ static const tg_account_t *tier_at(const tier_t *tr, unsigned k) { return k < tr
 
 /* Usable accounts of the pool, tier by tier, into c[0..max); returns how many. Sets
  * *skipped when an account was passed over only because q->avoid names it. */
-static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, int avoid, cand_t *c, int max,
-                  int *skipped) {
+/* 1 if the provider said the account cannot take this request before a reset. */
+static int quota_spent(const tg_health_entry_t *e, const tg_select_t *q) {
+    const tg_quota_t *qt = e->quota ? tg_health_quota(e, q->now_ms, q->quota_stale_ms) : NULL;
+    return qt && tg_quota_blocked_until(qt, q->now_ms, q->est_tokens) != 0;
+}
+
+static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, int avoid, int quota, cand_t *c,
+                  int max, int *skipped, int *spent) {
     const tg_account_t *const *a0 = pool->acc[0], *const *a1 = pool->acc[1];
     int n0 = pool->n[0], n1 = pool->n[1], i0 = 0, i1 = 0, n = 0, read = 0;
     while (n < max && (n == 0 || read < SCAN_BUDGET) && (i0 < n0 || i1 < n1)) {
@@ -127,6 +133,10 @@ static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, i
             tg_health_entry_t *e = tg_health_get(h, acc->id);
             if (!tg_health_available(e, q->now_ms))
                 continue;
+            if (quota && quota_spent(e, q)) {
+                (*spent)++;
+                continue;
+            }
             c[n].acc = acc;
             rank(&c[n], e, q->now_ms);
             n++;
@@ -145,7 +155,7 @@ static const tg_account_t *sticky_ok(const tg_snapshot_t *s, tg_health_t *h, con
         (q->openai_only && strcmp(acc->provider, "openai") != 0) || avoided(q, acc->id))
         return NULL;
     tg_health_entry_t *e = tg_health_get(h, acc->id);
-    if (!tg_health_available(e, q->now_ms))
+    if (!tg_health_available(e, q->now_ms) || quota_spent(e, q))
         return NULL;
     int healthy = e->err_ewma < 0.5 && (e->ttft_ewma_ms < 0 || e->ttft_ewma_ms < 30000) &&
                   (acc->concurrency <= 0 || e->inflight < acc->concurrency);
@@ -160,10 +170,17 @@ int tg_select(const tg_snapshot_t *s, tg_health_t *h, const tg_select_t *q, cons
     if (max <= 0 || !tg_snapshot_pool(s, q->group_id, q->model, &pool))
         return 0;
     cand_t c[TG_SELECT_MAX];
-    int skipped = 0;
-    int n = gather(&pool, h, q, q->navoid > 0, c, max, &skipped);
+    int skipped = 0, spent = 0;
+    int n = gather(&pool, h, q, q->navoid > 0, 1, c, max, &skipped, &spent);
     if (n == 0 && skipped) /* only tried accounts are left: a retry may go back to one */
-        n = gather(&pool, h, q, 0, c, max, &skipped);
+        n = gather(&pool, h, q, 0, 1, c, max, &skipped, &spent);
+    int passed_over = spent;
+    if (n == 0 && spent) { /* every account said it is spent: let the providers answer */
+        n = gather(&pool, h, q, q->navoid > 0, 0, c, max, &skipped, &spent);
+        passed_over = 0;
+    }
+    if (q->quota_skipped)
+        *q->quota_skipped = passed_over;
     if (n == 0)
         return 0;
     for (int i = 1; i < n; i++) { /* insertion sort: n <= TG_SELECT_MAX */
