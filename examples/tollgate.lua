@@ -102,6 +102,7 @@ return {
     cooldown_529_ms = 10000,    -- an account answering 529 (overloaded) rests this long
     cooldown_auth_ms = 300000,  -- an account answering 401/403 rests this long
     cooldown_5xx_ms = 15000,    -- a failing account (error EWMA >= 0.5) rests this long
+    quota_stale_ms = 600000,    -- quota learned from provider headers is trusted this long
   },
 
   -- Money: reservations before the call, settlement after it (needs postgres and redis).
