@@ -650,14 +650,21 @@ end
 -- its plugin; an enabled entry with a config adds the plugin (a fresh instance: own
 -- module state, own init) or replaces the config file's instance; an enabled entry
 -- without a config keeps the config file's instance, or adds the plugin with its
--- defaults. Always returns a generation table; `errors` lists what did not load.
+-- defaults. An entry with shadow = true leaves the live list alone: its plugin goes to
+-- `shadow`, a generation run beside the live one whose decisions are only compared.
+-- Always returns a generation table; `errors` lists what did not load.
 function M.build_variant(base, spec)
-    local over, names = {}, {}
+    local over, names, shadows = {}, {}, {}
     for _, o in ipairs(spec.plugins) do
-        over[o.name] = o
-        names[#names + 1] = o.name
+        if o.shadow then
+            shadows[#shadows + 1] = o
+        else
+            over[o.name] = o
+            names[#names + 1] = o.name
+        end
     end
     table.sort(names)
+    table.sort(shadows, function(a, b) return a.name < b.name end)
     local list, present, errors = {}, {}, {}
     for _, pl in ipairs(base.plugins) do
         present[pl.name] = true
@@ -693,6 +700,30 @@ function M.build_variant(base, spec)
     gen.variant = true
     gen.group = spec.group
     gen.errors = errors
+    -- Shadow plugins: instances of their own, in a generation of their own that C runs
+    -- on a copy of the request's context after the live plugins (tg_plugin.c). One that
+    -- does not load is left out (its error is reported like the others').
+    local slist = {}
+    for i, o in ipairs(shadows) do
+        if o.enabled then
+            local pl, err
+            if not o.handler_src then
+                err = "plugins." .. o.name .. ": not found in the plugin folders"
+            else
+                pl, err = load_plugin(o)
+            end
+            if pl then
+                pl.order, pl.owned = i, true
+                slist[#slist + 1] = pl
+            else
+                errors[#errors + 1] = "shadow " .. err
+            end
+        end
+    end
+    if #slist > 0 then
+        gen.shadow = assemble(slist, base.number)
+        gen.shadow.variant = true
+    end
     return gen
 end
 

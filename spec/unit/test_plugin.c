@@ -136,6 +136,36 @@ TG_TEST(plugin, config_parses_and_reports_errors) {
     ASSERT_EQ_STR(err, "config: plugins.enabled[2]: name: \"a\" is enabled twice");
 }
 
+TG_TEST(plugin, capture_config_parses_and_never_records_credentials) {
+    tg_plugins_config_t cfg;
+    char err[512];
+    ASSERT_EQ_INT(parse("{}", &cfg, err, sizeof(err)), TG_OK);
+    ASSERT(cfg.capture.rate == 0); /* off unless asked for */
+    ASSERT_EQ_INT(cfg.capture.max_per_s, 50);
+    tg_plugins_config_free(&cfg);
+    ASSERT_EQ_INT(parse("{capture = {rate = 0.01, max_per_s = 5, file = \"/tmp/c.jsonl\", keep = 1,"
+                        " headers = {\"X-Tier\"}, groups = {gold = 1}}}",
+                        &cfg, err, sizeof(err)),
+                  TG_OK);
+    ASSERT(cfg.capture.rate == 0.01);
+    ASSERT_EQ_INT(cfg.capture.max_per_s, 5);
+    ASSERT_EQ_STR(cfg.capture.file, "/tmp/c.jsonl");
+    ASSERT_EQ_INT(cfg.capture.nheaders, 1);
+    ASSERT_EQ_STR(cfg.capture.headers[0], "x-tier");
+    ASSERT_EQ_INT(cfg.capture.ngroups, 1);
+    ASSERT_EQ_STR(cfg.capture.groups[0].name, "gold");
+    tg_plugins_config_free(&cfg);
+    ASSERT_EQ_INT(parse("{capture = {headers = {\"Authorization\"}}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.capture.headers[1]: \"Authorization\" carries a credential and is never "
+                       "recorded");
+    ASSERT_EQ_INT(parse("{capture = {rate = 2}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.capture.rate: expected a number from 0 to 1");
+    ASSERT_EQ_INT(parse("{capture = {sample = 1}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT(strstr(err, "config: plugins.capture.sample: unknown key") == err);
+    ASSERT_EQ_INT(parse("{capture = {groups = {gold = \"all\"}}}", &cfg, err, sizeof(err)), TG_ERROR);
+    ASSERT_EQ_STR(err, "config: plugins.capture.groups.gold: expected a rate from 0 to 1");
+}
+
 static const char stamp_plugin[] =
     "local tollgate = require('tollgate')\n"
     "return { name = 'stamp', priority = 10, version = 'V1',\n"
@@ -767,7 +797,7 @@ TG_TEST(plugin, group_settings_are_validated_naming_the_field) {
         {"{\"stamp\":{\"config\":{\"prefix\":5}}}", "plugins.stamp.config.prefix: expected string, got number"},
         {"{\"stamp\":{\"config\":{\"prefix\":null}}}", "plugins.stamp.config.prefix: null is not a value"},
         {"{\"stamp\":{\"config\":[1]}}", "plugins.stamp.config: expected an object"},
-        {"{\"stamp\":{\"on\":true}}", "plugins.stamp: unknown key \"on\" (expected enabled, config)"},
+        {"{\"stamp\":{\"on\":true}}", "plugins.stamp: unknown key \"on\" (expected enabled, mode, config)"},
         {"{\"ghost\":{\"enabled\":false}}", "plugins.ghost: not found in"},
         {"{\"a.b\":{}}", "plugins.a.b: a plugin name holds only"},
     };

@@ -46,6 +46,25 @@ typedef struct {
     char *config_lua; /* e.g. "{aliases={[\"gpt-4\"]=\"gpt-4o\"}}"; "{}" when absent */
 } tg_plugin_enable_t;
 
+/** A group's own capture rate (`plugins.capture.groups`). */
+typedef struct {
+    char *name;
+    double rate;
+} tg_capture_group_t;
+
+/** `plugins.capture = {...}`: the sampled recorder of live decisions (policy/tg_capture.c). */
+typedef struct {
+    double rate;          /* fraction of requests recorded, 0..1; 0 = off (default) */
+    int max_per_s;        /* cap: requests recorded per second by the instance (default 50) */
+    char *file;           /* JSON lines, appended; default "var/capture.jsonl" */
+    long max_bytes;       /* rotated past this size (default 64 MiB) */
+    int keep;             /* rotated files kept: file.1 .. file.keep (default 2) */
+    char **headers;       /* request headers recorded (lower case; never credentials) */
+    size_t nheaders;
+    tg_capture_group_t *groups; /* per group name, overrides rate */
+    size_t ngroups;
+} tg_capture_config_t;
+
 /** The `plugins = {...}` section of the config file (tg_config_plugins.c), owned by
  *  tg_config_t; the plugin runtime (tg_plugin.h) copies what it uses. */
 typedef struct {
@@ -56,6 +75,7 @@ typedef struct {
     int watch;               /* reload when a file in dirs changes (default 1) */
     long max_instructions;   /* per hook call, Lua VM instructions; 0 = not counted (default) */
     int max_hook_ms;         /* per hook call, wall clock, enforced by a watchdog (default 50) */
+    tg_capture_config_t capture; /* `capture = {...}` (off unless rate > 0 somewhere) */
 } tg_plugins_config_t;
 
 /**

@@ -51,6 +51,7 @@
 #include "tollgate/tg_common.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_ffi.h"
+#include "tollgate/tg_metrics.h"
 
 /**
  * Process-wide start: copies cfg, loads and validates generation 1. Call once before
@@ -103,6 +104,17 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx);
  */
 void tg_plugins_use_group(tg_plugins_t *pl, tg_hookctx_t *ctx, int64_t group_id, const char *group_plugins);
 
+/**
+ * Seeds math.random in pl's Lua state. A captured request's hook calls each run with
+ * tg_plugins_hook_seed, live and in `policy test`, so a replay draws the same numbers.
+ */
+void tg_plugins_seed(tg_plugins_t *pl, uint32_t seed);
+/** The seed of a captured request's call of `hook` (attempt: 1-based for select_account
+ *  and on_upstream_error, 0 for the other hooks). */
+static inline uint32_t tg_plugins_hook_seed(uint32_t seed, int hook, int attempt) {
+    return seed ^ (uint32_t)(hook * 2654435761u) ^ (uint32_t)(attempt * 40503u);
+}
+
 /** True when the request's generation has a plugin implementing `hook`. */
 int tg_plugins_has_hook(const tg_plugins_t *pl, const tg_hookctx_t *ctx, int hook);
 
@@ -130,6 +142,10 @@ long tg_plugins_request_reload(char *err, size_t errlen);
  * generation. Any thread. The caller frees it.
  */
 char *tg_plugins_status_json(void);
+
+/** Registers the runtime's counters on /metrics: shadow plugins' decisions per hook
+ *  (tollgate_plugin_shadow_total{hook, result = agree | disagree | error}). */
+void tg_plugins_metrics(tg_metrics_t *m, tg_plugins_t *pl);
 
 /**
  * `tollgate check`: loads and validates the plugins of cfg (load, schema, dry call)

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "tollgate/tg_billing.h"
+#include "tollgate/tg_capture.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
@@ -51,7 +52,8 @@ const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/prices/{model}",   "PATCH /admin/api/v1/prices/{model}",
     "DELETE /admin/api/v1/prices/{model}", "GET /admin/api/v1/usage",
     "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/ledger",          "GET /admin/api/v1/plugins",
-    "POST /admin/api/v1/plugins/reload",  NULL,
+    "POST /admin/api/v1/plugins/reload",  "GET /admin/api/v1/plugins/capture",
+    "GET /admin/api/v1/plugins/capture/download", NULL,
 };
 
 /* ---- request context ----------------------------------------------------------------- */
@@ -109,6 +111,30 @@ static void reply_error(tg_request_t *req, int status, const char *code, const c
 
 static void reply_json(tg_request_t *req, int status, const char *body, size_t n) {
     tg_response_send(req, status, "application/json", "Cache-Control: no-store\r\n", body, n);
+}
+
+/* GET plugins/capture: the recorder's status; plugins/capture/download: its current
+ * file's complete lines (the newest 32 MiB at most), JSON lines as `tollgate policy
+ * test --requests` reads them. */
+static void capture_route(tg_request_t *req, int nseg) {
+    if (nseg == 2) {
+        char *s = tg_capture_status_json();
+        reply_json(req, 200, s ? s : "{}", s ? strlen(s) : 2);
+        free(s);
+        return;
+    }
+    char *buf = NULL, err[256] = "";
+    size_t n = 0;
+    int rc = tg_capture_read(32u << 20, &buf, &n, err, sizeof(err));
+    if (rc == TG_DECLINED)
+        reply_error(req, 404, "capture_off", "the capture is off: set plugins.capture.rate (or a group's rate) in the config");
+    else if (rc != TG_OK)
+        reply_error(req, 503, "capture_unreadable", err);
+    else
+        tg_response_send(req, 200, "application/x-ndjson",
+                         "Cache-Control: no-store\r\nContent-Disposition: attachment; filename=\"capture.jsonl\"\r\n",
+                         buf ? buf : "", n);
+    free(buf);
 }
 
 /* Maps a database error to a client error in plain words where it is the client's fault
@@ -855,6 +881,8 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             char *s = tg_plugins_status_json();
             reply_json(req, 200, s ? s : "{}", s ? strlen(s) : 2);
             free(s);
+        } else if (!strcmp(seg[1], "capture") && (nseg == 2 || !strcmp(seg[2], "download")) && m == HTTP_GET) {
+            capture_route(req, nseg);
         } else if (nseg == 2 && !strcmp(seg[1], "reload") && m == HTTP_POST) {
             char err[512] = "";
             long gen = tg_plugins_request_reload(err, sizeof(err));

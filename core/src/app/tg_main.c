@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tollgate/tg_billing.h"
+#include "tollgate/tg_capture.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_db.h"
 #include "tollgate/tg_mock.h"
@@ -294,9 +295,16 @@ int main(int argc, char **argv) {
             tg_config_free(&cfg);
             return 2;
         }
+        if (tg_capture_start(&cfg.plugins.capture, err, sizeof(err)) != TG_OK) {
+            fprintf(stderr, "%s\n", err);
+            tg_plugins_global_shutdown();
+            tg_config_free(&cfg);
+            return 2;
+        }
         gw = tg_gateway_create(&cfg, &tg_worker_handler, err, sizeof(err));
         if (!gw) {
             fprintf(stderr, "%s\n", err);
+            tg_capture_stop();
             tg_config_free(&cfg);
             return 2;
         }
@@ -304,6 +312,7 @@ int main(int argc, char **argv) {
             tg_log_warn("no keys configured: every data-plane request will get 401");
         rc = tg_gateway_run(gw);
         tg_gateway_destroy(gw);
+        tg_capture_stop();
         tg_plugins_global_shutdown();
         tg_config_free(&cfg);
         return rc;

@@ -34,6 +34,8 @@
  *                        for a retry) and a client that leaves or reads slowly
  *   tg_proxy_settle.c    the end (tg__on_finish): releases, hooks, what is billed,
  *                        the access log
+ *   tg_proxy_capture.c   beside them all: tg__hook runs a plugin hook, and records it
+ *                        with the request's context when the capture sampled it
  */
 #include <stdio.h>
 #include <stdlib.h>

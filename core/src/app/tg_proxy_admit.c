@@ -125,7 +125,7 @@ static void limiter_down(void *ud, int bits, tg_fail_policy_t pol[TG_DOWN__COUNT
     if (!p->ctx_on || !tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_ON_LIMITER_DOWN))
         return;
     p->ctx.limits = bits;
-    tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &p->ctx);
+    tg__hook(p, TG_HOOK_ON_LIMITER_DOWN);
     for (int k = 0; k < TG_DOWN__COUNT; k++) {
         int d = p->ctx.limiter_decision[k];
         if (!(bits & (1 << k)) || d == TG_LIMITER_DEFAULT)

@@ -18,6 +18,8 @@
 
 #include "tg_proxy_internal.h"
 
+#include "tollgate/tg_capture.h"
+
 static void cleanup_auth_wait(proxy_req_t *p) { tg_state_auth_cancel(p->auth_wait); }
 
 static void cleanup_principal(proxy_req_t *p) { tg_principal_release(p->principal); }
@@ -326,15 +328,19 @@ int tg__phase_plugins(proxy_req_t *p) {
         c->max_tokens = p->scan_max_tokens; /* the body was only scanned (phase_parse) */
     }
     tg_plugins_ctx_set_model(c, p->model, strlen(p->model));
-    if (tg_plugins_has_hook(pl, c, TG_HOOK_ON_REQUEST) && tg_plugins_run(pl, TG_HOOK_ON_REQUEST, c) == TG_DONE)
+    if (tg_capture_enabled())
+        tg__capture_begin(p);
+    if (tg_plugins_has_hook(pl, c, TG_HOOK_ON_REQUEST) && tg__hook(p, TG_HOOK_ON_REQUEST) == TG_DONE)
         return tg__plugin_reject(p);
-    if (tg_plugins_has_hook(pl, c, TG_HOOK_MAP_MODEL) && tg_plugins_run(pl, TG_HOOK_MAP_MODEL, c) == TG_DONE)
+    if (tg_plugins_has_hook(pl, c, TG_HOOK_MAP_MODEL) && tg__hook(p, TG_HOOK_MAP_MODEL) == TG_DONE)
         return tg__plugin_reject(p);
     if (c->model_len && (c->model_len != strlen(p->model) || memcmp(c->model, p->model, c->model_len) != 0)) {
         snprintf(p->model, sizeof(p->model), "%.*s", (int)c->model_len, c->model);
         json_object_set_new(tg__proxy_json(p), "model", json_string(p->model));
         p->json_dirty |= DIRTY_MODEL;
     }
+    if (p->cap)
+        tg__capture_model(p);
     /* The key's model restrictions apply to the model that will be served. */
     if (p->principal && !tg_principal_allows_model(p->principal, p->model))
         return tg__proxy_fail(p, 403, "permission_error", "model_not_allowed", "this API key may not use this model");

@@ -153,6 +153,8 @@ struct proxy_req_s {
     tg_redis_req_t *sticky_rq;
     char traceparent[56];
     struct models_fetch_s *models_fetch; /* GET /v1/models: the accounts asked (tg_proxy_models.c) */
+    json_t *cap;                  /* a sampled request's capture line (tg_proxy_capture.c), else NULL */
+    uint32_t cap_seed;
     void (*cleanups[CLEANUPS_MAX])(proxy_req_t *p); /* run newest first by tg__preq_free */
     int ncleanups;
     /* Large arrays, written before they are read: not zeroed at allocation (this is
@@ -223,6 +225,18 @@ extern const tg_upcall_cbs_t tg__up_cbs;
 void tg__health_detach(proxy_req_t *p);
 void tg__on_abort(tg_request_t *req);
 void tg__on_drain(tg_request_t *req);
+
+/* tg_proxy_capture.c: a sampled request's capture line; tg__hook runs a hook (and
+ * records it when the request is sampled). */
+int tg__hook(proxy_req_t *p, int hook);
+void tg__capture_begin(proxy_req_t *p);
+void tg__capture_model(proxy_req_t *p);
+void tg__capture_accounts(proxy_req_t *p, int n, int sticky);
+void tg__capture_select(proxy_req_t *p, const char *by, const tg_account_t *builtin);
+void tg__capture_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms, int64_t elapsed_ms,
+                       int64_t deadline_ms, int action, int64_t delay_ms, int by_plugin);
+void tg__capture_price(proxy_req_t *p, const tg_usage_t *billed, int64_t cost);
+void tg__capture_finish(proxy_req_t *p, int status, double ttft_ms, double total_ms, int64_t cost);
 
 /* tg_proxy_settle.c */
 void tg__on_finish(tg_request_t *req, int aborted);

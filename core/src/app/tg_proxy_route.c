@@ -174,7 +174,9 @@ int tg__phase_select(proxy_req_t *p) {
         return tg__proxy_fail(p, 503, "server_error", "no_account_available", msg);
     }
     tg_plugins_t *pl = pw->ctx->plugins;
-    if (!sticky && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT)) {
+    int hook = !sticky && p->ctx_on && tg_plugins_has_hook(pl, &p->ctx, TG_HOOK_SELECT_ACCOUNT);
+    const tg_account_t *builtin = p->order[0];
+    if (hook || p->cap) {
         /* The routing plugin scores the sampled candidates (at most TG_SELECT_MAX); its
          * choice goes first, the rest keep their order for when its slot is full. */
         for (int i = 0; i < n; i++) {
@@ -209,8 +211,12 @@ int tg__phase_select(proxy_req_t *p) {
         p->ctx.accounts = p->accts;
         p->ctx.naccounts = n;
         p->ctx.selected = -1;
+        if (p->cap)
+            tg__capture_accounts(p, n, sticky);
+    }
+    if (hook) {
         /* A due trial goes first whatever the plugins pick (tg_plugins_run). */
-        if (tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &p->ctx) == TG_DONE)
+        if (tg__hook(p, TG_HOOK_SELECT_ACCOUNT) == TG_DONE)
             return tg__plugin_reject(p);
         if (p->ctx.selected > 0 && p->ctx.selected < n) {
             const tg_account_t *chosen = p->order[p->ctx.selected];
@@ -218,6 +224,8 @@ int tg__phase_select(proxy_req_t *p) {
             p->order[0] = chosen;
         }
     }
+    if (p->cap)
+        tg__capture_select(p, sticky ? "sticky" : hook && p->ctx.decided ? "plugin" : "builtin", builtin);
     p->norder = n;
     p->next_order = 0;
     return TG_OK;
@@ -578,9 +586,14 @@ int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after
         c->deadline_ms = cfg->routing.deadline_ms;
         c->retry_action = action;
         c->retry_delay_ms = delay;
-        tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, c);
+        tg__hook(p, TG_HOOK_ON_UPSTREAM_ERROR);
         action = c->retry_action;
         delay = c->retry_delay_ms;
+        if (p->cap)
+            tg__capture_retry(p, status, failure, retry_after_ms, c->elapsed_ms, c->deadline_ms, action, delay, 1);
+    } else if (p->cap) {
+        tg__capture_retry(p, status, failure, retry_after_ms, (int64_t)((tg_now_ns() - p->req->start_ns) / 1000000),
+                          cfg->routing.deadline_ms, action, delay, 0);
     }
     if (action == TG_RETRY_GIVE_UP)
         return 0;

@@ -106,12 +106,14 @@ void tg__on_finish(tg_request_t *req, int aborted) {
             c->usage_input = billed.input;
             c->usage_output = billed.output;
             c->usage_known = billed.known;
-            tg_plugins_run(p->pw->ctx->plugins, TG_HOOK_PRICE, c);
+            tg__hook(p, TG_HOOK_PRICE);
             if (c->cost_nanousd >= 0)
                 cost = c->cost_nanousd;
         }
+        if (p->cap)
+            tg__capture_price(p, &billed, cost);
         if (tg_plugins_has_hook(p->pw->ctx->plugins, c, TG_HOOK_ON_LOG))
-            tg_plugins_run(p->pw->ctx->plugins, TG_HOOK_ON_LOG, c);
+            tg__hook(p, TG_HOOK_ON_LOG);
     }
     if (p->reserved && p->pw->ctx->billing) {
         int unknown = !((billed.known & TG_USAGE_INPUT) && (billed.known & TG_USAGE_OUTPUT));
@@ -179,6 +181,10 @@ void tg__on_finish(tg_request_t *req, int aborted) {
             tg_billing_settle(p->pw->ctx->billing, &s);
         }
     }
+    if (p->cap)
+        tg__capture_finish(p, aborted && req->status < 400 ? 499 : req->status,
+                           TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
+                           (double)(now - req->start_ns) / 1e6, cost);
     if (req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS) {
         tg_access_line_t line = {.path = p->path ? p->path : "",
                                  .path_len = p->path ? strlen(p->path) : 0,

@@ -61,6 +61,7 @@ static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     tg_limits_metrics(&w->metrics, wc->limits);
     tg_billing_metrics(&w->metrics, wc->billing);
     tg_redis_metrics(&w->metrics, tg_state_redis(wc->state));
+    tg_plugins_metrics(&w->metrics, wc->plugins);
     wc->proxy = tg_proxy_worker_create(wc);
     w->ctx = wc;
     if (!wc->plugins) {

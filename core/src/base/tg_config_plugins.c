@@ -11,8 +11,39 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "tollgate/tg_config.h"
+
+/* What a policy may read and a capture may keep by default: nothing that authenticates. */
+static const char *const default_headers[] = {"user-agent", "anthropic-version", "anthropic-beta", "x-tenant",
+                                              "x-tier", "x-region", NULL};
+
+static void capture_defaults(tg_capture_config_t *c) {
+    memset(c, 0, sizeof(*c));
+    c->max_per_s = 50;
+    c->file = strdup("var/capture.jsonl");
+    c->max_bytes = 64L << 20;
+    c->keep = 2;
+    size_t n = 0;
+    while (default_headers[n])
+        n++;
+    c->headers = calloc(n + 1, sizeof(char *));
+    for (size_t i = 0; i < n; i++)
+        c->headers[i] = strdup(default_headers[i]);
+    c->nheaders = n;
+}
+
+static void capture_free(tg_capture_config_t *c) {
+    free(c->file);
+    for (size_t i = 0; i < c->nheaders; i++)
+        free(c->headers[i]);
+    free(c->headers);
+    for (size_t i = 0; i < c->ngroups; i++)
+        free(c->groups[i].name);
+    free(c->groups);
+    memset(c, 0, sizeof(*c));
+}
 
 void tg_plugins_config_defaults(tg_plugins_config_t *out) {
     memset(out, 0, sizeof(*out));
@@ -23,6 +54,7 @@ void tg_plugins_config_defaults(tg_plugins_config_t *out) {
     out->watch = 1;
     out->max_instructions = 0;
     out->max_hook_ms = 50;
+    capture_defaults(&out->capture);
 }
 
 void tg_plugins_config_free(tg_plugins_config_t *cfg) {
@@ -34,6 +66,7 @@ void tg_plugins_config_free(tg_plugins_config_t *cfg) {
         free(cfg->enabled[i].config_lua);
     }
     free(cfg->enabled);
+    capture_free(&cfg->capture);
     memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -185,6 +218,146 @@ static int parse_enabled(lua_State *L, int t, tg_plugins_config_t *out, char *er
     return TG_OK;
 }
 
+/* A number field of the capture table: absent keeps *out; else within [lo, hi]. */
+static int capture_num(lua_State *L, int t, const char *k, double lo, double hi, int whole, double *out, char *err,
+                       size_t errlen) {
+    lua_getfield(L, t, k);
+    int rc = TG_OK;
+    if (!lua_isnil(L, -1)) {
+        double v = lua_tonumber(L, -1);
+        char path[64];
+        snprintf(path, sizeof(path), "plugins.capture.%s", k);
+        if (lua_type(L, -1) != LUA_TNUMBER || v < lo || v > hi || (whole && v != (double)(long)v))
+            rc = tg_err_at(err, errlen, "config: ", path, "expected a %s from %g to %g", whole ? "whole number" : "number",
+                           lo, hi);
+        else
+            *out = v;
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+/* Headers that carry credentials are never recorded, whatever the allow list says. */
+static int secret_header(const char *h) {
+    static const char *const secrets[] = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie",
+                                          "set-cookie", "x-goog-api-key", NULL};
+    for (const char *const *s = secrets; *s; s++)
+        if (!strcasecmp(h, *s))
+            return 1;
+    return 0;
+}
+
+static int parse_capture(lua_State *L, int t, tg_capture_config_t *c, char *err, size_t errlen) {
+    if (!lua_istable(L, t))
+        return tg_err_at(err, errlen, "config: ", "plugins.capture", "expected table, got %s", luaL_typename(L, t));
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
+        static const char *const keys[] = {"rate", "max_per_s", "file", "max_bytes", "keep", "headers", "groups", NULL};
+        int ok = 0;
+        for (const char *const *a = keys; *a; a++)
+            ok |= strcmp(*a, k) == 0;
+        if (!ok) {
+            char path[160];
+            snprintf(path, sizeof(path), "plugins.capture.%s", k);
+            lua_pop(L, 1);
+            return tg_err_at(err, errlen, "config: ", path, "unknown key (expected rate, max_per_s, file, max_bytes, "
+                                                           "keep, headers, groups)");
+        }
+    }
+    double v;
+    v = c->rate;
+    if (capture_num(L, t, "rate", 0, 1, 0, &v, err, errlen))
+        return TG_ERROR;
+    c->rate = v;
+    v = c->max_per_s;
+    if (capture_num(L, t, "max_per_s", 1, 100000, 1, &v, err, errlen))
+        return TG_ERROR;
+    c->max_per_s = (int)v;
+    v = (double)c->max_bytes;
+    if (capture_num(L, t, "max_bytes", 4096, 1e12, 1, &v, err, errlen))
+        return TG_ERROR;
+    c->max_bytes = (long)v;
+    v = c->keep;
+    if (capture_num(L, t, "keep", 0, 100, 1, &v, err, errlen))
+        return TG_ERROR;
+    c->keep = (int)v;
+    lua_getfield(L, t, "file");
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING || !lua_objlen(L, -1)) {
+            lua_pop(L, 1);
+            return tg_err_at(err, errlen, "config: ", "plugins.capture.file", "expected a file name");
+        }
+        free(c->file);
+        c->file = strdup(lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "headers");
+    if (!lua_isnil(L, -1)) {
+        if (!lua_istable(L, -1)) {
+            lua_pop(L, 1);
+            return tg_err_at(err, errlen, "config: ", "plugins.capture.headers", "expected a list of header names");
+        }
+        for (size_t i = 0; i < c->nheaders; i++)
+            free(c->headers[i]);
+        free(c->headers);
+        size_t n = lua_objlen(L, -1);
+        c->headers = calloc(n + 1, sizeof(char *));
+        c->nheaders = 0;
+        for (size_t i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, (int)i);
+            char path[64];
+            snprintf(path, sizeof(path), "plugins.capture.headers[%zu]", i);
+            if (lua_type(L, -1) != LUA_TSTRING || !lua_objlen(L, -1) || lua_objlen(L, -1) > 64) {
+                lua_pop(L, 2);
+                return tg_err_at(err, errlen, "config: ", path, "expected a header name");
+            }
+            if (secret_header(lua_tostring(L, -1))) {
+                int rc = tg_err_at(err, errlen, "config: ", path,
+                                   "\"%s\" carries a credential and is never recorded", lua_tostring(L, -1));
+                lua_pop(L, 2);
+                return rc;
+            }
+            char *h = strdup(lua_tostring(L, -1));
+            for (char *x = h; *x; x++)
+                *x = (char)(*x >= 'A' && *x <= 'Z' ? *x + 32 : *x);
+            c->headers[c->nheaders++] = h;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "groups");
+    if (!lua_isnil(L, -1)) {
+        if (!lua_istable(L, -1)) {
+            lua_pop(L, 1);
+            return tg_err_at(err, errlen, "config: ", "plugins.capture.groups", "expected {<group name> = rate, ...}");
+        }
+        int g = lua_gettop(L);
+        size_t cap = 0;
+        lua_pushnil(L);
+        while (lua_next(L, g)) {
+            char path[160];
+            snprintf(path, sizeof(path), "plugins.capture.groups.%.64s",
+                     lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
+            double r = lua_tonumber(L, -1);
+            if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TNUMBER || r < 0 || r > 1) {
+                lua_pop(L, 3);
+                return tg_err_at(err, errlen, "config: ", path, "expected a rate from 0 to 1");
+            }
+            if (c->ngroups == cap) {
+                cap = cap ? cap * 2 : 4;
+                c->groups = realloc(c->groups, cap * sizeof(*c->groups));
+            }
+            c->groups[c->ngroups].name = strdup(lua_tostring(L, -2));
+            c->groups[c->ngroups++].rate = r;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    return TG_OK;
+}
+
 int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, char *err, size_t errlen) {
     tg_plugins_config_defaults(out);
     int t = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
@@ -197,7 +370,8 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     while (lua_next(L, t)) {
         lua_pop(L, 1);
         const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-        static const char *const keys[] = {"dirs", "enabled", "watch", "max_instructions", "max_hook_ms", NULL};
+        static const char *const keys[] = {"dirs",        "enabled", "watch", "max_instructions",
+                                           "max_hook_ms", "capture", NULL};
         int ok = 0;
         for (const char *const *a = keys; *a; a++)
             ok |= strcmp(*a, k) == 0;
@@ -268,6 +442,12 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     lua_getfield(L, t, "enabled");
     if (!lua_isnil(L, -1))
         rc = parse_enabled(L, lua_gettop(L), out, err, errlen);
+    lua_pop(L, 1);
+    if (rc)
+        goto done;
+    lua_getfield(L, t, "capture");
+    if (!lua_isnil(L, -1))
+        rc = parse_capture(L, lua_gettop(L), &out->capture, err, errlen);
     lua_pop(L, 1);
 done:
     if (rc)

@@ -218,6 +218,8 @@ static void gen_free(tg_plugin_gen_t *g) {
         luaL_unref(L, LUA_REGISTRYINDEX, g->single_conf_ref[h]);
     }
     luaL_unref(L, LUA_REGISTRYINDEX, g->gen_ref);
+    if (g->shadow)
+        gen_unref(g->shadow);
     tg_plugin_gen_t *base = g->base;
     free(g->variants); /* emptied when the generation was retired */
     free(g);
@@ -263,6 +265,11 @@ static tg_plugin_gen_t *gen_from_table(tg_plugins_t *pl, uint64_t number) {
     g->owner = pl;
     g->number = number;
     g->refs = 1;
+    lua_getfield(L, -1, "shadow");
+    if (lua_istable(L, -1))
+        g->shadow = gen_from_table(pl, number); /* pops it */
+    else
+        lua_pop(L, 1);
     lua_getfield(L, -1, "single");
     for (int h = 0; h < TG_HOOK__COUNT; h++) {
         g->single_fn_ref[h] = g->single_conf_ref[h] = LUA_NOREF;
@@ -288,6 +295,10 @@ static tg_plugin_gen_t *gen_from_table(tg_plugins_t *pl, uint64_t number) {
     }
     lua_pop(L, 1);
     g->gen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    for (int h = 0; h < TG_HOOK__COUNT; h++)
+        if (g->dispatch_ref[h] != LUA_NOREF)
+            g->live_mask |= 1u << h;
+    g->mask = g->live_mask | (g->shadow ? g->shadow->live_mask : 0);
     return g;
 }
 
@@ -358,6 +369,8 @@ void tg__plugins_free(tg_plugins_t *pl) {
     if (pl->L)
         lua_close(pl->L);
     free(pl->watches);
+    free(pl->shadow_ctx);
+    free(pl->shadow_accts);
     free(pl);
 }
 
@@ -452,6 +465,8 @@ static tg_plugin_gen_t *variant_build(tg_plugins_t *pl, tg_plugin_gen_t *base, i
         lua_pushboolean(L, gp[i].enabled);
         lua_setfield(L, -2, "enabled");
         push_str_field(L, "config_src", gp[i].config_lua);
+        lua_pushboolean(L, gp[i].shadow);
+        lua_setfield(L, -2, "shadow");
         if (src) {
             push_str_field(L, "handler_src", src->handler_src);
             push_str_field(L, "handler_file", src->handler_file);
@@ -525,10 +540,19 @@ void tg_plugins_ctx_set_model(tg_hookctx_t *ctx, const char *model, size_t len) 
     ctx->original_model_len = len;
 }
 
+void tg_plugins_seed(tg_plugins_t *pl, uint32_t seed) {
+    lua_State *L = pl->L;
+    lua_getglobal(L, "math");
+    lua_getfield(L, -1, "randomseed");
+    lua_pushnumber(L, (double)seed);
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
+}
+
 int tg_plugins_has_hook(const tg_plugins_t *pl, const tg_hookctx_t *ctx, int hook) {
     TG_UNUSED(pl);
     const tg_plugin_gen_t *g = ctx->gen_;
-    return g && hook >= 0 && hook < TG_HOOK__COUNT && g->dispatch_ref[hook] != LUA_NOREF;
+    return g && hook >= 0 && hook < TG_HOOK__COUNT && (g->mask >> hook & 1);
 }
 
 int tg_plugins_default_select(const tg_hookctx_t *ctx) {
@@ -610,10 +634,8 @@ static void fallback(tg_hookctx_t *ctx, int hook, int fail_closed, const char *s
     }
 }
 
-int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
-    tg_plugin_gen_t *g = ctx->gen_;
-    if (hook < 0 || hook >= TG_HOOK__COUNT)
-        return TG_ERROR;
+/* Runs `hook` of generation g on ctx (the request's, or for shadow plugins a copy). */
+static int run_gen(tg_plugins_t *pl, tg_plugin_gen_t *g, int hook, tg_hookctx_t *ctx, int shadow) {
     if (hook == TG_HOOK_ON_UPSTREAM_ERROR) {
         ctx->retry_action = TG_RETRY_GIVE_UP;
         ctx->retry_delay_ms = 0;
@@ -635,7 +657,8 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
         int top = lua_gettop(L);
         ctx->hook = hook;
         ctx->decided = 0;
-        counter_inc(&pl->calls[hook]);
+        if (!shadow)
+            counter_inc(&pl->calls[hook]);
         pl->cell->ctx = ctx;
         int single = g->single_fn_ref[hook] != LUA_NOREF, rc;
         if (single) {
@@ -674,14 +697,19 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
             char name[64];
             int fail_closed = 0;
             plugin_at(L, g, hook, idx, name, sizeof(name), &fail_closed);
-            counter_inc(&pl->errors[hook]);
+            counter_inc(shadow ? &pl->shadow_errors[hook] : &pl->errors[hook]);
             ctx->plugin_errors++;
             snprintf(pl->last_hook_error, sizeof(pl->last_hook_error), "plugins.%s.%s: %s", name,
                      tg_ffi_hook_name(hook), err);
             /* A plugin's message is the plugin's (or its input's) size: one log line
              * keeps its first 512 bytes. */
             size_t elen = strlen(err);
-            if (!pl->quiet)
+            if (!pl->quiet && shadow)
+                tg_log_warn("request %.*s: shadow plugin %s failed in %s (generation %llu), the request is not "
+                            "affected: %.512s%s",
+                            (int)ctx->request_id_len, ctx->request_id, name, tg_ffi_hook_name(hook),
+                            (unsigned long long)g->number, err, elen > 512 ? " [cut]" : "");
+            else if (!pl->quiet)
                 tg_log_warn("request %.*s: plugin %s failed in %s (generation %llu), fallback applied: %.512s%s",
                             (int)ctx->request_id_len, ctx->request_id, name, tg_ffi_hook_name(hook),
                             (unsigned long long)g->number, err, elen > 512 ? " [cut]" : "");
@@ -712,6 +740,131 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
     if (ctx->reject_status && hook <= TG_HOOK_SELECT_ACCOUNT)
         return TG_DONE;
     return TG_OK;
+}
+
+/* Whether a shadow call decided as the live one did (live: the live generation had the
+ * hook; otherwise the request kept the core's default). */
+static int same_decision(int hook, const tg_hookctx_t *live, const tg_hookctx_t *sh, int has_live) {
+    switch (hook) {
+    case TG_HOOK_ON_REQUEST:
+    case TG_HOOK_MAP_MODEL:
+        return live->reject_status == sh->reject_status &&
+               (!live->reject_status || !strcmp(live->reject_code, sh->reject_code)) &&
+               live->model_len == sh->model_len && !memcmp(live->model, sh->model, live->model_len) &&
+               live->group_len == sh->group_len && !memcmp(live->group, sh->group, live->group_len);
+    case TG_HOOK_SELECT_ACCOUNT:
+        if (live->reject_status || sh->reject_status)
+            return live->reject_status == sh->reject_status;
+        /* Without a live plugin the request takes the first candidate (the core's order). */
+        return (has_live ? live->selected : 0) == sh->selected;
+    case TG_HOOK_ON_UPSTREAM_ERROR:
+        return live->retry_action == sh->retry_action;
+    case TG_HOOK_ON_LIMITER_DOWN:
+        for (int k = 0; k < 4; k++)
+            if ((live->limits & (1 << k)) && live->limiter_decision[k] != sh->limiter_decision[k])
+                return 0;
+        return 1;
+    case TG_HOOK_PRICE:
+        return live->cost_nanousd == sh->cost_nanousd;
+    default:
+        return 1;
+    }
+}
+
+/* A decision in a few words, for the disagreement samples. */
+static void describe(int hook, const tg_hookctx_t *c, int has_live, char *out, size_t n) {
+    static const char *const act[] = {"give up", "retry same", "retry other"};
+    static const char *const lim[] = {"closed", "open", "local"};
+    if (c->reject_status && hook <= TG_HOOK_SELECT_ACCOUNT) {
+        snprintf(out, n, "reject %d %s", c->reject_status, c->reject_code);
+        return;
+    }
+    switch (hook) {
+    case TG_HOOK_SELECT_ACCOUNT: {
+        int i = has_live ? c->selected : 0;
+        snprintf(out, n, "account %.*s", i >= 0 && i < c->naccounts ? (int)c->accounts[i].id_len : 4,
+                 i >= 0 && i < c->naccounts ? c->accounts[i].id : "none");
+        return;
+    }
+    case TG_HOOK_ON_UPSTREAM_ERROR:
+        snprintf(out, n, "%s", c->retry_action >= 0 && c->retry_action <= 2 ? act[c->retry_action] : "?");
+        return;
+    case TG_HOOK_ON_LIMITER_DOWN: {
+        size_t o = 0;
+        out[0] = '\0';
+        for (int k = 0; k < 4 && o < n; k++) {
+            static const char *const names[] = {"rate", "tokens", "concurrency", "money"};
+            int d = c->limiter_decision[k];
+            if (c->limits & (1 << k))
+                o += (size_t)snprintf(out + o, n - o, "%s%s %s", o ? ", " : "", names[k],
+                                      d >= 0 && d <= 2 ? lim[d] : "default");
+        }
+        return;
+    }
+    case TG_HOOK_PRICE:
+        snprintf(out, n, "cost %lld nano-USD", (long long)c->cost_nanousd);
+        return;
+    default:
+        snprintf(out, n, "model %.127s, group %.63s", c->model, c->group);
+        return;
+    }
+}
+
+/*
+ * The live plugins, then the group's shadow plugins on a copy of the context as the
+ * hook received it: whatever the shadow does (decide, fail, run out of its budget) stays
+ * in the copy. Only the comparison leaves it: counted per hook, a disagreement kept as a
+ * sample.
+ */
+static int run_with_shadow(tg_plugins_t *pl, tg_plugin_gen_t *g, int hook, tg_hookctx_t *ctx) {
+    if (!pl->shadow_ctx) {
+        pl->shadow_ctx = malloc(sizeof(*pl->shadow_ctx));
+        pl->shadow_accts = malloc(64 * sizeof(*pl->shadow_accts));
+        if (!pl->shadow_ctx || !pl->shadow_accts)
+            abort();
+    }
+    tg_hookctx_t *sc = pl->shadow_ctx;
+    *sc = *ctx;
+    int n = TG_MIN(ctx->naccounts, 64);
+    if (n > 0)
+        memcpy(pl->shadow_accts, ctx->accounts, (size_t)n * sizeof(*ctx->accounts));
+    sc->accounts = pl->shadow_accts;
+    sc->naccounts = n;
+    sc->gen_ = g->shadow;
+    sc->plugin_errors = 0;
+    sc->resp_headers_len = sc->log_fields_len = 0;
+    int has_live = g->live_mask >> hook & 1, rc = TG_OK;
+    if (has_live)
+        rc = run_gen(pl, g, hook, ctx, 0);
+    run_gen(pl, g->shadow, hook, sc, 1);
+    if (hook == TG_HOOK_ON_LOG)
+        return rc;
+    if (sc->plugin_errors)
+        return rc; /* counted in shadow_errors by run_gen */
+    if (same_decision(hook, ctx, sc, has_live)) {
+        counter_inc(&pl->shadow_agree[hook]);
+    } else {
+        counter_inc(&pl->shadow_disagree[hook]);
+        char lv[256], sh[256], name[64], text[640];
+        int fc;
+        describe(hook, ctx, has_live, lv, sizeof(lv));
+        describe(hook, sc, 1, sh, sizeof(sh));
+        plugin_at(pl->L, g->shadow, hook, 1, name, sizeof(name), &fc);
+        snprintf(text, sizeof(text), "request %.*s, group %.*s, %s: live %s; shadow %s: %s",
+                 (int)ctx->request_id_len, ctx->request_id, (int)ctx->group_len, ctx->group, tg_ffi_hook_name(hook),
+                 lv, name, sh);
+        tg__plugins_shadow_sample(text);
+    }
+    return rc;
+}
+
+int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
+    tg_plugin_gen_t *g = ctx->gen_;
+    if (hook < 0 || hook >= TG_HOOK__COUNT)
+        return TG_ERROR;
+    if (g && g->shadow && pl && (g->shadow->live_mask >> hook & 1))
+        return run_with_shadow(pl, g, hook, ctx);
+    return run_gen(pl, g, hook, ctx, 0);
 }
 
 void tg_plugins_log_json(const tg_hookctx_t *ctx, tg_buf_t *b) {

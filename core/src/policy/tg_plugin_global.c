@@ -25,6 +25,7 @@
 
 static void config_copy(tg_plugins_config_t *dst, const tg_plugins_config_t *src) {
     *dst = *src;
+    memset(&dst->capture, 0, sizeof(dst->capture)); /* the recorder's (tg_capture.c), not the runtime's */
     dst->dirs = calloc(src->ndirs + 1, sizeof(char *));
     for (size_t i = 0; i < src->ndirs; i++)
         dst->dirs[i] = strdup(src->dirs[i]);
@@ -313,6 +314,12 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
                     break;
                 }
                 p->enabled = json_is_true(v);
+            } else if (!strcmp(k, "mode")) {
+                if (!json_is_string(v) || (strcmp(json_string_value(v), "live") && strcmp(json_string_value(v), "shadow"))) {
+                    rc = tg_err_at(err, errlen, "", path, "mode: expected \"live\" or \"shadow\"");
+                    break;
+                }
+                p->shadow = !strcmp(json_string_value(v), "shadow");
             } else if (!strcmp(k, "config")) {
                 char cpath[200];
                 snprintf(cpath, sizeof(cpath), "%s.config", path);
@@ -328,7 +335,7 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
                 if (rc != TG_OK)
                     break;
             } else {
-                rc = tg_err_at(err, errlen, "", path, "unknown key \"%.64s\" (expected enabled, config)", k);
+                rc = tg_err_at(err, errlen, "", path, "unknown key \"%.64s\" (expected enabled, mode, config)", k);
                 break;
             }
         }
@@ -466,6 +473,18 @@ void tg__plugins_unregister(tg_plugins_t *pl) {
     pthread_mutex_unlock(&mu);
 }
 
+/* The last few shadow disagreements, newest last (a ring under mu). */
+#define SHADOW_SAMPLES 32
+static char shadow_samples[SHADOW_SAMPLES][512];
+static uint64_t shadow_nsamples;
+
+void tg__plugins_shadow_sample(const char *text) {
+    pthread_mutex_lock(&mu);
+    snprintf(shadow_samples[shadow_nsamples % SHADOW_SAMPLES], sizeof(shadow_samples[0]), "%s", text);
+    shadow_nsamples++;
+    pthread_mutex_unlock(&mu);
+}
+
 static void record(const char *trigger, int ok, uint64_t number, const char *err) {
     pthread_mutex_lock(&mu);
     G.last_ok = ok;
@@ -577,6 +596,7 @@ char *tg_plugins_status_json(void) {
     json_object_set_new(root, "reloads", json_integer((json_int_t)G.reloads));
     json_object_set_new(root, "reload_failures", json_integer((json_int_t)G.reload_failures));
     uint64_t calls[TG_HOOK__COUNT] = {0}, errors[TG_HOOK__COUNT] = {0};
+    uint64_t agree[TG_HOOK__COUNT] = {0}, disagree[TG_HOOK__COUNT] = {0}, serrors[TG_HOOK__COUNT] = {0};
     json_t *workers = json_array();
     for (tg_plugins_t *w = registry; w; w = w->next) {
         if (!w->loop)
@@ -584,6 +604,9 @@ char *tg_plugins_status_json(void) {
         for (int h = 0; h < TG_HOOK__COUNT; h++) {
             calls[h] += atomic_load_explicit(&w->calls[h], memory_order_relaxed);
             errors[h] += atomic_load_explicit(&w->errors[h], memory_order_relaxed);
+            agree[h] += atomic_load_explicit(&w->shadow_agree[h], memory_order_relaxed);
+            disagree[h] += atomic_load_explicit(&w->shadow_disagree[h], memory_order_relaxed);
+            serrors[h] += atomic_load_explicit(&w->shadow_errors[h], memory_order_relaxed);
         }
         json_t *o = json_object();
         json_object_set_new(o, "worker", json_integer(w->worker));
@@ -599,6 +622,22 @@ char *tg_plugins_status_json(void) {
         json_object_set_new(hooks, tg_ffi_hook_name(h), o);
     }
     json_object_set_new(root, "hooks", hooks);
+    json_t *shadow = json_object(), *sh = json_object(), *samples = json_array();
+    for (int h = 0; h < TG_HOOK__COUNT; h++) {
+        if (h == TG_HOOK_ON_LOG)
+            continue;
+        json_t *o = json_object();
+        json_object_set_new(o, "agree", json_integer((json_int_t)agree[h]));
+        json_object_set_new(o, "disagree", json_integer((json_int_t)disagree[h]));
+        json_object_set_new(o, "errors", json_integer((json_int_t)serrors[h]));
+        json_object_set_new(sh, tg_ffi_hook_name(h), o);
+    }
+    uint64_t first = shadow_nsamples > SHADOW_SAMPLES ? shadow_nsamples - SHADOW_SAMPLES : 0;
+    for (uint64_t i = first; i < shadow_nsamples; i++)
+        json_array_append_new(samples, json_string(shadow_samples[i % SHADOW_SAMPLES]));
+    json_object_set_new(shadow, "hooks", sh);
+    json_object_set_new(shadow, "disagreements", samples);
+    json_object_set_new(root, "shadow", shadow);
     json_object_set_new(root, "max_instructions", json_integer(G.cfg.max_instructions));
     json_object_set_new(root, "max_hook_ms", json_integer(G.cfg.max_hook_ms));
     pthread_mutex_unlock(&mu);
@@ -653,7 +692,7 @@ int tg_plugins_validate_group(const tg_plugins_config_t *cfg, const char *json, 
         for (size_t k = 0; k < cfg->nenabled; k++)
             if (!strcmp(cfg->enabled[k].name, g[i].name))
                 global = &cfg->enabled[k];
-        if (g[i].config_lua || (g[i].enabled && !global)) {
+        if (g[i].config_lua || (g[i].enabled && (!global || g[i].shadow))) {
             /* Load, schema (types, defaults, ranges), init and a dry call of every hook. */
             rc = tg_plugins_validate_config(cfg, g[i].name, g[i].config_lua ? g[i].config_lua : "{}", err, errlen);
         } else if (!global) {
@@ -665,4 +704,33 @@ int tg_plugins_validate_group(const tg_plugins_config_t *cfg, const char *json, 
     }
     tg__plugins_group_free(g, n);
     return rc;
+}
+
+/* ---- /metrics ------------------------------------------------------------------------ */
+
+static void plugins_collect(const void *const *inst, int n, tg_buf_t *out) {
+    uint64_t v[3][TG_HOOK__COUNT] = {{0}};
+    for (int i = 0; i < n; i++) {
+        const tg_plugins_t *w = inst[i];
+        if (!w)
+            continue;
+        for (int h = 0; h < TG_HOOK__COUNT; h++) {
+            v[0][h] += atomic_load_explicit(&w->shadow_agree[h], memory_order_relaxed);
+            v[1][h] += atomic_load_explicit(&w->shadow_disagree[h], memory_order_relaxed);
+            v[2][h] += atomic_load_explicit(&w->shadow_errors[h], memory_order_relaxed);
+        }
+    }
+    static const char *const results[] = {"agree", "disagree", "error"};
+    tg_buf_appends(out, "# HELP tollgate_plugin_shadow_total Shadow plugins' decisions compared with the live ones, "
+                        "per hook.\n# TYPE tollgate_plugin_shadow_total counter\n");
+    for (int h = 0; h < TG_HOOK__COUNT; h++)
+        for (int k = 0; k < 3; k++)
+            if (h != TG_HOOK_ON_LOG)
+                tg_buf_printf(out, "tollgate_plugin_shadow_total{hook=\"%s\",result=\"%s\"} %llu\n",
+                              tg_ffi_hook_name(h), results[k], (unsigned long long)v[k][h]);
+}
+
+void tg_plugins_metrics(tg_metrics_t *m, tg_plugins_t *pl) {
+    if (pl)
+        tg_metrics_collector_add(m, plugins_collect, pl);
 }

@@ -57,6 +57,7 @@ const tg_plugin_src_plugin_t *tg__plugin_src_find(const tg_plugin_src_t *s, cons
 typedef struct {
     char *name;
     int enabled;
+    int shadow;       /* "mode": "shadow": runs beside the live plugins, decides nothing */
     char *config_lua; /* the group's config as a Lua table constructor; NULL: none given */
 } tg_group_plugin_t;
 
@@ -103,6 +104,9 @@ struct tg_plugin_gen_s {
     int single_conf_ref[TG_HOOK__COUNT];
     tg_plugins_t *owner;
     tg_plugin_gen_t *base;          /* a variant: the generation it derives from (a ref) */
+    tg_plugin_gen_t *shadow;        /* a variant's shadow plugins (owned), or NULL */
+    unsigned live_mask;             /* 1 << hook: a plugin of this generation implements it */
+    unsigned mask;                  /* live_mask | the shadow's: the hooks to call */
     tg_plugin_variant_t *variants;  /* a base: open-addressed by group id, one ref each */
     size_t nvariants, cap;
 };
@@ -147,6 +151,13 @@ struct tg_plugins_s {
     _Atomic int thread_known;
     /* The last hook failure, for callers that want it (dry run, workbench). */
     char last_hook_error[512];
+    /* Shadow plugins: a scratch copy of the request's context they run on, and their
+     * counts per hook (read by the status and /metrics from other threads). */
+    tg_hookctx_t *shadow_ctx;
+    tg_ffi_account_t *shadow_accts;
+    _Atomic uint64_t shadow_agree[TG_HOOK__COUNT];
+    _Atomic uint64_t shadow_disagree[TG_HOOK__COUNT];
+    _Atomic uint64_t shadow_errors[TG_HOOK__COUNT];
 };
 
 /** Creates a runtime (state + Lua half) without building a generation. */
@@ -176,6 +187,9 @@ void tg__plugins_unregister(tg_plugins_t *pl);
 /** The published source (a new reference), or NULL. */
 tg_plugin_src_t *tg__plugins_current_src(void);
 const tg_plugins_config_t *tg__plugins_global_cfg(void);
+/** Keeps one shadow disagreement (a line of text) among the last few, for the status. */
+void tg__plugins_shadow_sample(const char *text);
+
 /** Reload with a trigger name for the status ("watch", "sighup", "api"). */
 long tg__plugins_reload(const char *trigger, char *err, size_t errlen);
 

@@ -13,6 +13,13 @@
  * ["rate", "tokens", "concurrency", "money"], usage {input, output, cache_read,
  * cache_write, reasoning}, status. Hooks run in request order; those whose inputs are
  * absent are skipped. Exit 0 when no plugin failed, 1 when one did, 2 on bad usage.
+ *
+ * A capture line (the gateway's recorder, tg_capture.c) also holds `seed` (each hook
+ * call reseeds math.random as the gateway did: tg_plugins_hook_seed), `attempts` (the
+ * candidates of each account selection and the upstream error after it) and `live`,
+ * what was decided live. With --compare the candidate's decisions are set against
+ * `live`, per request and in total: which account, why (the candidate's scores), and
+ * the cost and TTFT of either choice by the EWMAs recorded with the candidates.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -22,6 +29,8 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <limits.h>
+#include <unistd.h>
 
 #include "tg_plugin_internal.h"
 
@@ -35,9 +44,16 @@ static void usage(FILE *f) {
                "  --config LUA      the policy's config, a Lua table constructor: '{top_k = 2}'\n"
                "  --with NAME[=LUA] also run plugin NAME (from --dirs) with that config, e.g.\n"
                "                    --with router to see the policy together with the router\n"
-               "  --dirs A,B        where names are looked up (default plugins,policies)\n"
-               "  --seed N          seed math.random, for repeatable draws (default 1)\n"
-               "  --json            one JSON object per request instead of text\n");
+               "  --dirs A,B        where names are looked up (default: the folders of -c FILE's\n"
+               "                    plugins.dirs, else plugins,policies beside the install)\n"
+               "  -c FILE           the gateway's config: its plugins.dirs, relative to FILE\n"
+               "  --seed N          seed math.random, for repeatable draws (default 1; a captured\n"
+               "                    request carries its own seed)\n"
+               "  --compare         set the decisions against the live ones of a capture\n"
+               "                    (GET /admin/api/v1/plugins/capture/download): per request and\n"
+               "                    in total\n"
+               "  --fail-on-diff    with --compare: exit 3 when a decision differs\n"
+               "  --json            one JSON object per request (with --compare: one report)\n");
 }
 
 static const char *jstr(json_t *o, const char *k, const char *def) {
@@ -87,6 +103,52 @@ typedef struct {
     char lower[TG_MAX_HEADERS_WB][128];
 } line_t;
 
+/* A line's (or an attempt's) candidate accounts into l->accounts: c->naccounts. */
+static int fill_accounts(tg_hookctx_t *c, line_t *l, json_t *accts) {
+    size_t i;
+    json_t *v;
+    c->naccounts = 0;
+    json_array_foreach(accts, i, v) {
+        if (i >= MAX_ACCOUNTS)
+            break;
+        const char *id = jstr(v, "id", "?"), *region = jstr(v, "region", "");
+        l->accounts[i] = (tg_ffi_account_t){
+            .id = id, .id_len = strlen(id), .region = region, .region_len = strlen(region),
+            .priority = (int)jnum(v, "priority", 0), .inflight = (int)jnum(v, "inflight", 0),
+            .max_concurrency = (int)jnum(v, "max_concurrency", 0), .queued = (int)jnum(v, "queued", 0),
+            .sticky = json_is_true(json_object_get(v, "sticky")), .tried = (int)jnum(v, "tried", 0),
+            .error_ewma = jnum(v, "error_ewma", 0), .ttft_ewma_ms = jnum(v, "ttft_ewma_ms", -1),
+            .reset_in_ms = jnum(v, "reset_in_ms", -1), .cost = jnum(v, "cost", 0),
+            .trial = json_is_true(json_object_get(v, "trial")), .headroom = jnum(v, "headroom", -1),
+            .window_left = jnum(v, "window_left", -1), .window_reset_in_ms = jnum(v, "window_reset_in_ms", -1),
+        };
+        c->naccounts = (int)i + 1;
+    }
+    c->accounts = l->accounts;
+    return 0;
+}
+
+static int fill_upstream_error(tg_hookctx_t *c, json_t *ue, char *err, size_t errlen) {
+    if (!ue)
+        return 0;
+    c->upstream_status = (int)jnum(ue, "status", 0);
+    c->attempt = (int)jnum(ue, "attempt", 1);
+    c->retry_after_ms = (int64_t)jnum(ue, "retry_after_ms", -1);
+    c->elapsed_ms = (int64_t)jnum(ue, "elapsed_ms", 0);
+    c->deadline_ms = (int64_t)jnum(ue, "deadline_ms", 0);
+    c->bytes_sent = json_is_true(json_object_get(ue, "bytes_sent"));
+    const char *f = jstr(ue, "failure", "status");
+    c->failure = -1;
+    for (int k2 = 0; k2 < 6; k2++)
+        if (!strcmp(f, failures[k2]))
+            c->failure = k2;
+    if (c->failure < 0) {
+        snprintf(err, errlen, "upstream_error.failure: unknown \"%s\"", f);
+        return -1;
+    }
+    return 0;
+}
+
 static int fill(tg_hookctx_t *c, line_t *l, int lineno, char *err, size_t errlen) {
     json_t *o = l->doc;
     c->request_id = jstr(o, "id", NULL);
@@ -135,44 +197,12 @@ static int fill(tg_hookctx_t *c, line_t *l, int lineno, char *err, size_t errlen
     }
     c->headers = l->headers;
     c->nheaders = nh;
-    json_t *accts = json_object_get(o, "accounts");
-    size_t i;
-    json_array_foreach(accts, i, v) {
-        if (i >= MAX_ACCOUNTS)
-            break;
-        const char *id = jstr(v, "id", "?"), *region = jstr(v, "region", "");
-        l->accounts[i] = (tg_ffi_account_t){
-            .id = id, .id_len = strlen(id), .region = region, .region_len = strlen(region),
-            .priority = (int)jnum(v, "priority", 0), .inflight = (int)jnum(v, "inflight", 0),
-            .max_concurrency = (int)jnum(v, "max_concurrency", 0), .queued = (int)jnum(v, "queued", 0),
-            .sticky = json_is_true(json_object_get(v, "sticky")), .tried = (int)jnum(v, "tried", 0),
-            .error_ewma = jnum(v, "error_ewma", 0), .ttft_ewma_ms = jnum(v, "ttft_ewma_ms", -1),
-            .reset_in_ms = jnum(v, "reset_in_ms", -1), .cost = jnum(v, "cost", 0),
-            .trial = json_is_true(json_object_get(v, "trial")), .headroom = jnum(v, "headroom", -1),
-            .window_left = jnum(v, "window_left", -1), .window_reset_in_ms = jnum(v, "window_reset_in_ms", -1),
-        };
-        c->naccounts = (int)i + 1;
-    }
     c->accounts = l->accounts;
-    json_t *ue = json_object_get(o, "upstream_error");
-    if (ue) {
-        c->upstream_status = (int)jnum(ue, "status", 0);
-        c->attempt = (int)jnum(ue, "attempt", 1);
-        c->retry_after_ms = (int64_t)jnum(ue, "retry_after_ms", -1);
-        c->elapsed_ms = (int64_t)jnum(ue, "elapsed_ms", 0);
-        c->deadline_ms = (int64_t)jnum(ue, "deadline_ms", 0);
-        c->bytes_sent = json_is_true(json_object_get(ue, "bytes_sent"));
-        const char *f = jstr(ue, "failure", "status");
-        c->failure = -1;
-        for (int k2 = 0; k2 < 6; k2++)
-            if (!strcmp(f, failures[k2]))
-                c->failure = k2;
-        if (c->failure < 0) {
-            snprintf(err, errlen, "upstream_error.failure: unknown \"%s\"", f);
-            return -1;
-        }
-    }
+    if (fill_accounts(c, l, json_object_get(o, "accounts")) != 0 ||
+        fill_upstream_error(c, json_object_get(o, "upstream_error"), err, errlen) != 0)
+        return -1;
     json_t *ld = json_object_get(o, "limiter_down");
+    size_t i;
     json_array_foreach(ld, i, v) {
         const char *n = json_is_string(v) ? json_string_value(v) : "";
         c->limits |= !strcmp(n, "rate") ? TG_LIMIT_RATE : !strcmp(n, "tokens") ? TG_LIMIT_TOKENS
@@ -193,10 +223,39 @@ static int fill(tg_hookctx_t *c, line_t *l, int lineno, char *err, size_t errlen
     return 0;
 }
 
+/* ---- running a line ------------------------------------------------------------------ */
+
+/* What the candidate decided on one line, for --compare. */
 typedef struct {
-    int json;
+    int rejected;
+    char reject_hook[24];
+    int reject_status;
+    char reject_code[64], reject_message[256];
+    char model[128], group[64];
+    int nsel;
+    struct {
+        int ran;          /* the candidate's select_account ran (else: the live built-in order) */
+        int index;        /* into the attempt's accounts, -1 none */
+        char why[512];    /* its scores / exclusions */
+    } sel[8];
+    int nretry;
+    int retry_action[8]; /* -1: no upstream error in that attempt */
+    int64_t retry_delay[8];
+    int has_limiter;
+    int limiter[4];
+    int has_price;
+    int64_t cost;
+} decided_t;
+
+typedef struct {
+    int json, compare, fail_on_diff;
     tg_buf_t out; /* the current line's text, or its JSON members */
     int errors;
+    /* --compare totals */
+    int compared, differ, by_hook[TG_HOOK__COUNT];
+    double live_cost, cand_cost, live_ttft, cand_ttft;
+    int ncost, nttft;
+    json_t *diffs, *errlist;
 } report_t;
 
 static void add(report_t *r, const char *hook, const char *text) {
@@ -209,13 +268,19 @@ static void add(report_t *r, const char *hook, const char *text) {
     }
 }
 
+/* The seed of a captured line (0: none; then --seed applies once for the whole file). */
+static uint32_t line_seed;
+
 /* Runs one hook if the policy has it and reports the decision in words. */
-static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *stop) {
+static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *stop, int attempt,
+                 decided_t *d) {
     if (*stop || !tg_plugins_has_hook(pl, c, hook))
         return;
     int before_errors = c->plugin_errors;
     char before_model[128];
     snprintf(before_model, sizeof(before_model), "%s", c->model);
+    if (line_seed)
+        tg_plugins_seed(pl, tg_plugins_hook_seed(line_seed, hook, attempt));
     int rc = tg_plugins_run(pl, hook, c);
     char text[1024];
     tg_buf_t b;
@@ -223,10 +288,22 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
     if (c->plugin_errors > before_errors) {
         r->errors++;
         tg_buf_printf(&b, "ERROR %s; fallback: ", pl->last_hook_error);
+        if (r->errlist) {
+            json_t *e = json_object();
+            json_object_set_new(e, "id", json_stringn(c->request_id, c->request_id_len));
+            json_object_set_new(e, "hook", json_string(tg_ffi_hook_name(hook)));
+            json_object_set_new(e, "error", json_string(pl->last_hook_error));
+            json_array_append_new(r->errlist, e);
+        }
     }
     if (rc == TG_DONE) {
         tg_buf_printf(&b, "reject %d %s: %s", c->reject_status, c->reject_code, c->reject_message);
         *stop = 1;
+        d->rejected = 1;
+        snprintf(d->reject_hook, sizeof(d->reject_hook), "%s", tg_ffi_hook_name(hook));
+        d->reject_status = c->reject_status;
+        snprintf(d->reject_code, sizeof(d->reject_code), "%s", c->reject_code);
+        snprintf(d->reject_message, sizeof(d->reject_message), "%s", c->reject_message);
     } else {
         switch (hook) {
         case TG_HOOK_ON_REQUEST:
@@ -245,6 +322,7 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
             int scored = 0;
             for (int i = 0; i < c->naccounts; i++)
                 scored |= c->accounts[i].score != 0;
+            size_t at = b.len;
             tg_buf_appends(&b, "  [");
             for (int i = 0; i < c->naccounts; i++) {
                 const tg_ffi_account_t *x = &c->accounts[i];
@@ -257,6 +335,12 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
                     tg_buf_printf(&b, " %.3f", x->score);
             }
             tg_buf_appends(&b, "]");
+            if (d->nsel > 0 && d->nsel <= 8) {
+                d->sel[d->nsel - 1].ran = 1;
+                d->sel[d->nsel - 1].index = c->selected;
+                snprintf(d->sel[d->nsel - 1].why, sizeof(d->sel[0].why), "%s%s",
+                         c->decided ? "scores" : "no choice, built-in pick; scores", b.data + at + 1);
+            }
             break;
         }
         case TG_HOOK_ON_UPSTREAM_ERROR:
@@ -266,21 +350,29 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
                 tg_buf_printf(&b, "retry on %s account after %lld ms",
                               c->retry_action == TG_RETRY_SAME ? "the same" : "another",
                               (long long)c->retry_delay_ms);
+            if (d->nretry > 0 && d->nretry <= 8) {
+                d->retry_action[d->nretry - 1] = c->retry_action;
+                d->retry_delay[d->nretry - 1] = c->retry_delay_ms;
+            }
             break;
         case TG_HOOK_ON_LIMITER_DOWN:
+            d->has_limiter = 1;
             for (int k = 0, n = 0; k < 4; k++) {
                 static const char *const lim[] = {"rate", "tokens", "concurrency", "money"};
-                int d = c->limiter_decision[k];
+                int dd = c->limiter_decision[k];
+                d->limiter[k] = dd;
                 if (!(c->limits & (1 << k)))
                     continue;
                 tg_buf_printf(&b, "%s%s %s", n++ ? ", " : "", lim[k],
-                              d == TG_LIMITER_OPEN    ? "open (not checked)"
-                              : d == TG_LIMITER_LOCAL ? "local (this instance's bucket)"
-                              : d == TG_LIMITER_CLOSED ? "closed (refuse)"
-                                                       : "the configured policy");
+                              dd == TG_LIMITER_OPEN    ? "open (not checked)"
+                              : dd == TG_LIMITER_LOCAL ? "local (this instance's bucket)"
+                              : dd == TG_LIMITER_CLOSED ? "closed (refuse)"
+                                                        : "the configured policy");
             }
             break;
         case TG_HOOK_PRICE:
+            d->has_price = 1;
+            d->cost = c->cost_nanousd;
             if (c->cost_nanousd < 0)
                 tg_buf_appends(&b, "unpriced");
             else
@@ -294,6 +386,286 @@ static void step(tg_plugins_t *pl, tg_hookctx_t *c, int hook, report_t *r, int *
     snprintf(text, sizeof(text), "%s", b.data ? b.data : "");
     tg_buf_free(&b);
     add(r, tg_ffi_hook_name(hook), text);
+}
+
+/* Runs a line's hooks in request order. A captured line's attempts each run
+ * select_account on their own candidates and on_upstream_error on their failure. */
+static void run_line(tg_plugins_t *pl, tg_hookctx_t *c, line_t *l, report_t *r, decided_t *d, char *err,
+                     size_t errlen, int *bad) {
+    int stop = 0;
+    memset(d, 0, sizeof(*d));
+    d->cost = -1;
+    for (int k = 0; k < 4; k++)
+        d->limiter[k] = TG_LIMITER_DEFAULT;
+    for (int k = 0; k < 8; k++)
+        d->retry_action[k] = -1;
+    step(pl, c, TG_HOOK_ON_REQUEST, r, &stop, 0, d);
+    step(pl, c, TG_HOOK_MAP_MODEL, r, &stop, 0, d);
+    snprintf(d->model, sizeof(d->model), "%s", c->model);
+    snprintf(d->group, sizeof(d->group), "%s", c->group);
+    json_t *attempts = json_object_get(l->doc, "attempts");
+    if (json_is_array(attempts)) {
+        size_t i;
+        json_t *at;
+        json_array_foreach(attempts, i, at) {
+            if (i >= 8)
+                break;
+            c->naccounts = 0;
+            c->selected = -1;
+            if (fill_accounts(c, l, json_object_get(at, "accounts")) != 0)
+                break;
+            d->nsel = (int)i + 1;
+            d->sel[i].index = -1;
+            if (c->naccounts && !json_is_true(json_object_get(at, "sticky")))
+                step(pl, c, TG_HOOK_SELECT_ACCOUNT, r, &stop, (int)i + 1, d);
+            json_t *ue = json_object_get(at, "upstream_error");
+            if (ue) {
+                if (fill_upstream_error(c, ue, err, errlen) != 0) {
+                    fprintf(stderr, "%s\n", err);
+                    (*bad)++;
+                    break;
+                }
+                d->nretry = (int)i + 1;
+                step(pl, c, TG_HOOK_ON_UPSTREAM_ERROR, r, &stop, c->attempt, d);
+            }
+        }
+    } else {
+        if (c->naccounts) {
+            d->nsel = 1;
+            d->sel[0].index = -1;
+            step(pl, c, TG_HOOK_SELECT_ACCOUNT, r, &stop, 1, d);
+        }
+        if (json_object_get(l->doc, "upstream_error")) {
+            d->nretry = 1;
+            step(pl, c, TG_HOOK_ON_UPSTREAM_ERROR, r, &stop, c->attempt, d);
+        }
+    }
+    if (c->limits)
+        step(pl, c, TG_HOOK_ON_LIMITER_DOWN, r, &stop, 0, d);
+    if (c->usage_known)
+        step(pl, c, TG_HOOK_PRICE, r, &stop, 0, d);
+    stop = 0;
+    step(pl, c, TG_HOOK_ON_LOG, r, &stop, 0, d);
+}
+
+/* ---- --compare ----------------------------------------------------------------------- */
+
+static const char *const action_names[] = {"give_up", "same", "other"};
+static const char *const limiter_names[] = {"closed", "open", "local"};
+
+/* The recorded account `id` among an attempt's candidates, or NULL. */
+static json_t *find_account(json_t *attempt, const char *id) {
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(attempt, "accounts"), i, a) {
+        if (!strcmp(jstr(a, "id", ""), id))
+            return a;
+    }
+    return NULL;
+}
+
+static void describe_account(tg_buf_t *b, json_t *a, const char *id) {
+    tg_buf_appends(b, id);
+    if (!a)
+        return;
+    double ttft = jnum(a, "ttft_ewma_ms", -1);
+    tg_buf_printf(b, " (cost %.4g, TTFT EWMA ", jnum(a, "cost", 0));
+    if (ttft >= 0)
+        tg_buf_printf(b, "%.0f ms)", ttft);
+    else
+        tg_buf_appends(b, "unknown)");
+}
+
+/* One difference: printed (text) or kept for the JSON report. */
+static void diff(report_t *r, const char *id, int hook, int attempt, const char *live, const char *cand,
+                 const char *why) {
+    r->by_hook[hook]++;
+    if (r->json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_string(id));
+        json_object_set_new(o, "hook", json_string(tg_ffi_hook_name(hook)));
+        if (attempt)
+            json_object_set_new(o, "attempt", json_integer(attempt));
+        json_object_set_new(o, "live", json_string(live));
+        json_object_set_new(o, "candidate", json_string(cand));
+        if (why && *why)
+            json_object_set_new(o, "why", json_string(why));
+        json_array_append_new(r->diffs, o);
+        return;
+    }
+    printf("%s  %s", id, tg_ffi_hook_name(hook));
+    if (attempt)
+        printf(" (attempt %d)", attempt);
+    printf(": live %s, candidate %s%s%s\n", live, cand, why && *why ? "; " : "", why ? why : "");
+}
+
+/* Sets the candidate's decisions on a captured line against its live ones. */
+static void compare_line(report_t *r, const tg_hookctx_t *c, json_t *doc, const decided_t *d) {
+    json_t *lv = json_object_get(doc, "live");
+    if (!json_is_object(lv))
+        return;
+    char id[160];
+    snprintf(id, sizeof(id), "%.*s", (int)c->request_id_len, c->request_id);
+    int before = 0;
+    for (int h = 0; h < TG_HOOK__COUNT; h++)
+        before += r->by_hook[h];
+    r->compared++;
+    char live[512], cand[512];
+    json_t *lrej = json_object_get(lv, "reject");
+    if (lrej || d->rejected) {
+        int same = lrej && d->rejected && (int)jnum(lrej, "status", 0) == d->reject_status &&
+                   !strcmp(jstr(lrej, "code", ""), d->reject_code) && !strcmp(jstr(lrej, "hook", ""), d->reject_hook);
+        if (!same) {
+            if (lrej)
+                snprintf(live, sizeof(live), "reject %d %s in %s", (int)jnum(lrej, "status", 0), jstr(lrej, "code", ""),
+                         jstr(lrej, "hook", "?"));
+            else
+                snprintf(live, sizeof(live), "pass");
+            if (d->rejected)
+                snprintf(cand, sizeof(cand), "reject %d %s in %s", d->reject_status, d->reject_code, d->reject_hook);
+            else
+                snprintf(cand, sizeof(cand), "pass");
+            int hook = !strcmp(lrej ? jstr(lrej, "hook", "") : d->reject_hook, "map_model") ? TG_HOOK_MAP_MODEL
+                       : !strcmp(lrej ? jstr(lrej, "hook", "") : d->reject_hook, "select_account")
+                           ? TG_HOOK_SELECT_ACCOUNT
+                           : TG_HOOK_ON_REQUEST;
+            diff(r, id, hook, 0, live, cand, d->rejected ? d->reject_message : "");
+        }
+        goto done; /* a rejected request has no later decisions to compare */
+    }
+    const char *lmodel = jstr(lv, "model", NULL);
+    if (lmodel && strcmp(lmodel, d->model) != 0) {
+        snprintf(live, sizeof(live), "model %s", lmodel);
+        snprintf(cand, sizeof(cand), "model %s", d->model);
+        diff(r, id, TG_HOOK_MAP_MODEL, 0, live, cand, "");
+    }
+    json_t *lsel = json_object_get(lv, "select"), *attempts = json_object_get(doc, "attempts");
+    for (int k = 0; k < d->nsel && k < (int)json_array_size(lsel); k++) {
+        json_t *ls = json_array_get(lsel, (size_t)k), *at = json_array_get(attempts, (size_t)k);
+        const char *lid = jstr(ls, "account", "?");
+        if (!strcmp(jstr(ls, "by", ""), "sticky"))
+            continue; /* the live policy was not asked either */
+        const char *cid = jstr(ls, "builtin", "?");
+        char cidbuf[128];
+        if (d->sel[k].ran && d->sel[k].index >= 0 && d->sel[k].index < c->naccounts + 64) {
+            json_t *acc = json_array_get(json_object_get(at, "accounts"), (size_t)d->sel[k].index);
+            snprintf(cidbuf, sizeof(cidbuf), "%s", jstr(acc, "id", "?"));
+            cid = cidbuf;
+        }
+        json_t *la = find_account(at, lid), *ca = find_account(at, cid);
+        if (la && ca) {
+            r->live_cost += jnum(la, "cost", 0);
+            r->cand_cost += jnum(ca, "cost", 0);
+            r->ncost++;
+            if (jnum(la, "ttft_ewma_ms", -1) >= 0 && jnum(ca, "ttft_ewma_ms", -1) >= 0) {
+                r->live_ttft += jnum(la, "ttft_ewma_ms", -1);
+                r->cand_ttft += jnum(ca, "ttft_ewma_ms", -1);
+                r->nttft++;
+            }
+        }
+        if (strcmp(lid, cid) != 0) {
+            tg_buf_t lb, cb;
+            tg_buf_init(&lb);
+            tg_buf_init(&cb);
+            describe_account(&lb, la, lid);
+            describe_account(&cb, ca, cid);
+            diff(r, id, TG_HOOK_SELECT_ACCOUNT, k + 1, lb.data, cb.data,
+                 d->sel[k].ran ? d->sel[k].why : "the candidate does not select: the built-in order");
+            tg_buf_free(&lb);
+            tg_buf_free(&cb);
+        }
+    }
+    for (int k = 0; k < d->nretry && k < (int)json_array_size(attempts); k++) {
+        json_t *lr = json_object_get(json_array_get(attempts, (size_t)k), "retry");
+        if (!lr)
+            continue;
+        const char *la = jstr(lr, "action", "give_up");
+        /* A candidate without the hook leaves the core's default: another account. */
+        const char *ca = d->retry_action[k] >= 0 && d->retry_action[k] <= 2 ? action_names[d->retry_action[k]]
+                                                                             : "other";
+        if (strcmp(la, ca) != 0)
+            diff(r, id, TG_HOOK_ON_UPSTREAM_ERROR, k + 1, la, ca, "");
+    }
+    json_t *llim = json_object_get(lv, "limiter");
+    if (llim) {
+        for (int k = 0; k < 4; k++) {
+            static const char *const lim[] = {"rate", "tokens", "concurrency", "money"};
+            json_t *x = json_object_get(llim, lim[k]);
+            if (!x)
+                continue;
+            int v = d->limiter[k];
+            const char *cv = v >= 0 && v <= 2 ? limiter_names[v] : "default";
+            if (strcmp(json_string_value(x) ? json_string_value(x) : "", cv) != 0) {
+                snprintf(live, sizeof(live), "%s %s", lim[k], json_string_value(x) ? json_string_value(x) : "?");
+                snprintf(cand, sizeof(cand), "%s %s", lim[k], cv);
+                diff(r, id, TG_HOOK_ON_LIMITER_DOWN, 0, live, cand, "");
+            }
+        }
+    }
+    json_t *lcost = json_object_get(lv, "cost_nanousd");
+    if (lcost && c->usage_known) {
+        int64_t lc = json_is_integer(lcost) ? json_integer_value(lcost) : -1;
+        int64_t cc = d->has_price ? d->cost : -1;
+        if (lc != cc) {
+            snprintf(live, sizeof(live), lc < 0 ? "unpriced" : "%lld nano-USD", (long long)lc);
+            snprintf(cand, sizeof(cand), cc < 0 ? "unpriced" : "%lld nano-USD", (long long)cc);
+            diff(r, id, TG_HOOK_PRICE, 0, live, cand, "");
+        }
+    }
+done:;
+    int after = 0;
+    for (int h = 0; h < TG_HOOK__COUNT; h++)
+        after += r->by_hook[h];
+    if (after > before)
+        r->differ++;
+}
+
+static void compare_summary(report_t *r, const char *name, const char *requests, int nreq, int bad) {
+    if (r->json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "policy", json_string(name));
+        json_object_set_new(o, "requests_file", json_string(requests));
+        json_object_set_new(o, "requests", json_integer(nreq));
+        json_object_set_new(o, "compared", json_integer(r->compared));
+        json_object_set_new(o, "differ", json_integer(r->differ));
+        json_object_set_new(o, "same", json_integer(r->compared - r->differ));
+        json_t *bh = json_object();
+        for (int h = 0; h < TG_HOOK__COUNT; h++)
+            json_object_set_new(bh, tg_ffi_hook_name(h), json_integer(r->by_hook[h]));
+        json_object_set_new(o, "differences_by_hook", bh);
+        json_t *cost = json_object(), *ttft = json_object();
+        json_object_set_new(cost, "live", r->ncost ? json_real(r->live_cost / r->ncost) : json_null());
+        json_object_set_new(cost, "candidate", r->ncost ? json_real(r->cand_cost / r->ncost) : json_null());
+        json_object_set_new(ttft, "live", r->nttft ? json_real(r->live_ttft / r->nttft) : json_null());
+        json_object_set_new(ttft, "candidate", r->nttft ? json_real(r->cand_ttft / r->nttft) : json_null());
+        json_object_set_new(o, "mean_choice_cost", cost);
+        json_object_set_new(o, "mean_choice_ttft_ewma_ms", ttft);
+        json_object_set_new(o, "plugin_errors", json_integer(r->errors));
+        json_object_set_new(o, "errors", json_incref(r->errlist));
+        json_object_set_new(o, "bad_lines", json_integer(bad));
+        json_object_set_new(o, "diffs", json_incref(r->diffs));
+        char *s = json_dumps(o, JSON_COMPACT);
+        printf("%s\n", s);
+        free(s);
+        json_decref(o);
+        return;
+    }
+    printf("%d requests, %d compared with their live decisions: %d differ, %d the same", nreq, r->compared, r->differ,
+           r->compared - r->differ);
+    int any = 0;
+    for (int h = 0; h < TG_HOOK__COUNT; h++)
+        if (r->by_hook[h])
+            printf("%s%s %d", any++ ? ", " : " (", tg_ffi_hook_name(h), r->by_hook[h]);
+    printf("%s\n", any ? ")" : "");
+    if (r->ncost)
+        printf("mean cost of the chosen account: live %.4g, candidate %.4g (%+.1f%%)\n", r->live_cost / r->ncost,
+               r->cand_cost / r->ncost,
+               r->live_cost > 0 ? (r->cand_cost - r->live_cost) / r->live_cost * 100 : 0.0);
+    if (r->nttft)
+        printf("mean TTFT EWMA of the chosen account: live %.0f ms, candidate %.0f ms (%+.1f%%)\n",
+               r->live_ttft / r->nttft, r->cand_ttft / r->nttft,
+               r->live_ttft > 0 ? (r->cand_ttft - r->live_ttft) / r->live_ttft * 100 : 0.0);
+    printf("%d plugin errors, %d bad lines\n", r->errors, bad);
 }
 
 /* Resolves POLICY into (dir, name). */
@@ -350,8 +722,79 @@ static int arg_error(const char *fmt, ...) {
     return 2;
 }
 
+/* The folder holding the running binary (from /proc/self/exe), or "" when unknown. */
+static void exe_dir(char *out, size_t n) {
+    char path[4096];
+    ssize_t len = readlink("/proc/self/exe", path, sizeof(path) - 1);
+    out[0] = '\0';
+    if (len <= 0)
+        return;
+    path[len] = '\0';
+    char *slash = strrchr(path, '/');
+    if (slash) {
+        *slash = '\0';
+        snprintf(out, n, "%s", path);
+    }
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/*
+ * The default folders, not the working directory's: the gateway config's plugins.dirs
+ * (relative ones taken from the config file's folder) with -c, else the install's:
+ * <bin>/../plugins and <bin>/../policies (a build tree: build/tollgate), or
+ * <bin>/../share/tollgate/{plugins,policies} (an installed binary). Writes a
+ * comma-separated list into out; TG_ERROR + err when -c does not load.
+ */
+static int default_dirs(const char *config_file, char *out, size_t n, char *err, size_t errlen) {
+    out[0] = '\0';
+    if (config_file) {
+        tg_config_t cfg;
+        if (tg_config_load(config_file, &cfg, err, errlen) != TG_OK)
+            return TG_ERROR;
+        char base[4096];
+        snprintf(base, sizeof(base), "%s", config_file);
+        char *slash = strrchr(base, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            snprintf(base, sizeof(base), ".");
+        tg_buf_t b;
+        tg_buf_init(&b);
+        for (size_t i = 0; i < cfg.plugins.ndirs; i++) {
+            const char *d = cfg.plugins.dirs[i];
+            tg_buf_printf(&b, "%s%s%s%s", i ? "," : "", d[0] == '/' ? "" : base, d[0] == '/' ? "" : "/", d);
+        }
+        snprintf(out, n, "%s", b.data ? b.data : "");
+        tg_buf_free(&b);
+        tg_config_free(&cfg);
+        return TG_OK;
+    }
+    char bin[4096], a[4200], b[4200];
+    exe_dir(bin, sizeof(bin));
+    static const char *const roots[] = {"/..", "/../share/tollgate"};
+    for (size_t i = 0; bin[0] && i < 2; i++) {
+        snprintf(a, sizeof(a), "%s%s/plugins", bin, roots[i]);
+        snprintf(b, sizeof(b), "%s%s/policies", bin, roots[i]);
+        if (is_dir(a) || is_dir(b)) {
+            char ra[PATH_MAX], rb[PATH_MAX];
+            tg_buf_t o;
+            tg_buf_init(&o);
+            tg_buf_printf(&o, "%s,%s", realpath(a, ra) ? ra : a, realpath(b, rb) ? rb : b);
+            snprintf(out, n, "%.*s", (int)TG_MIN(o.len, n - 1), o.data);
+            tg_buf_free(&o);
+            return TG_OK;
+        }
+    }
+    snprintf(out, n, "plugins,policies");
+    return TG_OK;
+}
+
 int tg_policy_test_main(int argc, char **argv) {
-    const char *policy = NULL, *requests = NULL, *config = "{}", *dirs_arg = "plugins,policies";
+    const char *policy = NULL, *requests = NULL, *config = "{}", *dirs_arg = NULL, *config_file = NULL;
     long seed = 1;
     report_t r = {0};
     tg_plugin_enable_t en[17];
@@ -372,13 +815,15 @@ int tg_policy_test_main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         int takes = !strcmp(a, "--requests") || !strcmp(a, "--config") || !strcmp(a, "--with") ||
-                    !strcmp(a, "--dirs") || !strcmp(a, "--seed");
+                    !strcmp(a, "--dirs") || !strcmp(a, "--seed") || !strcmp(a, "-c");
         if (takes && i + 1 >= argc)
             return arg_error("%s needs a value", a);
         if (!strcmp(a, "--requests"))
             requests = argv[++i];
         else if (!strcmp(a, "--config"))
             config = argv[++i];
+        else if (!strcmp(a, "-c"))
+            config_file = argv[++i];
         else if (!strcmp(a, "--with")) {
             if (nen >= 17)
                 return arg_error("too many --with (at most 16)");
@@ -397,6 +842,10 @@ int tg_policy_test_main(int argc, char **argv) {
                 return arg_error("--seed: expected a whole number, got \"%s\"", argv[i]);
         } else if (!strcmp(a, "--json"))
             r.json = 1;
+        else if (!strcmp(a, "--compare"))
+            r.compare = 1;
+        else if (!strcmp(a, "--fail-on-diff"))
+            r.fail_on_diff = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -409,12 +858,22 @@ int tg_policy_test_main(int argc, char **argv) {
         return arg_error("missing POLICY (a file, a plugin folder, or a name in --dirs)");
     if (!requests)
         return arg_error("missing --requests FILE.jsonl (\"-\" reads standard input)");
+    if (r.fail_on_diff && !r.compare)
+        return arg_error("--fail-on-diff needs --compare");
     if (strcmp(requests, "-") != 0) {
         struct stat rst;
         if (stat(requests, &rst) != 0)
             return arg_error("--requests %s: %s", requests, strerror(errno));
         if (!S_ISREG(rst.st_mode))
             return arg_error("--requests %s: not a regular file", requests);
+    }
+    char err[1024], dirs_def[8192];
+    if (!dirs_arg) {
+        if (default_dirs(config_file, dirs_def, sizeof(dirs_def), err, sizeof(err)) != TG_OK) {
+            fprintf(stderr, "tollgate policy test: -c %s: %s\n", config_file, err);
+            return 2;
+        }
+        dirs_arg = dirs_def;
     }
     char *dirs[16];
     size_t ndirs = 0;
@@ -435,7 +894,6 @@ int tg_policy_test_main(int argc, char **argv) {
     en[0].name = name;
     en[0].config_lua = (char *)config;
     tg_plugins_config_t cfg = {.dirs = all_dirs, .ndirs = ndirs + 1, .enabled = en, .nenabled = nen, .max_hook_ms = 50};
-    char err[1024];
     tg_plugin_src_t *src = tg__plugin_src_read(&cfg, 0, err, sizeof(err));
     free(dcopy);
     if (!src || tg__plugins_validate(src, err, sizeof(err)) != TG_OK) {
@@ -453,11 +911,7 @@ int tg_policy_test_main(int argc, char **argv) {
     }
     tg__plugin_src_unref(src);
     pl->quiet = 1;
-    lua_getglobal(pl->L, "math");
-    lua_getfield(pl->L, -1, "randomseed");
-    lua_pushnumber(pl->L, (double)seed);
-    lua_call(pl->L, 1, 0);
-    lua_pop(pl->L, 1);
+    tg_plugins_seed(pl, (uint32_t)seed);
 
     FILE *f = strcmp(requests, "-") ? fopen(requests, "r") : stdin;
     if (!f) {
@@ -465,9 +919,14 @@ int tg_policy_test_main(int argc, char **argv) {
         tg__plugins_free(pl);
         return 2;
     }
+    int report_json = r.json && r.compare;
+    if (report_json) {
+        r.diffs = json_array();
+        r.errlist = json_array();
+    }
     if (!r.json)
-        printf("policy %s (%s/%s)%s, requests from %s\n", name, dir, name, nen > 1 ? " with others" : "",
-               requests);
+        printf("policy %s (%s/%s)%s, requests from %s%s\n", name, dir, name, nen > 1 ? " with others" : "",
+               requests, r.compare ? ", compared with the live decisions" : "");
     char *buf = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -496,20 +955,16 @@ int tg_policy_test_main(int argc, char **argv) {
         } else {
             nreq++;
             tg_buf_init(&r.out);
-            int stop = 0;
-            step(pl, &c, TG_HOOK_ON_REQUEST, &r, &stop);
-            step(pl, &c, TG_HOOK_MAP_MODEL, &r, &stop);
-            if (c.naccounts)
-                step(pl, &c, TG_HOOK_SELECT_ACCOUNT, &r, &stop);
-            if (json_object_get(l->doc, "upstream_error"))
-                step(pl, &c, TG_HOOK_ON_UPSTREAM_ERROR, &r, &stop);
-            if (c.limits)
-                step(pl, &c, TG_HOOK_ON_LIMITER_DOWN, &r, &stop);
-            if (c.usage_known)
-                step(pl, &c, TG_HOOK_PRICE, &r, &stop);
-            stop = 0;
-            step(pl, &c, TG_HOOK_ON_LOG, &r, &stop);
-            if (r.json) {
+            json_t *sd = json_object_get(l->doc, "seed");
+            line_seed = json_is_integer(sd) ? (uint32_t)json_integer_value(sd) : 0;
+            decided_t d;
+            int json_saved = r.json;
+            r.json = r.json && !r.compare;
+            run_line(pl, &c, l, &r, &d, err, sizeof(err), &bad);
+            r.json = json_saved;
+            if (r.compare) {
+                compare_line(&r, &c, l->doc, &d);
+            } else if (r.json) {
                 printf("{\"id\":\"");
                 tg_buf_t idb;
                 tg_buf_init(&idb);
@@ -545,12 +1000,16 @@ int tg_policy_test_main(int argc, char **argv) {
     free(buf);
     if (f != stdin)
         fclose(f);
-    if (!r.json)
+    if (r.compare)
+        compare_summary(&r, name, requests, nreq, bad);
+    else if (!r.json)
         printf("%d requests, %d plugin errors, %d bad lines\n", nreq, r.errors, bad);
+    json_decref(r.diffs);
+    json_decref(r.errlist);
     tg__plugins_free(pl);
     if (!nreq && !bad) {
         fprintf(stderr, "tollgate policy test: %s holds no requests (one JSON object per line)\n", requests);
         return 2;
     }
-    return bad ? 2 : r.errors ? 1 : 0;
+    return bad ? 2 : r.errors ? 1 : r.fail_on_diff && r.differ ? 3 : 0;
 }
