@@ -126,6 +126,17 @@ return {
     watch = true,               -- reload when a file in these folders changes
     max_instructions = 0,       -- a deterministic instruction budget per hook call (0 = off; else >= 1000)
     max_hook_ms = 50,           -- CPU time one hook call may use (a watchdog)
+    -- The capture of live policy decisions, for `tollgate policy test --compare`
+    -- (README "Changing a live router safely"). Default: off.
+    -- capture = {
+    --   rate = 0.01,                -- share of requests recorded, 0..1 (0 = off)
+    --   max_per_s = 50,             -- cap: requests recorded per second by the instance
+    --   file = "var/capture.jsonl", -- JSON lines, one request each
+    --   max_bytes = 67108864,       -- the file is rotated past this size (64 MiB)
+    --   keep = 2,                   -- rotated files kept: file.1 .. file.keep
+    --   headers = { "user-agent", "x-tier" }, -- request headers recorded (never credentials)
+    --   groups = {},                -- a group's own rate, e.g. { canary = 1 }
+    -- },
   },
 
   -- How an OpenAI chat upstream gets the output cap the gateway sends (billing's

@@ -32,6 +32,9 @@ export function loaderKeys(root = REPO) {
   }
   const plug = fs.readFileSync(path.join(root, 'core/src/base/tg_config_plugins.c'), 'utf8');
   for (const m of lists(plug)) for (const k of names(m[1])) keys.add(`plugins.${k}`);
+  for (const m of plug.matchAll(/static const char \*const capture_keys\[\] = \{([^}]*)\}/g)) {
+    for (const k of names(m[1])) keys.add(`plugins.capture.${k}`);
+  }
   // A section name is a key too; its members say what it holds.
   for (const k of [...keys]) if (k.includes('.')) keys.add(k.split('.')[0]);
   return keys;

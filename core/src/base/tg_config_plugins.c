@@ -254,9 +254,10 @@ static int parse_capture(lua_State *L, int t, tg_capture_config_t *c, char *err,
     while (lua_next(L, t)) {
         lua_pop(L, 1);
         const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
-        static const char *const keys[] = {"rate", "max_per_s", "file", "max_bytes", "keep", "headers", "groups", NULL};
+        static const char *const capture_keys[] = {"rate", "max_per_s", "file", "max_bytes",
+                                                   "keep", "headers", "groups", NULL};
         int ok = 0;
-        for (const char *const *a = keys; *a; a++)
+        for (const char *const *a = capture_keys; *a; a++)
             ok |= strcmp(*a, k) == 0;
         if (!ok) {
             char path[160];
