@@ -28,11 +28,16 @@ void tg__cleanup_snapshot(proxy_req_t *p) { tg_snapshot_release(p->snap); }
 
 /*
  * A conversation stays on the account that holds its prompt cache. The binding's source,
- * first found: the x-session-id header, the body's prompt_cache_key, previous_response_id,
- * or — for a conversation of two messages or more — the hash of its first two messages
- * (the same opening means the same conversation). The binding lives in Redis for an hour
- * and is left at once when the bound account is cooling, saturated, failing (error EWMA
- * ≥ 0.5) or slow (TTFT EWMA over 30 s).
+ * first found: the x-session-id header, the body's prompt_cache_key (chat and the
+ * Responses API), previous_response_id, Anthropic's metadata.user_id, the prefix a
+ * client marked for caching (tools, system and messages up to the last cache_control
+ * block: what the provider caches), or — for a conversation of three messages or more —
+ * the hash of its first two messages (the same opening means the same conversation).
+ * The binding lives in Redis for an hour and is left at once when the bound account is
+ * cooling, saturated, failing (error EWMA ≥ 0.5), slow (TTFT EWMA over 30 s) or spent
+ * (its provider said so). The first answer binds (SET NX), so requests of one
+ * conversation that start together, on any instance, converge on one account; an
+ * answer from another account than the bound one (it was left) moves the binding.
  */
 static void sticky_got(void *ud, redisReply *r, const char *err) {
     proxy_req_t *p = ud;
@@ -40,6 +45,62 @@ static void sticky_got(void *ud, redisReply *r, const char *err) {
     if (!err && r && r->type == REDIS_REPLY_STRING)
         p->sticky_account = atoll(r->str);
     tg__proxy_run(p);
+}
+
+/* A block (or an array of blocks) that carries cache_control. */
+static int marked(json_t *v) {
+    if (json_is_object(v))
+        return json_object_get(v, "cache_control") != NULL;
+    size_t i;
+    json_t *b;
+    json_array_foreach(v, i, b) {
+        if (json_is_object(b) && json_object_get(b, "cache_control"))
+            return 1;
+    }
+    return 0;
+}
+
+static void append_dump(tg_buf_t *src, json_t *v) {
+    char *m = tg_json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+    if (m)
+        tg_buf_appends(src, m);
+    free(m);
+}
+
+/* The prefix the client marked for the provider's prompt cache (Anthropic's order:
+ * tools, system, messages), up to its last cache_control; 0 when nothing is marked. */
+static int cache_prefix(json_t *root, tg_buf_t *src) {
+    json_t *tools = json_object_get(root, "tools"), *sys = json_object_get(root, "system");
+    json_t *msgs = json_object_get(root, "messages");
+    size_t last = 0, i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        if (json_is_object(m) && marked(json_object_get(m, "content")))
+            last = i + 1;
+    }
+    int sys_marked = marked(sys), tools_marked = marked(tools);
+    if (!last && !sys_marked && !tools_marked)
+        return 0;
+    tg_buf_appends(src, "p:");
+    append_dump(src, tools ? tools : json_null());
+    if (last || sys_marked)
+        append_dump(src, sys ? sys : json_null());
+    for (i = 0; i + 1 < last; i++)
+        append_dump(src, json_array_get(msgs, i));
+    if (last) {
+        /* The last marked message up to its last marked block: what follows it (the new
+         * question) is not part of the cached prefix. */
+        json_t *lm = json_array_get(msgs, last - 1), *content = json_object_get(lm, "content"), *b;
+        size_t upto = 0, k;
+        json_array_foreach(content, k, b) {
+            if (json_is_object(b) && json_object_get(b, "cache_control"))
+                upto = k + 1;
+        }
+        append_dump(src, json_object_get(lm, "role"));
+        for (k = 0; k < upto; k++)
+            append_dump(src, json_array_get(content, k));
+    }
+    return 1;
 }
 
 int tg__phase_sticky(proxy_req_t *p) {
@@ -54,6 +115,8 @@ int tg__phase_sticky(proxy_req_t *p) {
     json_t *pck = json_object_get(p->json, "prompt_cache_key");
     json_t *prev = json_object_get(p->json, "previous_response_id");
     json_t *msgs = json_object_get(p->json, "messages");
+    json_t *meta = json_object_get(p->json, "metadata");
+    json_t *uid = json_is_object(meta) ? json_object_get(meta, "user_id") : NULL;
     if (h && h->len) {
         tg_buf_appends(&src, "s:");
         tg_buf_append(&src, h->p, TG_MIN(h->len, (size_t)256));
@@ -63,14 +126,15 @@ int tg__phase_sticky(proxy_req_t *p) {
     } else if (json_is_string(prev)) {
         tg_buf_appends(&src, "r:");
         tg_buf_appends(&src, json_string_value(prev));
+    } else if (json_is_string(uid) && json_string_length(uid)) {
+        tg_buf_appends(&src, "u:");
+        tg_buf_append(&src, json_string_value(uid), TG_MIN(json_string_length(uid), (size_t)256));
+    } else if (cache_prefix(p->json, &src)) {
+        /* src holds the marked prefix */
     } else if (json_is_array(msgs) && json_array_size(msgs) >= 3) {
         /* A continued conversation (its opening plus an answer and a new turn). */
-        for (size_t i = 0; i < 2; i++) {
-            char *m = tg_json_dumps(json_array_get(msgs, i), JSON_COMPACT | JSON_SORT_KEYS);
-            if (m)
-                tg_buf_appends(&src, m);
-            free(m);
-        }
+        for (size_t i = 0; i < 2; i++)
+            append_dump(&src, json_array_get(msgs, i));
     }
     if (!src.len) {
         tg_buf_free(&src);
@@ -92,8 +156,14 @@ void tg__sticky_bind(proxy_req_t *p) {
         return;
     char id[24];
     snprintf(id, sizeof(id), "%lld", (long long)p->at.account->id);
-    const char *argv[5] = {"SET", p->sticky_key, id, "EX", "3600"};
-    tg_redis_command(redis, NULL, NULL, 5, argv, NULL);
+    if (p->sticky_account == p->at.account->id) {
+        const char *argv[3] = {"EXPIRE", p->sticky_key, "3600"};
+        tg_redis_command(redis, NULL, NULL, 3, argv, NULL);
+        return;
+    }
+    /* Unbound: the first answer binds (NX); bound elsewhere: the conversation moved. */
+    const char *argv[6] = {"SET", p->sticky_key, id, "EX", "3600", "NX"};
+    tg_redis_command(redis, NULL, NULL, p->sticky_account ? 5 : 6, argv, NULL);
 }
 
 /* ---- phase: select ------------------------------------------------------------------ */
