@@ -15,3 +15,15 @@ endfunction()
 tg_newcomer_test(integration.newcomer_quickstart ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_quickstart.test.mjs 300)
 tg_newcomer_test(integration.newcomer_config ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_config.test.mjs 60)
 tg_newcomer_test(integration.newcomer_cli ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_cli.test.mjs 60)
+
+# The console's first screen, from the quickstart's console URL (headless Chromium).
+# Its empty-database half uses spec/run.sh's Postgres and Redis (skipped without them).
+if(TG_ADMIN_UI_BUILT)
+  add_test(NAME browser.newcomer_console
+    COMMAND sh -c "if [ ! -x /usr/bin/chromium ]; then echo 'skipped: no /usr/bin/chromium (spec/install-deps.sh installs it)'; exit 77; fi; exec \"$0\" --test \"$1\""
+            ${TG_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/browser/newcomer_console.test.mjs)
+  set_tests_properties(browser.newcomer_console PROPERTIES
+    ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate"
+    LABELS "newcomer;admin-ui;browser" TIMEOUT 240 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+endif()
+

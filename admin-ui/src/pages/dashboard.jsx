@@ -5,6 +5,7 @@ import { useEffect, useMemo, useState } from 'preact/hooks';
 import { api, fetchMetrics, listAll } from '../api.js';
 import { Chart } from '../chart.jsx';
 import { Empty, ErrorBox, PageHead, Spinner } from '../components.jsx';
+import { Guide } from '../guide.jsx';
 import { money, ms, num } from '../format.js';
 import { parsePrometheus, ratePoint, refusalRows, summarize } from '../metrics.js';
 import { REASONS, RefusalsTable } from '../refusals.jsx';
@@ -177,6 +178,7 @@ export function Dashboard() {
   return (
     <div data-tick={tick}>
       <PageHead title="Dashboard" sub={`Live from GET /metrics every ${POLL_MS / 1000} s; spend from the usage summary.`} />
+      <Guide />
       {error && <ErrorBox error={{ plain: `Cannot read the gateway's metrics: ${error.plain || error.message}` }} />}
       {!last && !error && <Spinner label="Reading the gateway's metrics…" />}
       {last && (
