@@ -27,3 +27,5 @@ if(TG_ADMIN_UI_BUILT)
     LABELS "newcomer;admin-ui;browser" TIMEOUT 240 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
 endif()
 
+# spec/openapi.yaml: Redocly's lint, and the live admin API validated against it.
+tg_services_test(newcomer_openapi ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_openapi.test.mjs "newcomer;integration" 120)
