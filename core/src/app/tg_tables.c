@@ -18,7 +18,7 @@ static const char *const status_active_suspended[] = {"active", "suspended", NUL
 static const char *const status_active_revoked[] = {"active", "revoked", NULL};
 static const char *const status_active_disabled[] = {"active", "disabled", NULL};
 static const char *const roles[] = {"owner", "admin", "member", NULL};
-static const char *const providers[] = {"openai", "anthropic", NULL};
+static const char *const providers[] = {"openai", "anthropic", "gemini", NULL};
 static const char *const kinds[] = {"metered", "subscription", NULL};
 
 /* In the order of the admin API's answers; a state file's item is keyed by its first
