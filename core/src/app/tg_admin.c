@@ -53,7 +53,7 @@ const char *const tg_admin_routes[] = {
     "DELETE /admin/api/v1/prices/{model}", "GET /admin/api/v1/usage",
     "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/ledger",          "GET /admin/api/v1/plugins",
     "POST /admin/api/v1/plugins/reload",  "GET /admin/api/v1/plugins/capture",
-    "GET /admin/api/v1/plugins/capture/download", NULL,
+    "GET /admin/api/v1/plugins/capture/download", "POST /admin/api/v1/plugins/validate", NULL,
 };
 
 /* ---- request context ----------------------------------------------------------------- */
@@ -135,6 +135,46 @@ static void capture_route(tg_request_t *req, int nseg) {
                          "Cache-Control: no-store\r\nContent-Disposition: attachment; filename=\"capture.jsonl\"\r\n",
                          buf ? buf : "", n);
     free(buf);
+}
+
+/* POST plugins/validate {"name", "source", "config_lua"?}: an uploaded policy checked as a
+ * reload would check it (tg_plugins_validate_source), nothing saved. 200 with what it
+ * declares, or 422 policy_invalid naming the problem (file and line for Lua errors). */
+static void validate_policy(tg_request_t *req) {
+    json_error_t jerr;
+    /* NUL bytes are let through to be refused in words (bytecode holds them). */
+    json_t *body = json_loadb(req->body.data ? req->body.data : "", req->body.len,
+                              JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    json_t *name = json_object_get(body, "name"), *src = json_object_get(body, "source");
+    json_t *conf = json_object_get(body, "config_lua");
+    if (!json_is_object(body) || !json_is_string(name) || !json_is_string(src) || (conf && !json_is_string(conf))) {
+        reply_error(req, 400, "invalid_request",
+                    "expected {\"name\": \"<policy>\", \"source\": \"<Lua source>\", \"config_lua\": \"{...}\" (optional)}");
+        json_decref(body);
+        return;
+    }
+    char version[64] = "", hooks[256] = "", err[1024] = "";
+    int rc = tg_plugins_validate_source(json_string_value(name), json_string_value(src), json_string_length(src),
+                                        conf ? json_string_value(conf) : NULL, version, hooks, err, sizeof(err));
+    tg_buf_t b;
+    tg_buf_init(&b);
+    if (rc == TG_OK) {
+        tg_buf_appends(&b, "{\"ok\":true,\"name\":\"");
+        tg_buf_append_json_escaped(&b, json_string_value(name), json_string_length(name));
+        tg_buf_appends(&b, "\",\"version\":\"");
+        tg_buf_append_json_escaped(&b, version, strlen(version));
+        tg_buf_appends(&b, "\",\"hooks\":\"");
+        tg_buf_append_json_escaped(&b, hooks, strlen(hooks));
+        tg_buf_appends(&b, "\"}");
+        reply_json(req, 200, b.data, b.len);
+    } else {
+        tg_buf_appends(&b, "{\"error\":{\"message\":\"");
+        tg_buf_append_json_escaped(&b, err, strlen(err));
+        tg_buf_appends(&b, "\",\"type\":\"invalid_request_error\",\"code\":\"policy_invalid\"}}");
+        reply_json(req, 422, b.data, b.len);
+    }
+    tg_buf_free(&b);
+    json_decref(body);
 }
 
 /* Maps a database error to a client error in plain words where it is the client's fault
@@ -883,6 +923,8 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             free(s);
         } else if (!strcmp(seg[1], "capture") && (nseg == 2 || !strcmp(seg[2], "download")) && m == HTTP_GET) {
             capture_route(req, nseg);
+        } else if (nseg == 2 && !strcmp(seg[1], "validate") && m == HTTP_POST) {
+            validate_policy(req);
         } else if (nseg == 2 && !strcmp(seg[1], "reload") && m == HTTP_POST) {
             char err[512] = "";
             long gen = tg_plugins_request_reload(err, sizeof(err));
