@@ -24,6 +24,7 @@
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_quota.h"
 #include "tollgate/tg_redis.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_tables.h"
@@ -46,7 +47,7 @@ const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/keys/{id}",        "PATCH /admin/api/v1/keys/{id}",
     "DELETE /admin/api/v1/keys/{id}",     "GET /admin/api/v1/accounts",
     "POST /admin/api/v1/accounts",        "GET /admin/api/v1/accounts/{id}",
-    "POST /admin/api/v1/accounts/{id}/test",
+    "POST /admin/api/v1/accounts/{id}/test", "GET /admin/api/v1/accounts/{id}/quota",
     "PATCH /admin/api/v1/accounts/{id}",  "DELETE /admin/api/v1/accounts/{id}",
     "GET /admin/api/v1/prices",           "POST /admin/api/v1/prices",
     "GET /admin/api/v1/prices/{model}",   "PATCH /admin/api/v1/prices/{model}",
@@ -661,6 +662,81 @@ static void key_tenant_cb(void *ud, const PGresult *res, const char *err) {
                     "the key's requests in flight could not be checked (Redis is unavailable); try again");
 }
 
+/* ---- an account's learned quota (the fleet's copy in Redis) ----------------------- */
+
+static void quota_cb(void *ud, redisReply *r, const char *err) {
+    actx_t *a = ud;
+    a->holds_q = NULL;
+    if (err) {
+        reply_error(a->req, 503, "limiter_unavailable", "Redis is unavailable; try again");
+        return;
+    }
+    int64_t now = (int64_t)tg_wall_ms();
+    tg_quota_t q;
+    int known = r && r->type == REDIS_REPLY_STRING && tg_quota_decode(&q, r->str, r->len);
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_printf(&b, "{\"account_id\":%s,\"now_ms\":%lld,\"stale_ms\":%d", a->key_id, (long long)now,
+                  a->req->worker->gw->cfg->routing.quota_stale_ms);
+    if (!known) {
+        tg_buf_appends(&b, ",\"known\":false}");
+    } else {
+        static const char *const lims[TG_QL__COUNT] = {"requests", "tokens", "input_tokens", "output_tokens"};
+        static const char *const wins[TG_QW__COUNT] = {"short", "long"};
+        static const char *const sts[] = {"unknown", "allowed", "warning", "rejected"};
+        double reset, headroom = tg_quota_headroom(&q, now, &reset);
+        tg_buf_printf(&b, ",\"known\":true,\"learned_at_ms\":%lld,\"blocked_until_ms\":%lld,\"headroom\":",
+                      (long long)q.at_ms, (long long)tg_quota_blocked_until(&q, now, 1));
+        if (headroom < 0)
+            tg_buf_appends(&b, "null");
+        else
+            tg_buf_printf(&b, "%.4f", headroom);
+        tg_buf_printf(&b, ",\"plan\":{\"status\":\"%s\",\"reset_at_ms\":%lld},\"limits\":[", sts[q.plan_status],
+                      (long long)q.plan_reset_ms);
+        int n = 0;
+        for (int i = 0; i < TG_QL__COUNT; i++) {
+            const tg_quota_limit_t *l = &q.lim[i];
+            if (l->limit < 0 && l->remaining < 0)
+                continue;
+            tg_buf_printf(&b, "%s{\"name\":\"%s\",\"limit\":%lld,\"remaining\":%lld,\"reset_at_ms\":%lld}",
+                          n++ ? "," : "", lims[i], (long long)l->limit, (long long)l->remaining,
+                          (long long)l->reset_at_ms);
+        }
+        tg_buf_appends(&b, "],\"windows\":[");
+        n = 0;
+        for (int i = 0; i < TG_QW__COUNT; i++) {
+            const tg_quota_window_t *w = &q.win[i];
+            if (w->used < 0 && !w->reset_at_ms && !w->status)
+                continue;
+            tg_buf_printf(&b, "%s{\"name\":\"%s\",\"used\":", n++ ? "," : "", wins[i]);
+            if (w->used < 0)
+                tg_buf_appends(&b, "null");
+            else
+                tg_buf_printf(&b, "%.4f", w->used);
+            tg_buf_printf(&b, ",\"reset_at_ms\":%lld,\"window_ms\":%lld,\"status\":\"%s\"}",
+                          (long long)w->reset_at_ms, (long long)w->window_ms, sts[w->status]);
+        }
+        tg_buf_appends(&b, "]}");
+    }
+    reply_json(a->req, 200, b.data, b.len);
+    tg_buf_free(&b);
+}
+
+static void account_quota(actx_t *a, const char *id) {
+    tg_redis_t *redis = tg_state_redis(a->req->worker->ctx->state);
+    snprintf(a->key_id, sizeof(a->key_id), "%.20s", id); /* digits only (is_digits) */
+    if (!redis) {
+        quota_cb(a, NULL, NULL);
+        return;
+    }
+    char key[48];
+    snprintf(key, sizeof(key), "{a:%s}:quota", a->key_id);
+    const char *argv[2] = {"GET", key};
+    a->holds_q = tg_redis_command(redis, quota_cb, a, 2, argv, NULL);
+    if (!a->holds_q)
+        reply_error(a->req, 503, "limiter_unavailable", "Redis is unavailable; try again");
+}
+
 static void delete_row(actx_t *a, const char *id) {
     if (!strcmp(a->res->name, "keys")) {
         tg_pg_t *pg = tg_state_pg(a->req->worker->ctx->state);
@@ -996,6 +1072,11 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             tg_acctest_start(req, atoll(seg[1]), &a->test);
         else
             reply_error(req, 405, "method_not_allowed", "use POST");
+    } else if (nseg == 3 && !strcmp(r->name, "accounts") && !strcmp(seg[2], "quota")) {
+        if (m == HTTP_GET)
+            account_quota(a, seg[1]);
+        else
+            reply_error(req, 405, "method_not_allowed", "use GET");
     } else if (nseg == 3 && !strcmp(r->name, "tenants") && !strcmp(seg[2], "topup")) {
         if (m == HTTP_POST)
             topup(a, seg[1]);
