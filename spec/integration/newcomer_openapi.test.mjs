@@ -123,13 +123,15 @@ test('every answer of the live admin API validates against its operation in the 
   const k = (await call('POST', '/keys', { tenant_id: t.id, user_id: u.id, group_id: g.id, name: 'k1', rpm: 60, rpm_burst: 10, budget: '5' })).json;
   assert.match(k.key, /^tg-/);
   await call('POST', `/tenants/${t.id}/topup`, { amount: '2.50', note: 'invoice 7' });
+  // The account's provider reports its quota (read back by GET /accounts/{id}/quota).
+  await (await fetch(`${mock.url}/_mock/quota`, { method: 'POST', body: JSON.stringify({ credential: 'sk-up-1', style: 'unified', limit: 100 }) })).text();
   const billed = await chat(gw, k.key, chatReq('mock-gpt'));
   assert.equal(billed.status, 200, billed.text);
 
   // Every read, with and without filters.
   for (const p of ['/tenants', `/tenants/${t.id}`, '/users', `/users?tenant_id=${t.id}`, `/users/${u.id}`, '/groups', `/groups/${g.id}`,
     '/keys', `/keys?tenant_id=${t.id}&limit=1`, `/keys/${k.id}`, '/accounts', `/accounts/${acct.id}`, '/prices', '/prices/mock-gpt',
-    `/ledger?tenant_id=${t.id}`, '/ledger?kind=usage&limit=1', '/plugins', '/plugins/capture']) {
+    `/accounts/${acct.id}/quota`, `/ledger?tenant_id=${t.id}`, '/ledger?kind=usage&limit=1', '/plugins', '/plugins/capture']) {
     const r = await call('GET', p);
     assert.equal(r.status, 200, `${p}: ${r.text}`);
   }
