@@ -163,6 +163,9 @@ test('every answer of the live admin API validates against its operation in the 
   const tested = await call('POST', `/accounts/${acct.id}/test`, { model: 'mock-gpt' });
   assert.equal(tested.json.ok, true, tested.text);
   await call('POST', '/plugins/reload');
+  const policy = 'return { name = "ok-policy", priority = 1, version = "1.0.0", price = function(ctx) ctx:set_cost(1) end }';
+  assert.equal((await call('POST', '/plugins/validate', { name: 'ok-policy', source: policy })).status, 200);
+  assert.equal((await call('POST', '/plugins/validate', { name: 'ok-policy', source: 'return {' })).status, 422);
 
   // Errors, each in its documented shape.
   assert.equal((await call('GET', '/tenants', undefined, { token: null })).status, 401);
