@@ -45,6 +45,9 @@ export function summarize(series, t = Date.now()) {
     upstreamErrors: 0,
     clientAborts: 0,
     refusals: {},     // the gateway's own error answers by code (tollgate_refusals_total)
+    stickyBound: 0,   // requests of a bound conversation (tollgate_sticky_bound_total)
+    stickyHits: 0,    // of those, sent to the bound account
+    quotaSkips: 0,    // accounts passed over because their provider said they were spent
   };
   const buckets = new Map();
   for (const m of series) {
@@ -88,6 +91,15 @@ export function summarize(series, t = Date.now()) {
         break;
       case 'tollgate_refusals_total':
         s.refusals[m.labels.code] = m.value;
+        break;
+      case 'tollgate_sticky_bound_total':
+        s.stickyBound = m.value;
+        break;
+      case 'tollgate_sticky_hits_total':
+        s.stickyHits = m.value;
+        break;
+      case 'tollgate_quota_skips_total':
+        s.quotaSkips = m.value;
         break;
       default:
         break;

@@ -168,3 +168,29 @@ test('refusals by reason: counts since start and between two samples, largest re
   ]);
   assert.deepEqual(refusalRows(null, a), [{ code: 'invalid_api_key', total: 5, recent: 0 }]);
 });
+
+test('quotaLines: windows and limits with the share used and the countdown to the reset (quota #20)', async () => {
+  const { countdown, quotaLines } = await import('../../admin-ui/src/quota.js');
+  assert.equal(countdown(12_000), '12 s');
+  assert.equal(countdown(7 * 60_000), '7 min');
+  assert.equal(countdown(3 * 3_600_000), '3 h');
+  assert.equal(countdown(-5), '0 s');
+  const now = 1_000_000;
+  const q = {
+    known: true,
+    now_ms: now + 500, // the gateway's clock runs 500 ms ahead of the browser's
+    blocked_until_ms: now + 60_500,
+    windows: [{ name: 'short', used: 1, reset_at_ms: now + 60_500, window_ms: 18e6, status: 'rejected' },
+      { name: 'long', used: 0.25, reset_at_ms: now + 500 + 2 * 86_400_000, window_ms: 6048e5, status: 'allowed' }],
+    limits: [{ name: 'input_tokens', limit: 40000, remaining: 30000, reset_at_ms: now + 500 + 30_000 }],
+  };
+  const lines = quotaLines(q, now);
+  assert.deepEqual(lines.map((l) => [l.label, l.text, l.reset, l.spent]), [
+    ['5 h', '100%', '60 s', true],
+    ['7 d', '25%', '2 d', false],
+    ['input tokens', '30,000 / 40,000 left', '30 s', false],
+  ]);
+  assert.equal(lines[2].used, 0.25);
+  assert.deepEqual(quotaLines({ known: false }, now), []);
+  assert.deepEqual(quotaLines(null, now), []);
+});

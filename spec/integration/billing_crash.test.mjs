@@ -22,6 +22,7 @@ import {
   costOf,
   count,
   ledger,
+  ledgerRows,
   liveMoney,
   liveReservation,
   mockInputTokens,
@@ -104,7 +105,7 @@ test('kill -9 mid-stream, restart: the reconciler charges the reserved bound onc
   assert.equal(m.balance, before.balance - R, 'debited once');
   assert.equal(m.keySpend, before.keySpend + R);
   assert.equal((await liveMoney(bill)).avail, m.balance);
-  assert.equal(await count(bill, 'ledger', `request_id = '${id}'`), 1);
+  assert.deepEqual(await ledgerRows(bill, id), [{ kind: 'usage', amount: -R }], 'one ledger debit');
 
   const v = await ledger(bill, 'verify');
   assert.equal(v.code, 0, `ledger verify:\n${v.stdout}${v.stderr}`);

@@ -173,7 +173,7 @@ test('Postgres goes away again while the spool is replayed: the replay is kept a
   const replaysBefore = replays();
   await pg.start();
   const locker = spawn('psql', ['-X', '-q', '-d', bill.conninfo, '-c',
-    'BEGIN; LOCK TABLE billing_dedup IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(60); COMMIT;'],
+    'BEGIN; LOCK TABLE usage IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(60); COMMIT;'],
   { stdio: 'ignore', env: { ...process.env, PGAPPNAME: 'tg-billing-locker' } });
   const lockerExit = new Promise((resolve) => locker.on('exit', resolve));
   try {

@@ -63,7 +63,7 @@ test('the same settlement replayed 100 times concurrently bills once', async () 
   assert.equal(rows[0].cost, cost);
   assert.equal(rows[0].input_tokens, 400);
   assert.equal(rows[0].output_tokens, 1000);
-  assert.deepEqual(await ledgerRows(bill, id), [{ kind: 'usage', amount: -cost }], 'one ledger row');
+  assert.deepEqual(await ledgerRows(bill, id), [{ kind: 'usage', amount: -cost }], 'debited once in the ledger');
   const m = await accountsMoney(bill);
   assert.equal(m.balance, before.balance - cost, 'balance debited once');
   assert.equal(m.spend, before.spend + cost, 'tenant spend added once');
@@ -128,7 +128,8 @@ test('a batch of 200 replayed from 10 connections at once (and repeated inside a
   assert.equal(new Set(settledIds).size, 200, 'each request id settled by exactly one connection');
 
   assert.equal(await count(bill, 'usage') - usageBefore, 200, '200 new usage rows');
-  assert.equal(await count(bill, 'ledger', "request_id LIKE 'replay-batch-%'"), 200, '200 ledger rows');
+  assert.equal(await count(bill, 'usage', "request_id LIKE 'replay-batch-%' AND ledger_id IN (SELECT id FROM ledger WHERE kind = 'usage')"),
+    200, 'each in a ledger entry');
   assert.equal(await count(bill, 'reservations', "request_id LIKE 'replay-batch-%' AND state = 'reconciled'"), 200);
   const m = await accountsMoney(bill);
   assert.equal(m.balance, before.balance - total, 'the batch debited its total once');

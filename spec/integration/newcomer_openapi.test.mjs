@@ -122,16 +122,16 @@ test('every answer of the live admin API validates against its operation in the 
   const u = (await call('POST', '/users', { tenant_id: t.id, email: 'ops@example.com', name: 'Ops', role: 'admin' })).json;
   const k = (await call('POST', '/keys', { tenant_id: t.id, user_id: u.id, group_id: g.id, name: 'k1', rpm: 60, rpm_burst: 10, budget: '5' })).json;
   assert.match(k.key, /^tg-/);
-  const bud = (await call('POST', '/budgets', { name: 'b1', api_key_id: k.id, amount: '3', period: 'day',
-    timezone: 'Europe/Berlin', thresholds: [50, 100], webhook_url: 'http://127.0.0.1:9/hook', webhook_secret: 'whsec-1' })).json;
   await call('POST', `/tenants/${t.id}/topup`, { amount: '2.50', note: 'invoice 7' });
+  // The account's provider reports its quota (read back by GET /accounts/{id}/quota).
+  await (await fetch(`${mock.url}/_mock/quota`, { method: 'POST', body: JSON.stringify({ credential: 'sk-up-1', style: 'unified', limit: 100 }) })).text();
   const billed = await chat(gw, k.key, chatReq('mock-gpt'));
   assert.equal(billed.status, 200, billed.text);
 
   // Every read, with and without filters.
   for (const p of ['/tenants', `/tenants/${t.id}`, '/users', `/users?tenant_id=${t.id}`, `/users/${u.id}`, '/groups', `/groups/${g.id}`,
-    '/keys', `/keys?tenant_id=${t.id}&limit=1`, `/keys/${k.id}`, '/accounts', `/accounts/${acct.id}`, '/prices', '/prices/mock-gpt', '/budgets', `/budgets/${bud.id}`,
-    `/ledger?tenant_id=${t.id}`, '/ledger?kind=usage&limit=1', '/plugins', '/plugins/capture']) {
+    '/keys', `/keys?tenant_id=${t.id}&limit=1`, `/keys/${k.id}`, '/accounts', `/accounts/${acct.id}`, '/prices', '/prices/mock-gpt',
+    `/accounts/${acct.id}/quota`, `/ledger?tenant_id=${t.id}`, '/ledger?kind=usage&limit=1', '/plugins', '/plugins/capture']) {
     const r = await call('GET', p);
     assert.equal(r.status, 200, `${p}: ${r.text}`);
   }
@@ -160,10 +160,12 @@ test('every answer of the live admin API validates against its operation in the 
   await call('PATCH', `/keys/${k.id}`, { concurrency: 4, expires_at: null, allowed_models: ['mock-gpt'], ip_allow: ['127.0.0.0/8'] });
   await call('PATCH', `/accounts/${acct.id}`, { weight: 50, status: 'active' });
   await call('PATCH', '/prices/mock-gpt', { reasoning: '0.9' });
-  await call('PATCH', `/budgets/${bud.id}`, { amount: '4', thresholds: [80] });
   const tested = await call('POST', `/accounts/${acct.id}/test`, { model: 'mock-gpt' });
   assert.equal(tested.json.ok, true, tested.text);
   await call('POST', '/plugins/reload');
+  const policy = 'return { name = "ok-policy", priority = 1, version = "1.0.0", price = function(ctx) ctx:set_cost(1) end }';
+  assert.equal((await call('POST', '/plugins/validate', { name: 'ok-policy', source: policy })).status, 200);
+  assert.equal((await call('POST', '/plugins/validate', { name: 'ok-policy', source: 'return {' })).status, 422);
 
   // Errors, each in its documented shape.
   assert.equal((await call('GET', '/tenants', undefined, { token: null })).status, 401);
@@ -183,7 +185,6 @@ test('every answer of the live admin API validates against its operation in the 
   assert.equal((await call('DELETE', '/prices/m-2')).status, 204);
   const a2 = (await call('POST', '/accounts', { name: 'a2', provider: 'anthropic', base_url: `${mock.url}/v1` })).json;
   assert.equal((await call('DELETE', `/accounts/${a2.id}`)).status, 204);
-  assert.equal((await call('DELETE', `/budgets/${bud.id}`)).status, 204);
   const t2 = (await call('POST', '/tenants', { name: 't2' })).json;
   assert.equal((await call('DELETE', `/tenants/${t2.id}`)).status, 204);
   const g2 = (await call('POST', '/groups', { name: 'g2' })).json;
@@ -198,6 +199,36 @@ test('every answer of the live admin API validates against its operation in the 
     }
   }
   assert.deepEqual(missed, []);
+});
+
+test("the tables' schemas hold core/src/app/tg_tables.c's columns, their enums and nullability", () => {
+  const src = fs.readFileSync(path.join(REPO, 'core/src/app/tg_tables.c'), 'utf8');
+  const enums = Object.fromEntries([...src.matchAll(/static const char \*const (\w+)\[\] = \{([^}]*)\};/g)]
+    .map((m) => [m[1], [...m[2].matchAll(/"([^"]+)"/g)].map((x) => x[1])]));
+  const tables = { tenant_cols: 'Tenant', user_cols: 'User', group_cols: 'Group', key_cols: 'ApiKey', account_cols: 'Account', price_cols: 'ModelPrice' };
+  const drift = [];
+  for (const [arr, schema] of Object.entries(tables)) {
+    const body = new RegExp(`static const tg_column_t ${arr}\\[\\] = \\{([\\s\\S]*?)\\n\\};`).exec(src)?.[1];
+    assert.ok(body, arr);
+    const props = doc.components.schemas[schema].properties;
+    for (const m of body.matchAll(/\{"([^"]+)", TG_COL_(\w+), TG_COL_(\w+), (\d), (\d), (\w+),/g)) {
+      const [, name, , , , nullable, en] = m;
+      const p = props[name];
+      if (!p) {
+        drift.push(`${schema}.${name}: a column of tg_tables.c the spec does not have`);
+        continue;
+      }
+      const flat = p.oneOf ? p.oneOf : [p];
+      const types = flat.flatMap((x) => [].concat(x.type ?? []));
+      if (nullable === '1' && !types.includes('null')) drift.push(`${schema}.${name}: nullable in tg_tables.c, not in the spec`);
+      if (en !== 'NULL') {
+        const want = enums[en];
+        const got = (p.enum || []).filter((x) => x !== null);
+        if (JSON.stringify(got) !== JSON.stringify(want)) drift.push(`${schema}.${name}: enum ${JSON.stringify(got)}, tg_tables.c ${JSON.stringify(want)}`);
+      }
+    }
+  }
+  assert.deepEqual(drift, []);
 });
 
 test('the check fails on an answer that drifts from the spec (a missing rpm_burst, an undocumented field, a wrong type)', async () => {

@@ -61,7 +61,7 @@ test('the sample answer has a usage row and a ledger entry of the printed cost, 
   const rid = qs.out.TOLLGATE_SAMPLE_REQUEST;
   assert.match(rid, /^[0-9a-f]+$/);
   const rows = qsPsql(qs, `SELECT u.cost, t.name, k.name, g.name, a.name, u.model, u.estimated,
-      (SELECT string_agg(amount::text || ' ' || kind, ',') FROM ledger l WHERE l.request_id = u.request_id)
+      (SELECT string_agg(amount::text || ' ' || kind, ',') FROM ledger l WHERE l.request_id = u.request_id OR l.id = u.ledger_id)
     FROM usage u JOIN tenants t ON t.id = u.tenant_id JOIN api_keys k ON k.id = u.api_key_id
     JOIN groups g ON g.id = u.group_id JOIN accounts a ON a.id = u.account_id WHERE u.request_id = '${rid}'`);
   assert.equal(rows.length, 1, `one usage row for ${rid}`);

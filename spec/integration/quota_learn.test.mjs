@@ -14,9 +14,10 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
+import { adminClient } from './lib/db.mjs';
 import { credOf, diff, sendMany, sleep, startRouting, statuses } from './lib/routing.mjs';
 
-const WINDOW_MS = 4000;
+const WINDOW_MS = 10000; // long enough for a loaded CI box to exhaust, check and start an instance within one
 let rt;
 
 before(async () => {
@@ -68,6 +69,17 @@ test('accounts whose headers say they are spent get nothing until the reset (Cod
   const skips = await metric('tollgate_quota_skips_total');
   await exhaust(['a', 'b'], 'c', 'codex+anthropic');
   assert.ok((await metric('tollgate_quota_skips_total')) > skips, 'skips counted in /metrics');
+  // What the console shows: the fleet's copy, through the admin API.
+  const admin = adminClient(rt.gw);
+  const qa = (await admin.get(`/accounts/${(await rt.account('a')).id}/quota`)).json;
+  assert.equal(qa.known, true, JSON.stringify(qa));
+  assert.equal(qa.windows[0].name, 'short');
+  assert.equal(qa.windows[0].used, 1);
+  assert.ok(qa.blocked_until_ms > qa.now_ms && qa.blocked_until_ms <= qa.now_ms + WINDOW_MS, JSON.stringify(qa));
+  const qb = (await admin.get(`/accounts/${(await rt.account('b')).id}/quota`)).json;
+  assert.deepEqual(qb.limits.map((l) => [l.name, l.limit, l.remaining]), [['requests', 4, 0]], JSON.stringify(qb));
+  const qc = (await admin.get(`/accounts/${(await rt.account('c')).id}/quota`)).json;
+  assert.equal(qc.blocked_until_ms, 0, JSON.stringify(qc));
   assert.ok((await metric('tollgate_quota_values_total')) > 0, 'values counted in /metrics');
 });
 

@@ -49,9 +49,12 @@ test('migrate from an empty database applies every migration once, then is a no-
   }
   const tables = await db.tables();
   for (const t of ['tenants', 'users', 'groups', 'api_keys', 'accounts', 'account_groups', 'model_prices',
-    'reservations', 'billing_dedup', 'usage', 'ledger']) {
+    'reservations', 'usage', 'ledger']) {
     assert.ok(tables.includes(t), `table ${t} exists (have ${tables.join(', ')})`);
   }
+  // 0006 ran: the dedup is the usage row's key, billing_dedup a view over usage.
+  assert.ok(!tables.includes('billing_dedup'));
+  assert.equal(await db.scalar("SELECT count(*) FROM information_schema.views WHERE table_name = 'billing_dedup'"), '1');
   // 0002 ran: the limit columns exist.
   const cols = await db.query("SELECT table_name, column_name FROM information_schema.columns WHERE column_name IN ('rpm_burst', 'concurrency') AND table_schema = 'public'");
   assert.ok(cols.some((c) => c.table_name === 'tenants' && c.column_name === 'rpm_burst'));

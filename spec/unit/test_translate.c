@@ -35,6 +35,8 @@
 #define GOLDEN_DIR TG_SOURCE_DIR "/spec/golden/translate"
 /* The cases of issue #15 (label fidelity): the same format, run the same way. */
 #define FIDELITY_DIR TG_SOURCE_DIR "/spec/golden/fidelity"
+/* The cases of issue #19 (label providers): Gemini, the same format. */
+#define GEMINI_DIR TG_SOURCE_DIR "/spec/golden/gemini"
 
 /* ---- files -------------------------------------------------------------------------- */
 
@@ -77,6 +79,8 @@ static tg_proto_t proto_of(const char *name) {
         return TG_PROTO_RESPONSES;
     if (!strcmp(name, "embeddings"))
         return TG_PROTO_EMBEDDINGS;
+    if (!strcmp(name, "gemini"))
+        return TG_PROTO_GEMINI;
     fprintf(stderr, "unknown protocol %s\n", name);
     exit(1);
 }
@@ -499,6 +503,58 @@ TG_TEST(translate, golden_streams_from_responses) { run_kind("stream", "response
 TG_TEST(fidelity, golden_requests) { run_dir_kind(FIDELITY_DIR, "request", NULL, run_request, 1); }
 TG_TEST(fidelity, golden_responses) { run_dir_kind(FIDELITY_DIR, "response", NULL, run_response, 1); }
 TG_TEST(fidelity, golden_streams) { run_dir_kind(FIDELITY_DIR, "stream", NULL, run_stream_case, 1); }
+
+/* Issue #19's Gemini cases (spec/golden/gemini), registered as `tg_unit providers`. */
+TG_TEST(providers, gemini_requests) { run_dir_kind(GEMINI_DIR, "request", NULL, run_request, 5); }
+TG_TEST(providers, gemini_responses) { run_dir_kind(GEMINI_DIR, "response", NULL, run_response, 5); }
+TG_TEST(providers, gemini_streams) { run_dir_kind(GEMINI_DIR, "stream", NULL, run_stream_case, 5); }
+
+/* Gemini is an upstream protocol only; its path carries the model and the method. */
+TG_TEST(providers, gemini_pairs_and_path) {
+    for (int c = 0; c < 3; c++) {
+        ASSERT_EQ_INT(tg_translate_supported((tg_proto_t)c, TG_PROTO_GEMINI), 1);
+        ASSERT_EQ_INT(tg_translate_supported(TG_PROTO_GEMINI, (tg_proto_t)c), 1);
+        tg_xlate_t *x = tg_xlate_create(TG_PROTO_GEMINI, (tg_proto_t)c, "m", "r");
+        ASSERT(x != NULL);
+        tg_xlate_destroy(x);
+    }
+    ASSERT_EQ_INT(tg_translate_supported(TG_PROTO_GEMINI, TG_PROTO_GEMINI), 0);
+    ASSERT_EQ_INT(tg_translate_supported(TG_PROTO_EMBEDDINGS, TG_PROTO_GEMINI), 0);
+    ASSERT(tg_xlate_create(TG_PROTO_OPENAI_CHAT, TG_PROTO_GEMINI, "m", "r") == NULL);
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_translate_gemini_path("gemini-2.5-flash", 0, &b);
+    ASSERT_MEM(b.data, b.len, "/models/gemini-2.5-flash:generateContent");
+    tg_buf_reset(&b);
+    tg_translate_gemini_path("tuned/x y", 1, &b);
+    ASSERT_MEM(b.data, b.len, "/models/tuned%2Fx%20y:streamGenerateContent?alt=sse");
+    tg_buf_free(&b);
+}
+
+/* Gemini's usageMetadata normalised: prompt includes the cached tokens, thoughts are
+ * output not in candidates. */
+TG_TEST(providers, gemini_usage) {
+    const char *d = "{\"candidates\":[],\"usageMetadata\":{\"promptTokenCount\":100,\"candidatesTokenCount\":5,"
+                    "\"cachedContentTokenCount\":60,\"thoughtsTokenCount\":20,\"toolUsePromptTokenCount\":3}}";
+    tg_usage_t u = {0}, full = {0};
+    ASSERT_EQ_INT(tg_usage_merge_json(&u, TG_PROTO_GEMINI, d, strlen(d)), 1);
+    ASSERT_EQ_INT(tg_usage_merge_json_full(&full, TG_PROTO_GEMINI, d, strlen(d)), 1);
+    ASSERT(memcmp(&u, &full, sizeof(u)) == 0);
+    ASSERT_EQ_INT(u.input, 43);
+    ASSERT_EQ_INT(u.cache_read, 60);
+    ASSERT_EQ_INT(u.output, 25);
+    ASSERT_EQ_INT(u.reasoning, 20);
+    ASSERT_EQ_INT(u.known, TG_USAGE_INPUT | TG_USAGE_OUTPUT | TG_USAGE_CACHE_READ | TG_USAGE_REASONING);
+    /* A chunk before any output: output stays unknown. */
+    tg_usage_t early = {0};
+    const char *e = "{\"usageMetadata\":{\"promptTokenCount\":7,\"totalTokenCount\":7}}";
+    ASSERT_EQ_INT(tg_usage_merge_json(&early, TG_PROTO_GEMINI, e, strlen(e)), 1);
+    ASSERT_EQ_INT(early.known, TG_USAGE_INPUT);
+    /* "usage" elsewhere is not Gemini's. */
+    tg_usage_t none = {0};
+    const char *o = "{\"usage\":{\"prompt_tokens\":7}}";
+    ASSERT_EQ_INT(tg_usage_merge_json(&none, TG_PROTO_GEMINI, o, strlen(o)), 0);
+}
 
 /* ---- properties and edge cases ------------------------------------------------------ */
 

@@ -1,12 +1,14 @@
 // Upstream accounts: the pool the gateway routes to. Status, health (disabled, cooling
-// down, no credential), recent load from usage rows, enable/disable, clearing a
-// cooldown, and the groups each serves.
+// down, no credential), the quota its provider last reported (windows and limits with
+// utilisation bars and reset countdowns), recent load from usage rows, enable/disable,
+// clearing a cooldown, and the groups each serves.
 import { useEffect, useState } from 'preact/hooks';
 
 import { api, listAll } from '../api.js';
 import { Badge, Confirm, Empty, ErrorBox, Field, Form, Modal, Notice, PageHead, Select, Spinner, Table, useLoad } from '../components.jsx';
 import { ago, ms, num, splitList, when } from '../format.js';
 import { navigate } from '../router.js';
+import { countdown, quotaLines } from '../quota.js';
 
 export function health(a, now = Date.now()) {
   if (a.problem) return { kind: 'bad', text: 'broken', why: a.problem };
@@ -18,6 +20,32 @@ export function health(a, now = Date.now()) {
   }
   if (!a.has_credential) return { kind: 'warn', text: 'no credential' };
   return { kind: 'ok', text: 'ok' };
+}
+
+function QuotaCell({ q }) {
+  const lines = quotaLines(q);
+  if (!lines.length) return <span class="muted" title="the provider sent no quota headers the gateway could read (or they expired)">not reported</span>;
+  return (
+    <div class="quota" data-testid="account-quota">
+      {q.blocked_until_ms > 0 && (
+        <Badge kind="warn" title="passed over until its provider's reset">
+          spent · {countdown(q.blocked_until_ms - q.now_ms)}
+        </Badge>
+      )}
+      {lines.map((l) => (
+        <div key={l.key} class="quota-line" title={l.title}>
+          <span class="quota-label">{l.label}</span>
+          <span class="quota-bar" role="meter" aria-label={`${l.label} used`} aria-valuemin="0" aria-valuemax="100" aria-valuenow={l.used == null ? 0 : Math.round(l.used * 100)}>
+            <span class={l.spent ? 'quota-fill bad-fill' : 'quota-fill'} style={{ width: `${Math.round(Math.min(1, Math.max(0, l.used ?? 0)) * 100)}%` }} />
+          </span>
+          <span class="small-text">
+            {l.text}
+            {l.reset && <> · resets in {l.reset}</>}
+          </span>
+        </div>
+      ))}
+    </div>
+  );
 }
 
 function AccountForm({ account, groups, onDone, onCancel }) {
@@ -62,7 +90,7 @@ function AccountForm({ account, groups, onDone, onCancel }) {
         <input name="name" defaultValue={account?.name ?? ''} placeholder="openai-main" />
       </Field>
       <Field label="Provider">
-        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic']]} />
+        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini']]} />
       </Field>
       <Field label="Base URL" hint="e.g. https://api.openai.com/v1" wide>
         <input name="base_url" defaultValue={account?.base_url ?? ''} placeholder="https://api.openai.com/v1" />
@@ -217,7 +245,11 @@ const USAGE_MS = 30000;
 export function Accounts() {
   const { data, error, loading, reload } = useLoad(async () => {
     const [accounts, groups] = await Promise.all([listAll('/accounts'), listAll('/groups')]);
-    return { accounts, groups };
+    // What each account's provider last said (the fleet's copy in Redis); one small GET each.
+    const quota = Object.fromEntries(
+      await Promise.all(accounts.map(async (a) => [a.id, await api.get(`/accounts/${a.id}/quota`).catch(() => null)])),
+    );
+    return { accounts, groups, quota };
   });
   const usage = useLoad(async () => {
     const since = new Date(Date.now() - 3600e3).toISOString();
@@ -284,6 +316,7 @@ export function Accounts() {
         );
       },
     },
+    { key: 'quota', label: 'quota (as its provider said)', render: (a) => <QuotaCell q={data?.quota?.[a.id]} /> },
     { key: 'load', label: 'load (past hour)', render: load },
     { key: 'prio', label: 'priority / weight', render: (a) => `${a.priority} / ${a.weight}` },
     { key: 'models', label: 'models', render: (a) => (a.models?.length ? a.models.join(', ') : <span class="muted">any</span>) },

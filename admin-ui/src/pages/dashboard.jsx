@@ -211,6 +211,12 @@ export function Dashboard() {
             />
             <Stat label="Tokens" value={`${num(last.tokensIn)} in`} sub={`${num(last.tokensOut)} out since start`} />
             <Stat
+              testid="stat-sticky"
+              label="Sticky hit ratio"
+              value={last.stickyBound ? `${Math.round((100 * last.stickyHits) / last.stickyBound)}%` : '—'}
+              sub={`${num(last.stickyHits)} of ${num(last.stickyBound)} bound conversations' requests kept their account (prompt cache); ${num(last.quotaSkips)} accounts passed over as spent`}
+            />
+            <Stat
               testid="stat-spend"
               label="Spend, last 24 h"
               value={spend.error ? '—' : money(spend24)}

@@ -172,6 +172,21 @@ int tg_plugins_validate_config(const tg_plugins_config_t *cfg, const char *name,
 int tg_plugins_validate_group(const tg_plugins_config_t *cfg, const char *json, size_t len, char *err,
                               size_t errlen);
 
+/** The largest policy source tg_plugins_validate_source accepts. */
+#define TG_POLICY_SOURCE_MAX (256u * 1024)
+
+/**
+ * Validates an uploaded single-file policy (its Lua source, `name` as it would be saved
+ * in a policies folder) exactly as a reload would: size (TG_POLICY_SOURCE_MAX), no
+ * bytecode, compile in the sandbox (file and line in a syntax error), the handler's
+ * shape and name, its schema and `config_lua` (NULL: "{}") against it, `init`, and a
+ * dry call of every hook on a sample request under the budgets. On TG_OK fills
+ * version (64) and hooks (a comma-separated list, 256); else TG_ERROR with one message
+ * naming the problem in err. Any thread; blocks for at most a few max_hook_ms.
+ */
+int tg_plugins_validate_source(const char *name, const char *source, size_t len, const char *config_lua,
+                               char *version, char *hooks, char *err, size_t errlen);
+
 /**
  * `tollgate policy test POLICY --requests FILE.jsonl [...]`: runs a policy over
  * recorded request contexts and prints each decision. argv[0] is "policy". Returns

@@ -2,6 +2,8 @@
  * Translation between the LLM APIs tollgate speaks: OpenAI Chat Completions, Anthropic
  * Messages and OpenAI Responses, so that a client of one protocol can be served by an
  * upstream account of another. Embeddings only pass through (same protocol both sides).
+ * Google Gemini's generateContent is an upstream protocol only: a client of any of the
+ * three is served by it (tg_translate_gemini.c says what is carried and how).
  *
  * A pure library: no I/O, no loop, no globals; every call is thread-safe on its own
  * arguments. The gateway uses it in four places of a proxied call:
@@ -116,6 +118,13 @@ int tg_translate_supported(tg_proto_t from, tg_proto_t to);
  * (".../v1"): "/chat/completions", "/messages", "/responses" or "/embeddings".
  */
 const char *tg_translate_path(tg_proto_t proto);
+
+/**
+ * Gemini's path for `model` (percent-encoded), to append to the account's base URL
+ * (".../v1beta"): "/models/<model>:generateContent", or
+ * ":streamGenerateContent?alt=sse" for a stream.
+ */
+void tg_translate_gemini_path(const char *model, int stream, tg_buf_t *out);
 
 /** A short name for logs: "openai_chat", "anthropic", "responses", "embeddings". */
 const char *tg_translate_proto_name(tg_proto_t proto);

@@ -1,7 +1,8 @@
 /*
  * Normalised token usage, extracted from any provider's response: the non-stream JSON
  * body or the streamed events (OpenAI chat's final usage chunk, Anthropic's
- * message_start and message_delta, Responses' response.completed/incomplete).
+ * message_start and message_delta, Responses' response.completed/incomplete, Gemini's
+ * usageMetadata of every generateContent answer or streamed chunk).
  *
  * A field that the upstream did not report stays unknown (its bit in `known` is clear),
  * never zero: billing treats unknown and zero differently.
@@ -33,6 +34,7 @@ typedef enum {
     TG_PROTO_ANTHROPIC = 1,
     TG_PROTO_RESPONSES = 2,
     TG_PROTO_EMBEDDINGS = 3,
+    TG_PROTO_GEMINI = 4, /* Google's generateContent: an upstream protocol only */
 } tg_proto_t;
 
 /**

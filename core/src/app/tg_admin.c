@@ -24,6 +24,7 @@
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_quota.h"
 #include "tollgate/tg_redis.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_tables.h"
@@ -46,17 +47,14 @@ const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/keys/{id}",        "PATCH /admin/api/v1/keys/{id}",
     "DELETE /admin/api/v1/keys/{id}",     "GET /admin/api/v1/accounts",
     "POST /admin/api/v1/accounts",        "GET /admin/api/v1/accounts/{id}",
-    "POST /admin/api/v1/accounts/{id}/test",
+    "POST /admin/api/v1/accounts/{id}/test", "GET /admin/api/v1/accounts/{id}/quota",
     "PATCH /admin/api/v1/accounts/{id}",  "DELETE /admin/api/v1/accounts/{id}",
     "GET /admin/api/v1/prices",           "POST /admin/api/v1/prices",
     "GET /admin/api/v1/prices/{model}",   "PATCH /admin/api/v1/prices/{model}",
     "DELETE /admin/api/v1/prices/{model}", "GET /admin/api/v1/usage",
     "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/ledger",          "GET /admin/api/v1/plugins",
     "POST /admin/api/v1/plugins/reload",  "GET /admin/api/v1/plugins/capture",
-    "GET /admin/api/v1/plugins/capture/download", "GET /admin/api/v1/budgets",
-    "POST /admin/api/v1/budgets",         "GET /admin/api/v1/budgets/{id}",
-    "PATCH /admin/api/v1/budgets/{id}",   "DELETE /admin/api/v1/budgets/{id}",
-    NULL,
+    "GET /admin/api/v1/plugins/capture/download", "POST /admin/api/v1/plugins/validate", NULL,
 };
 
 /* ---- request context ----------------------------------------------------------------- */
@@ -138,6 +136,46 @@ static void capture_route(tg_request_t *req, int nseg) {
                          "Cache-Control: no-store\r\nContent-Disposition: attachment; filename=\"capture.jsonl\"\r\n",
                          buf ? buf : "", n);
     free(buf);
+}
+
+/* POST plugins/validate {"name", "source", "config_lua"?}: an uploaded policy checked as a
+ * reload would check it (tg_plugins_validate_source), nothing saved. 200 with what it
+ * declares, or 422 policy_invalid naming the problem (file and line for Lua errors). */
+static void validate_policy(tg_request_t *req) {
+    json_error_t jerr;
+    /* NUL bytes are let through to be refused in words (bytecode holds them). */
+    json_t *body = json_loadb(req->body.data ? req->body.data : "", req->body.len,
+                              JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    json_t *name = json_object_get(body, "name"), *src = json_object_get(body, "source");
+    json_t *conf = json_object_get(body, "config_lua");
+    if (!json_is_object(body) || !json_is_string(name) || !json_is_string(src) || (conf && !json_is_string(conf))) {
+        reply_error(req, 400, "invalid_request",
+                    "expected {\"name\": \"<policy>\", \"source\": \"<Lua source>\", \"config_lua\": \"{...}\" (optional)}");
+        json_decref(body);
+        return;
+    }
+    char version[64] = "", hooks[256] = "", err[1024] = "";
+    int rc = tg_plugins_validate_source(json_string_value(name), json_string_value(src), json_string_length(src),
+                                        conf ? json_string_value(conf) : NULL, version, hooks, err, sizeof(err));
+    tg_buf_t b;
+    tg_buf_init(&b);
+    if (rc == TG_OK) {
+        tg_buf_appends(&b, "{\"ok\":true,\"name\":\"");
+        tg_buf_append_json_escaped(&b, json_string_value(name), json_string_length(name));
+        tg_buf_appends(&b, "\",\"version\":\"");
+        tg_buf_append_json_escaped(&b, version, strlen(version));
+        tg_buf_appends(&b, "\",\"hooks\":\"");
+        tg_buf_append_json_escaped(&b, hooks, strlen(hooks));
+        tg_buf_appends(&b, "\"}");
+        reply_json(req, 200, b.data, b.len);
+    } else {
+        tg_buf_appends(&b, "{\"error\":{\"message\":\"");
+        tg_buf_append_json_escaped(&b, err, strlen(err));
+        tg_buf_appends(&b, "\",\"type\":\"invalid_request_error\",\"code\":\"policy_invalid\"}}");
+        reply_json(req, 422, b.data, b.len);
+    }
+    tg_buf_free(&b);
+    json_decref(body);
 }
 
 /* Maps a database error to a client error in plain words where it is the client's fault
@@ -624,6 +662,81 @@ static void key_tenant_cb(void *ud, const PGresult *res, const char *err) {
                     "the key's requests in flight could not be checked (Redis is unavailable); try again");
 }
 
+/* ---- an account's learned quota (the fleet's copy in Redis) ----------------------- */
+
+static void quota_cb(void *ud, redisReply *r, const char *err) {
+    actx_t *a = ud;
+    a->holds_q = NULL;
+    if (err) {
+        reply_error(a->req, 503, "limiter_unavailable", "Redis is unavailable; try again");
+        return;
+    }
+    int64_t now = (int64_t)tg_wall_ms();
+    tg_quota_t q;
+    int known = r && r->type == REDIS_REPLY_STRING && tg_quota_decode(&q, r->str, r->len);
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_printf(&b, "{\"account_id\":%s,\"now_ms\":%lld,\"stale_ms\":%d", a->key_id, (long long)now,
+                  a->req->worker->gw->cfg->routing.quota_stale_ms);
+    if (!known) {
+        tg_buf_appends(&b, ",\"known\":false}");
+    } else {
+        static const char *const lims[TG_QL__COUNT] = {"requests", "tokens", "input_tokens", "output_tokens"};
+        static const char *const wins[TG_QW__COUNT] = {"short", "long"};
+        static const char *const sts[] = {"unknown", "allowed", "warning", "rejected"};
+        double reset, headroom = tg_quota_headroom(&q, now, &reset);
+        tg_buf_printf(&b, ",\"known\":true,\"learned_at_ms\":%lld,\"blocked_until_ms\":%lld,\"headroom\":",
+                      (long long)q.at_ms, (long long)tg_quota_blocked_until(&q, now, 1));
+        if (headroom < 0)
+            tg_buf_appends(&b, "null");
+        else
+            tg_buf_printf(&b, "%.4f", headroom);
+        tg_buf_printf(&b, ",\"plan\":{\"status\":\"%s\",\"reset_at_ms\":%lld},\"limits\":[", sts[q.plan_status],
+                      (long long)q.plan_reset_ms);
+        int n = 0;
+        for (int i = 0; i < TG_QL__COUNT; i++) {
+            const tg_quota_limit_t *l = &q.lim[i];
+            if (l->limit < 0 && l->remaining < 0)
+                continue;
+            tg_buf_printf(&b, "%s{\"name\":\"%s\",\"limit\":%lld,\"remaining\":%lld,\"reset_at_ms\":%lld}",
+                          n++ ? "," : "", lims[i], (long long)l->limit, (long long)l->remaining,
+                          (long long)l->reset_at_ms);
+        }
+        tg_buf_appends(&b, "],\"windows\":[");
+        n = 0;
+        for (int i = 0; i < TG_QW__COUNT; i++) {
+            const tg_quota_window_t *w = &q.win[i];
+            if (w->used < 0 && !w->reset_at_ms && !w->status)
+                continue;
+            tg_buf_printf(&b, "%s{\"name\":\"%s\",\"used\":", n++ ? "," : "", wins[i]);
+            if (w->used < 0)
+                tg_buf_appends(&b, "null");
+            else
+                tg_buf_printf(&b, "%.4f", w->used);
+            tg_buf_printf(&b, ",\"reset_at_ms\":%lld,\"window_ms\":%lld,\"status\":\"%s\"}",
+                          (long long)w->reset_at_ms, (long long)w->window_ms, sts[w->status]);
+        }
+        tg_buf_appends(&b, "]}");
+    }
+    reply_json(a->req, 200, b.data, b.len);
+    tg_buf_free(&b);
+}
+
+static void account_quota(actx_t *a, const char *id) {
+    tg_redis_t *redis = tg_state_redis(a->req->worker->ctx->state);
+    snprintf(a->key_id, sizeof(a->key_id), "%.20s", id); /* digits only (is_digits) */
+    if (!redis) {
+        quota_cb(a, NULL, NULL);
+        return;
+    }
+    char key[48];
+    snprintf(key, sizeof(key), "{a:%s}:quota", a->key_id);
+    const char *argv[2] = {"GET", key};
+    a->holds_q = tg_redis_command(redis, quota_cb, a, 2, argv, NULL);
+    if (!a->holds_q)
+        reply_error(a->req, 503, "limiter_unavailable", "Redis is unavailable; try again");
+}
+
 static void delete_row(actx_t *a, const char *id) {
     if (!strcmp(a->res->name, "keys")) {
         tg_pg_t *pg = tg_state_pg(a->req->worker->ctx->state);
@@ -886,6 +999,8 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             free(s);
         } else if (!strcmp(seg[1], "capture") && (nseg == 2 || !strcmp(seg[2], "download")) && m == HTTP_GET) {
             capture_route(req, nseg);
+        } else if (nseg == 2 && !strcmp(seg[1], "validate") && m == HTTP_POST) {
+            validate_policy(req);
         } else if (nseg == 2 && !strcmp(seg[1], "reload") && m == HTTP_POST) {
             char err[512] = "";
             long gen = tg_plugins_request_reload(err, sizeof(err));
@@ -957,6 +1072,11 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
             tg_acctest_start(req, atoll(seg[1]), &a->test);
         else
             reply_error(req, 405, "method_not_allowed", "use POST");
+    } else if (nseg == 3 && !strcmp(r->name, "accounts") && !strcmp(seg[2], "quota")) {
+        if (m == HTTP_GET)
+            account_quota(a, seg[1]);
+        else
+            reply_error(req, 405, "method_not_allowed", "use GET");
     } else if (nseg == 3 && !strcmp(r->name, "tenants") && !strcmp(seg[2], "topup")) {
         if (m == HTTP_POST)
             topup(a, seg[1]);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "tollgate/tg_accounts.h"
+#include "tollgate/tg_translate.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_valid.h"
 #include "tollgate/tg_worker.h"
@@ -39,7 +40,7 @@ struct tg_acctest_s {
     tg_upcall_t *call;
     char model[300];
     char upstream_model[300];
-    char path[64];
+    char path[320];
     uint64_t t0, t_head;
     int status;
     tg_buf_t answer;
@@ -202,21 +203,38 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
     }
     snprintf(t->upstream_model, sizeof(t->upstream_model), "%s", tg_account_map_model(acc, t->model));
     int anthropic = acc->provider && !strcmp(acc->provider, "anthropic");
+    int gemini = acc->provider && !strcmp(acc->provider, "gemini");
     json_t *body = json_object();
-    json_object_set_new(body, "model", json_string(t->upstream_model));
-    json_t *msgs = json_array();
-    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", "Reply with the word OK."));
-    json_object_set_new(body, "messages", msgs);
-    json_object_set_new(body, anthropic ? "max_tokens" : "max_completion_tokens", json_integer(8));
+    if (gemini) {
+        json_object_set_new(body, "contents",
+                            json_pack("[{s:s,s:[{s:s}]}]", "role", "user", "parts", "text", "Reply with the word OK."));
+        json_object_set_new(body, "generationConfig", json_pack("{s:i}", "maxOutputTokens", 8));
+    } else {
+        json_object_set_new(body, "model", json_string(t->upstream_model));
+        json_t *msgs = json_array();
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", "Reply with the word OK."));
+        json_object_set_new(body, "messages", msgs);
+        json_object_set_new(body, anthropic ? "max_tokens" : "max_completion_tokens", json_integer(8));
+    }
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    snprintf(t->path, sizeof(t->path), "%s", anthropic ? "/messages" : "/chat/completions");
+    if (gemini) {
+        tg_buf_t gp;
+        tg_buf_init(&gp);
+        tg_translate_gemini_path(t->upstream_model, 0, &gp);
+        snprintf(t->path, sizeof(t->path), "%.*s", (int)gp.len, gp.data ? gp.data : "");
+        tg_buf_free(&gp);
+    } else {
+        snprintf(t->path, sizeof(t->path), "%s", anthropic ? "/messages" : "/chat/completions");
+    }
     tg_buf_t b;
     tg_buf_init(&b);
     tg_buf_printf(&b, "POST %s%s HTTP/1.1\r\nHost: %s", tg_upstream_path_prefix(acc->upstream), t->path,
                   tg_upstream_host_header(acc->upstream));
     if (acc->credential && anthropic)
         tg_buf_printf(&b, "\r\nx-api-key: %s\r\nanthropic-version: 2023-06-01", acc->credential);
+    else if (acc->credential && gemini)
+        tg_buf_printf(&b, "\r\nx-goog-api-key: %s", acc->credential);
     else if (acc->credential)
         tg_buf_printf(&b, "\r\nAuthorization: Bearer %s", acc->credential);
     tg_buf_printf(&b, "\r\nx-request-id: %s\r\nContent-Type: application/json\r\nAccept: application/json\r\n"

@@ -7,8 +7,8 @@
  *
  *   a group that lists its models    that list, as it is
  *   a group that offers every model  each active account's own list, read in its
- *                                    provider's shape (Anthropic's followed page by
- *                                    page), asked of every account at once and merged
+ *                                    provider's shape (Anthropic's and Gemini's
+ *                                    followed page by page), asked of every account at once and merged
  *                                    in the accounts' order of priority, first id wins;
  *                                    an account that lists its models contributes
  *                                    those instead of asking; model_map names are
@@ -33,7 +33,7 @@
 #define MODELS_TTL_MS 60000
 #define MODELS_TTL_PARTIAL_MS 5000
 
-typedef enum { SHAPE_OPENAI, SHAPE_ANTHROPIC } shape_t;
+typedef enum { SHAPE_OPENAI, SHAPE_ANTHROPIC, SHAPE_GEMINI } shape_t;
 
 struct models_fetch_s;
 
@@ -141,11 +141,30 @@ static json_t *entry_new(const char *id, int64_t created, const char *display, c
 }
 
 /* Reads one page of a provider's list into src->entries: 0 if it is not one. *next is
- * the next page's cursor (Anthropic: has_more and last_id), borrowed from doc, or NULL. */
+ * the next page's cursor (Anthropic: has_more and last_id; Gemini: nextPageToken),
+ * borrowed from doc, or NULL. */
 static int read_page(models_src_t *s, json_t *doc, const char **next) {
     json_t *data = json_object_get(doc, "data"), *m;
     size_t i;
     *next = NULL;
+    if (s->shape == SHAPE_GEMINI) {
+        /* {"models":[{"name":"models/<id>","displayName",...}],"nextPageToken"}; an
+         * empty list may leave "models" out. */
+        json_t *models = json_object_get(doc, "models");
+        if (models && !json_is_array(models))
+            return 0;
+        json_array_foreach(models, i, m) {
+            const char *name = json_string_value(json_object_get(m, "name"));
+            if (!name)
+                continue;
+            const char *id = strncmp(name, "models/", 7) ? name : name + 7;
+            if (*id)
+                json_array_append_new(s->entries,
+                                      entry_new(id, 0, json_string_value(json_object_get(m, "displayName")), "google"));
+        }
+        *next = json_string_value(json_object_get(doc, "nextPageToken"));
+        return 1;
+    }
     if (!json_is_array(data))
         return 0;
     json_array_foreach(data, i, m) {
@@ -390,7 +409,7 @@ static void src_done(void *ud) {
         tg_log_warn("request %s: models list from %s unreadable (HTTP %d)", s->f->p->req->id, tg_upstream_name(s->up),
                     s->status);
     if (next && *next && s->ok && ++s->pages < MODELS_PAGES_MAX) {
-        char cursor[256];
+        char cursor[1024];
         snprintf(cursor, sizeof(cursor), "%s", next);
         json_decref(doc);
         src_start(s, cursor);
@@ -431,6 +450,12 @@ static void src_start(models_src_t *s, const char *after_id) {
             tg_buf_appends(&b, "&after_id=");
             append_query_value(&b, after_id);
         }
+    } else if (s->shape == SHAPE_GEMINI) {
+        tg_buf_appends(&b, "?pageSize=1000");
+        if (after_id) {
+            tg_buf_appends(&b, "&pageToken=");
+            append_query_value(&b, after_id);
+        }
     }
     tg_buf_appends(&b, " HTTP/1.1\r\nHost: ");
     tg_buf_appends(&b, tg_upstream_host_header(s->up));
@@ -438,6 +463,9 @@ static void src_start(models_src_t *s, const char *after_id) {
         tg_buf_appends(&b, "\r\nx-api-key: ");
         tg_buf_appends(&b, s->credential);
         tg_buf_appends(&b, "\r\nanthropic-version: 2023-06-01");
+    } else if (s->credential && s->shape == SHAPE_GEMINI) {
+        tg_buf_appends(&b, "\r\nx-goog-api-key: ");
+        tg_buf_appends(&b, s->credential);
     } else if (s->credential) {
         tg_buf_appends(&b, "\r\nAuthorization: Bearer ");
         tg_buf_appends(&b, s->credential);
@@ -461,7 +489,7 @@ static void add_source(models_fetch_t *f, tg_upstream_t *up, const char *credent
     s->f = f;
     s->up = up;
     s->credential = credential;
-    s->shape = !strcmp(provider, "anthropic") ? SHAPE_ANTHROPIC : SHAPE_OPENAI;
+    s->shape = !strcmp(provider, "anthropic") ? SHAPE_ANTHROPIC : !strcmp(provider, "gemini") ? SHAPE_GEMINI : SHAPE_OPENAI;
     tg_buf_init(&s->body);
     s->entries = json_array();
 }

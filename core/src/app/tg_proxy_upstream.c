@@ -130,9 +130,19 @@ int tg__phase_upstream(proxy_req_t *p) {
     size_t body_len = 0;
     const char *method = "GET";
     const char *suffix = "/models";
+    char gpath[512];
     if (tg__is_model_route(req->route)) {
         method = "POST";
         suffix = tg_translate_path(p->at.up_proto);
+        if (p->at.up_proto == TG_PROTO_GEMINI) {
+            /* Gemini's model and method are in the path (the model mapped already). */
+            tg_buf_t gp;
+            tg_buf_init(&gp);
+            tg_translate_gemini_path(json_string_value(json_object_get(tg__proxy_json(p), "model")), p->stream, &gp);
+            snprintf(gpath, sizeof(gpath), "%.*s", (int)gp.len, gp.data ? gp.data : "");
+            tg_buf_free(&gp);
+            suffix = gpath;
+        }
         if (p->at.up_proto != p->proto) {
             /* Another protocol upstream: the request is translated (the model already
              * mapped for the account is in p->json). */
@@ -168,6 +178,9 @@ int tg__phase_upstream(proxy_req_t *p) {
         tg_buf_appends(b, "\r\nx-api-key: ");
         tg_buf_appends(b, p->at.credential);
         tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");
+    } else if (p->at.credential && p->at.up_proto == TG_PROTO_GEMINI) {
+        tg_buf_appends(b, "\r\nx-goog-api-key: ");
+        tg_buf_appends(b, p->at.credential);
     } else if (p->at.credential) {
         tg_buf_appends(b, "\r\nAuthorization: Bearer ");
         tg_buf_appends(b, p->at.credential);

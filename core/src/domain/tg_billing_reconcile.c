@@ -33,7 +33,7 @@ const char tg__billing_due_sql[] =
     "WHERE (r.state = 'pending_reconciliation' OR r.state = 'reserved') "
     "AND r.created_at < now() - $1::int * interval '1 millisecond' "
     "AND NOT (coalesce(r.instance, '') = ANY ($2::text[])) "
-    "AND NOT EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = r.request_id) "
+    "AND NOT EXISTS (SELECT 1 FROM usage d WHERE d.request_id = r.request_id) "
     "GROUP BY r.request_id LIMIT 500";
 
 tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charge_unknown) {
@@ -84,7 +84,7 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
 static const char ORPHANS_SQL[] =
     "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, "
     "EXISTS (SELECT 1 FROM reservations r WHERE r.request_id = c.rid AND r.attempt = c.att), "
-    "EXISTS (SELECT 1 FROM billing_dedup d WHERE d.request_id = c.rid), "
+    "EXISTS (SELECT 1 FROM usage d WHERE d.request_id = c.rid), "
     "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid AND u.attempts = c.att), 0) "
     "FROM jsonb_to_recordset($1::jsonb) AS c(rid text, att int, key_id bigint, ms bigint, amount bigint, model text, "
     "instance text) "
@@ -305,7 +305,6 @@ static void lock_cb(void *ud, redisReply *r, const char *err) {
     b->leader = r->integer == 1;
     if (!b->leader)
         return;
-    tg__budget_alerts_pass(b); /* budget alerts due (tg_budget_alerts.c) */
     char now[32];
     snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
     const char *argv[4] = {"ZRANGEBYSCORE", ALIVE_KEY, now, "+inf"};

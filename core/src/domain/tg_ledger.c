@@ -62,11 +62,22 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "AND l.kind = 'usage')",
           &problems);
     check(c, "no request id billed twice",
-          "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' GROUP BY request_id HAVING count(*) > 1",
+          "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' AND request_id IS NOT NULL GROUP BY request_id "
+          "HAVING count(*) > 1",
           &problems);
-    check(c, "every usage row has its dedup row",
-          "SELECT u.request_id FROM usage u LEFT JOIN billing_dedup d ON d.request_id = u.request_id WHERE "
-          "d.request_id IS NULL",
+    /* A usage row is its request's dedup (its fingerprint) and is debited by one ledger
+     * entry: its batch's for its tenant (usage.ledger_id, sql/0006), or before 0006 one of
+     * its own (ledger.request_id). */
+    check(c, "every usage row has its fingerprint and its ledger entry",
+          "SELECT u.request_id, u.ledger_id FROM usage u LEFT JOIN ledger l ON l.id = u.ledger_id AND l.kind = "
+          "'usage' AND l.tenant_id = u.tenant_id LEFT JOIN (SELECT DISTINCT request_id FROM ledger WHERE kind = "
+          "'usage' AND request_id IS NOT NULL) o ON o.request_id = u.request_id WHERE u.fingerprint IS NULL OR "
+          "(u.ledger_id IS NULL AND o.request_id IS NULL) OR (u.ledger_id IS NOT NULL AND l.id IS NULL)",
+          &problems);
+    check(c, "each batch's ledger entry = minus the costs of its usage rows",
+          "SELECT l.id AS ledger_id, l.tenant_id, l.amount, -coalesce(u.c, 0) AS from_usage FROM ledger l LEFT JOIN "
+          "(SELECT ledger_id, sum(cost) AS c FROM usage WHERE ledger_id IS NOT NULL GROUP BY ledger_id) u ON "
+          "u.ledger_id = l.id WHERE l.kind = 'usage' AND l.request_id IS NULL AND l.amount <> -coalesce(u.c, 0)",
           &problems);
     check(c, "each key's spend = its usage",
           "SELECT k.id AS key_id, k.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM api_keys k LEFT JOIN usage u "
@@ -77,19 +88,8 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "now() - interval '1 minute'",
           &problems);
     check(c, "every settled request's reservations are reconciled",
-          "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN billing_dedup d ON d.request_id = "
+          "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN usage u ON u.request_id = "
           "r.request_id WHERE r.state <> 'reconciled'",
-          &problems);
-    /* Periodic budgets (0005_budgets.sql): each period's recorded spend is the sum of the
-     * costs of the requests counted in it, and each of those is its usage row's cost. */
-    check(c, "each budget period's spend = the sum of its usage",
-          "SELECT p.budget_id, p.period_start, p.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM budget_periods p "
-          "LEFT JOIN budget_usage u ON u.budget_id = p.budget_id AND u.period_start = p.period_start "
-          "GROUP BY p.budget_id, p.period_start, p.spend HAVING p.spend <> coalesce(sum(u.cost), 0)",
-          &problems);
-    check(c, "each budget usage row = its request's usage cost",
-          "SELECT b.request_id, b.budget_id, b.cost, u.cost AS usage_cost FROM budget_usage b LEFT JOIN usage u ON "
-          "u.request_id = b.request_id WHERE u.cost IS DISTINCT FROM b.cost",
           &problems);
     char rerr[400];
     redisContext *rc = ledger_redis(redis_url, rerr);

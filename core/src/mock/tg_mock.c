@@ -14,7 +14,11 @@
  * is answering; a pipelined request waits, parser paused, until that one is answered.
  *
  * Endpoints: POST /v1/chat/completions, /v1/messages (Anthropic), /v1/responses,
- * /v1/embeddings, GET /v1/models (the /v1 prefix is optional), 404 elsewhere. Errors
+ * /v1/embeddings, GET /v1/models (the /v1 prefix is optional); Gemini's POST
+ * /v1beta/models/<model>:generateContent and :streamGenerateContent?alt=sse (the key in
+ * x-goog-api-key, required: 403 without; usageMetadata promptTokenCount = input tokens,
+ * candidatesTokenCount = output tokens, cached and thoughts knobs below; errors in
+ * Google's {"error":{"code","message","status"}}); 404 elsewhere. Errors
  * are {"error":{"message","type","param","code"}}, or on /v1/messages
  * {"type":"error","error":{"type","message"}}. Answers echo the request's "model"
  * (default mock-gpt, mock-claude, mock-embed) and always end normally ("stop",
@@ -54,6 +58,8 @@
  *   usage=3        chat only: a usage object whose counts cannot be read (strings)
  *   close_delimited=1  answer without Content-Length or chunked encoding and close the
  *                  connection after the body (HTTP/1.1 allows it: the close ends it)
+ *   cached=N       Gemini: cachedContentTokenCount N of the prompt's tokens (at most all)
+ *   thoughts=N     Gemini: thoughtsTokenCount N (thinking tokens, billed as output)
  *   page=N         GET /models in Anthropic's shape: at most N models per page, whatever
  *                  limit the request asks for (so a client must follow has_more)
  *
@@ -128,10 +134,10 @@
 /* ---- knobs ---------------------------------------------------------------------- */
 
 enum { K_STATUS, K_RETRY_AFTER, K_DELAY_MS, K_TTFT_MS, K_CHUNKS, K_INTERVAL_MS,
-       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K_PAGE, K__COUNT };
+       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K_PAGE, K_CACHED, K_THOUGHTS, K__COUNT };
 static const char *const knob_names[K__COUNT] = {
     "status", "retry_after", "delay_ms", "ttft_ms", "chunks",
-    "interval_ms", "close_after", "hang", "usage", "close_delimited", "page"};
+    "interval_ms", "close_after", "hang", "usage", "close_delimited", "page", "cached", "thoughts"};
 
 /** Knob values; -1 means "not set here". */
 typedef struct {
@@ -239,7 +245,8 @@ static size_t text_walk(json_t *v, knobs_t *k, int depth) {
         return n;
     case JSON_OBJECT:
         return text_walk(json_object_get(v, "text"), k, depth + 1) +
-               text_walk(json_object_get(v, "content"), k, depth + 1);
+               text_walk(json_object_get(v, "content"), k, depth + 1) +
+               text_walk(json_object_get(v, "parts"), k, depth + 1); /* Gemini */
     default:
         return 0;
     }
@@ -333,7 +340,7 @@ static void state_clear_locked(void) {
 
 /* ---- connections ---------------------------------------------------------------- */
 
-enum { API_CHAT, API_MESSAGES, API_RESPONSES, API_EMBEDDINGS, API_MODELS, API_NONE };
+enum { API_CHAT, API_MESSAGES, API_RESPONSES, API_EMBEDDINGS, API_MODELS, API_GEMINI, API_NONE };
 
 typedef struct worker_s worker_t;
 
@@ -351,6 +358,7 @@ typedef struct {
     cred_t *cred;
     uint64_t gen;
     int models_anth, models_limit;    /* GET /models: Anthropic's shape, its page size */
+    int models_gemini;                /* GET /models: Gemini's shape (x-goog-api-key) */
     char models_after[128], models_before[128]; /* its cursors ("" none) */
     char qhdr[640]; /* the credential's quota headers ("Name: value\r\n" lines), or "" */
 } resp_t;
@@ -576,6 +584,16 @@ static void render_error(conn_t *c, int api, int status, const char *msg) {
     }
     tg_buf_t *b = &c->scratch;
     b->len = 0;
+    if (api == API_GEMINI) {
+        const char *gs = status == 400 ? "INVALID_ARGUMENT" : status == 401 ? "UNAUTHENTICATED"
+                         : status == 403 ? "PERMISSION_DENIED" : status == 404 ? "NOT_FOUND"
+                         : status == 429 ? "RESOURCE_EXHAUSTED" : status == 503 ? "UNAVAILABLE"
+                         : status >= 500 ? "INTERNAL" : "FAILED_PRECONDITION";
+        tg_buf_printf(b, "{\"error\":{\"code\":%d,\"message\":\"", status);
+        tg_buf_append_json_escaped(b, msg, strlen(msg));
+        tg_buf_printf(b, "\",\"status\":\"%s\"}}", gs);
+        return;
+    }
     if (api == API_MESSAGES) {
         tg_buf_printf(b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"", atype);
         tg_buf_append_json_escaped(b, msg, strlen(msg));
@@ -625,6 +643,34 @@ static void render_chat(conn_t *c) {
         put_chat_usage(b, r);
     }
     BUF_LIT(b, "}");
+}
+
+/* Gemini's usageMetadata member (after a comma); final: with the candidates' count. */
+static void put_gemini_usage(tg_buf_t *b, const resp_t *r, int final) {
+    long long cached = TG_MIN((long long)r->k.v[K_CACHED], (long long)r->in_tok);
+    long long thoughts = r->k.v[K_THOUGHTS];
+    tg_buf_printf(b, "\"usageMetadata\":{\"promptTokenCount\":%lld", (long long)r->in_tok);
+    if (final)
+        tg_buf_printf(b, ",\"candidatesTokenCount\":%d", r->out_n);
+    if (cached > 0)
+        tg_buf_printf(b, ",\"cachedContentTokenCount\":%lld", cached);
+    if (thoughts > 0)
+        tg_buf_printf(b, ",\"thoughtsTokenCount\":%lld", thoughts);
+    tg_buf_printf(b, ",\"totalTokenCount\":%lld}", (long long)r->in_tok + (final ? r->out_n + thoughts : 0));
+}
+
+static void render_gemini(conn_t *c) {
+    resp_t *r = &c->r;
+    tg_buf_t *b = &c->scratch;
+    BUF_LIT(b, "{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"");
+    put_text(b, r->out_n);
+    BUF_LIT(b, "\"}],\"role\":\"model\"},\"finishReason\":\"STOP\",\"index\":0}]");
+    if (r->k.v[K_USAGE]) {
+        BUF_LIT(b, ",");
+        put_gemini_usage(b, r, 1);
+    }
+    tg_buf_printf(b, ",\"modelVersion\":\"%s\",\"responseId\":\"mockgem%llu\"}", c->model.data,
+                  (unsigned long long)r->id);
 }
 
 static void render_message(conn_t *c) {
@@ -742,10 +788,29 @@ static void models_id_at(const char *id, size_t n, void *ud) {
     w->index++;
 }
 
+static void models_put_gemini(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    tg_buf_t *b = w->b;
+    if (w->index++)
+        BUF_LIT(b, ",");
+    BUF_LIT(b, "{\"name\":\"models/");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"displayName\":\"");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"supportedGenerationMethods\":[\"generateContent\",\"countTokens\"]}");
+}
+
 static void render_models(conn_t *c) {
     tg_buf_t *b = &c->scratch;
     const resp_t *r = &c->r;
     models_walk_t w = {.b = b, .r = r, .after_at = -1, .before_at = -1};
+    if (r->models_gemini) {
+        /* Gemini's shape, one page (no nextPageToken). */
+        BUF_LIT(b, "{\"models\":[");
+        models_each(0, models_put_gemini, &w);
+        BUF_LIT(b, "]}");
+        return;
+    }
     models_each(r->models_anth, models_find, &w);
     w.total = w.index;
     if (!r->models_anth) {
@@ -820,6 +885,8 @@ static void stream_start(conn_t *c) {
     if (!r->keepalive)
         BUF_LIT(&c->out, "Connection: close\r\n");
     BUF_LIT(&c->out, "\r\n");
+    if (r->api == API_GEMINI)
+        return; /* no events before the content */
     if (r->api == API_MESSAGES) {
         tg_buf_printf(b, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{"
                          "\"id\":\"msg_mock%llu\",\"type\":\"message\","
@@ -857,7 +924,14 @@ static void stream_start(conn_t *c) {
 static void stream_content(conn_t *c, int i) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
-    if (r->api == API_CHAT) {
+    if (r->api == API_GEMINI) {
+        tg_buf_printf(b, "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"tok%d \"}],\"role\":\"model\"},"
+                         "\"index\":0}],", i);
+        if (r->k.v[K_USAGE])
+            put_gemini_usage(b, r, 0), BUF_LIT(b, ",");
+        tg_buf_printf(b, "\"modelVersion\":\"%s\",\"responseId\":\"mockgem%llu\"}\r\n\r\n", c->model.data,
+                      (unsigned long long)r->id);
+    } else if (r->api == API_CHAT) {
         put_chat_chunk_head(c, b);
         tg_buf_printf(b, "\"choices\":[{\"index\":0,\"delta\":{%s\"content\":\"tok%d \"},\"logprobs\":null,"
                          "\"finish_reason\":null}]%s}\n\n",
@@ -878,7 +952,15 @@ static void stream_content(conn_t *c, int i) {
 static void stream_final(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
-    if (r->api == API_CHAT) {
+    if (r->api == API_GEMINI) {
+        /* The last chunk: an empty text, the finish reason and the full counts. */
+        BUF_LIT(b, "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"\"}],\"role\":\"model\"},"
+                   "\"finishReason\":\"STOP\",\"index\":0}],");
+        if (r->k.v[K_USAGE])
+            put_gemini_usage(b, r, 1), BUF_LIT(b, ",");
+        tg_buf_printf(b, "\"modelVersion\":\"%s\",\"responseId\":\"mockgem%llu\"}\r\n\r\n", c->model.data,
+                      (unsigned long long)r->id);
+    } else if (r->api == API_CHAT) {
         put_chat_chunk_head(c, b);
         tg_buf_printf(b, "\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]"
                          "%s}\n\n",
@@ -1269,10 +1351,42 @@ static void handle_control(conn_t *c, const char *path, size_t plen) {
 
 /* ---- requests ------------------------------------------------------------------- */
 
+/* Gemini's /models/<model>:generateContent or :streamGenerateContent (the prefix
+ * removed): API_GEMINI with the model's span and whether it streams, else API_NONE. */
+static int route_gemini(const char *path, size_t n, const char **model, size_t *mlen, int *stream) {
+    if (n < 9 || memcmp(path, "/models/", 8) != 0)
+        return API_NONE;
+    const char *colon = memchr(path + 8, ':', n - 8);
+    if (!colon || colon == path + 8)
+        return API_NONE;
+    size_t rest = (size_t)(path + n - colon);
+    *model = path + 8;
+    *mlen = (size_t)(colon - *model);
+    if (rest == 16 && !memcmp(colon, ":generateContent", 16))
+        *stream = 0;
+    else if (rest == 22 && !memcmp(colon, ":streamGenerateContent", 22))
+        *stream = 1;
+    else
+        return API_NONE;
+    return API_GEMINI;
+}
+
 static int route(const char *path, size_t n, int method, int *bad_method) {
     if (n >= 4 && memcmp(path, "/v1/", 4) == 0) {
         path += 3;
         n -= 3;
+    } else if (n >= 8 && memcmp(path, "/v1beta/", 8) == 0) {
+        path += 7;
+        n -= 7;
+    }
+    {
+        const char *m;
+        size_t ml;
+        int st;
+        if (route_gemini(path, n, &m, &ml, &st) == API_GEMINI) {
+            *bad_method = method != HTTP_POST;
+            return API_GEMINI;
+        }
     }
     static const struct {
         const char *path;
@@ -1380,6 +1494,13 @@ static void handle_request(conn_t *c) {
                     cap = json_integer_value(v);
             }
             stream = json_is_true(json_object_get(root, "stream"));
+            if (api == API_GEMINI) {
+                in_bytes += text_walk(json_object_get(root, "contents"), &dk, 0) +
+                            text_walk(json_object_get(root, "systemInstruction"), &dk, 0);
+                json_t *mot = json_object_get(json_object_get(root, "generationConfig"), "maxOutputTokens");
+                if (json_is_integer(mot) && json_integer_value(mot) >= 0 && (cap < 0 || json_integer_value(mot) < cap))
+                    cap = json_integer_value(mot);
+            }
             json_t *so = json_object_get(root, "stream_options");
             include_usage = json_is_true(json_object_get(so, "include_usage"));
             json_t *jm = json_object_get(root, "model");
@@ -1393,6 +1514,17 @@ static void handle_request(conn_t *c) {
                 n_inputs = (int)TG_MIN(json_array_size(in), (size_t)4096);
         }
     }
+    if (api == API_GEMINI) {
+        /* The model and the method are in the path. */
+        const char *gp = url;
+        size_t gn = plen;
+        if (gn >= 8 && memcmp(gp, "/v1beta/", 8) == 0)
+            gp += 7, gn -= 7;
+        else if (gn >= 4 && memcmp(gp, "/v1/", 4) == 0)
+            gp += 3, gn -= 3;
+        route_gemini(gp, gn, &model, &model_len, &stream);
+        model_len = TG_MIN(model_len, (size_t)256);
+    }
     c->model.len = 0;
     if (!model) {
         model = api == API_MESSAGES ? "mock-claude" : api == API_EMBEDDINGS ? "mock-embed" : "mock-gpt";
@@ -1402,9 +1534,15 @@ static void handle_request(conn_t *c) {
     BUF_LIT(&c->model, ""); /* keeps model.data a NUL-terminated string */
     json_decref(root);
 
+    const char *goog_key = hdr_get(c, "x-goog-api-key");
+    if (api == API_GEMINI && !err_status && (!goog_key || !*goog_key)) {
+        err_status = 403;
+        err_msg = "mock: Method doesn't allow unregistered callers (send the API key in x-goog-api-key)";
+    }
     if (api == API_MODELS) {
         char lim[16];
         r->models_anth = hdr_get(c, "anthropic-version") != NULL;
+        r->models_gemini = goog_key != NULL;
         query_get(url, c->url.len, "limit", lim, sizeof(lim));
         r->models_limit = lim[0] ? atoi(lim) : 20;
         if (r->models_limit < 1 || r->models_limit > 1000)
@@ -1424,6 +1562,9 @@ static void handle_request(conn_t *c) {
     } else if (c->key_len) {
         cred = c->hdrs.data + c->key_off;
         cred_len = c->key_len;
+    } else if (goog_key && *goog_key) {
+        cred = goog_key;
+        cred_len = strlen(goog_key);
     }
     cred_len = TG_MIN(cred_len, (size_t)256);
 
@@ -1464,7 +1605,7 @@ static void handle_request(conn_t *c) {
     g_st.have_last = 1;
     pthread_mutex_unlock(&g_st.mu);
 
-    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0, -1}};
+    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0, -1, 0, 0}};
     k = defaults;
     knobs_merge(&k, &rk);
     knobs_merge(&k, &c->hk);
@@ -1476,7 +1617,7 @@ static void handle_request(conn_t *c) {
         r->keepalive = 0; /* the body ends when the connection does */
     r->api = api;
     r->k = k;
-    r->stream = stream && (api == API_CHAT || api == API_MESSAGES || api == API_RESPONSES);
+    r->stream = stream && (api == API_CHAT || api == API_MESSAGES || api == API_RESPONSES || api == API_GEMINI);
     r->include_usage = include_usage;
     r->in_tok = TG_MAX((int64_t)1, (int64_t)((in_bytes + 3) / 4));
     r->out_n = TG_MIN(k.v[K_CHUNKS], 100000);
@@ -1531,6 +1672,7 @@ static void handle_request(conn_t *c) {
         case API_MESSAGES: render_message(c); break;
         case API_RESPONSES: render_response_obj(c, &c->scratch, 1); break;
         case API_EMBEDDINGS: render_embeddings(c); break;
+        case API_GEMINI: render_gemini(c); break;
         default: render_models(c); break;
         }
         put_response(c, dst, 200, -1, r->keepalive);

@@ -734,3 +734,40 @@ void tg_plugins_metrics(tg_metrics_t *m, tg_plugins_t *pl) {
     if (pl)
         tg_metrics_collector_add(m, plugins_collect, pl);
 }
+
+/* ---- uploads -------------------------------------------------------------------------- */
+
+int tg_plugins_validate_source(const char *name, const char *source, size_t len, const char *config_lua,
+                               char *version, char *hooks, char *err, size_t errlen) {
+    if (!valid_name(name))
+        return tg_err_at(err, errlen, "", "name", "a policy name holds only a-z, 0-9, - and _ (at most 63)");
+    if (len > TG_POLICY_SOURCE_MAX)
+        return tg_err_at(err, errlen, "", "source", "%zu bytes, over the limit of %u", len, TG_POLICY_SOURCE_MAX);
+    if (len && (unsigned char)source[0] == 27)
+        return tg_err_at(err, errlen, "", "source", "bytecode is not accepted (upload the Lua source)");
+    if (memchr(source, '\0', len))
+        return tg_err_at(err, errlen, "", "source", "holds a NUL byte: not Lua source text");
+    const tg_plugins_config_t *g = tg__plugins_global_cfg();
+    tg_plugin_src_t *src = calloc(1, sizeof(*src));
+    atomic_init(&src->refs, 1);
+    src->max_hook_ms = g ? g->max_hook_ms : 50;
+    src->max_instructions = g ? g->max_instructions : 0;
+    src->p = calloc(1, sizeof(*src->p));
+    src->n = 1;
+    tg_plugin_src_plugin_t *p = &src->p[0];
+    p->name = strdup(name);
+    p->handler_src = malloc(len + 1);
+    memcpy(p->handler_src, source, len);
+    p->handler_src[len] = '\0';
+    char file[96];
+    snprintf(file, sizeof(file), "policies/%s.lua", name);
+    p->handler_file = strdup(file);
+    p->config_src = strdup(config_lua ? config_lua : "{}");
+    int rc = tg__plugins_validate(src, err, errlen);
+    if (rc == TG_OK) {
+        snprintf(version, 64, "%s", p->version ? p->version : "");
+        snprintf(hooks, 256, "%s", p->hooks ? p->hooks : "");
+    }
+    tg__plugin_src_unref(src);
+    return rc;
+}

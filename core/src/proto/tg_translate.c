@@ -250,14 +250,14 @@ const char *tg__fin_anthropic(int fin) {
 
 static int proto_valid(tg_proto_t p) {
     return p == TG_PROTO_OPENAI_CHAT || p == TG_PROTO_ANTHROPIC || p == TG_PROTO_RESPONSES ||
-           p == TG_PROTO_EMBEDDINGS;
+           p == TG_PROTO_EMBEDDINGS || p == TG_PROTO_GEMINI;
 }
 
 int tg_translate_supported(tg_proto_t from, tg_proto_t to) {
     if (!proto_valid(from) || !proto_valid(to))
         return 0;
     if (from == to)
-        return 1;
+        return from != TG_PROTO_GEMINI; /* an upstream protocol only: never the client's */
     return from != TG_PROTO_EMBEDDINGS && to != TG_PROTO_EMBEDDINGS;
 }
 
@@ -267,6 +267,7 @@ const char *tg_translate_path(tg_proto_t proto) {
     case TG_PROTO_ANTHROPIC: return "/messages";
     case TG_PROTO_RESPONSES: return "/responses";
     case TG_PROTO_EMBEDDINGS: return "/embeddings";
+    case TG_PROTO_GEMINI: return "/models"; /* the model and method follow: tg_translate_gemini_path */
     }
     return "/chat/completions";
 }
@@ -277,6 +278,7 @@ const char *tg_translate_proto_name(tg_proto_t proto) {
     case TG_PROTO_ANTHROPIC: return "anthropic";
     case TG_PROTO_RESPONSES: return "responses";
     case TG_PROTO_EMBEDDINGS: return "embeddings";
+    case TG_PROTO_GEMINI: return "gemini";
     }
     return "unknown";
 }
@@ -286,6 +288,7 @@ static const char *proto_title(tg_proto_t proto) {
     case TG_PROTO_OPENAI_CHAT: return "an OpenAI chat";
     case TG_PROTO_ANTHROPIC: return "an Anthropic";
     case TG_PROTO_RESPONSES: return "an OpenAI Responses";
+    case TG_PROTO_GEMINI: return "a Gemini";
     default: return "an embeddings";
     }
 }
@@ -330,7 +333,7 @@ int tg_translate_request(tg_proto_t from, tg_proto_t to, const json_t *body, con
         err[0] = '\0';
     if (!json_is_object(body))
         return tg__fail(err, errlen, "request body must be a JSON object");
-    if (!tg_translate_supported(from, to))
+    if (!tg_translate_supported(from, to) || from == TG_PROTO_GEMINI)
         return tg__fail(err, errlen, "%s request cannot be sent to %s upstream",
                         tg_translate_proto_name(from), proto_title(to));
     if (from == to) {
@@ -343,7 +346,7 @@ int tg_translate_request(tg_proto_t from, tg_proto_t to, const json_t *body, con
     static const req_decode_fn dec[] = {tg__chat_req_decode, tg__anthropic_req_decode,
                                         tg__responses_req_decode};
     static const req_encode_fn enc[] = {tg__chat_req_encode, tg__anthropic_req_encode,
-                                        tg__responses_req_encode};
+                                        tg__responses_req_encode, NULL, tg__gemini_req_encode};
     const char *m = model ? model : tg__str(body, "model");
     if (!m || !*m)
         return tg__fail(err, errlen, "you must provide a model parameter");
@@ -370,14 +373,14 @@ typedef void (*resp_encode_fn)(const tg__resp_t *, const char *, tg_buf_t *);
 
 int tg_translate_response(tg_proto_t from_upstream, tg_proto_t to_client, const char *body,
                           size_t len, const char *client_model, tg_buf_t *out) {
-    if (!tg_translate_supported(from_upstream, to_client))
+    if (!tg_translate_supported(from_upstream, to_client) || to_client == TG_PROTO_GEMINI)
         return TG_ERROR;
     if (from_upstream == to_client) {
         tg_buf_append(out, body, len);
         return TG_OK;
     }
     static const resp_decode_fn dec[] = {tg__chat_resp_decode, tg__anthropic_resp_decode,
-                                         tg__responses_resp_decode};
+                                         tg__responses_resp_decode, NULL, tg__gemini_resp_decode};
     static const resp_encode_fn enc[] = {tg__chat_resp_encode, tg__anthropic_resp_encode,
                                          tg__responses_resp_encode};
     json_error_t jerr;
@@ -622,7 +625,7 @@ int64_t tg_estimate_tokens(tg_proto_t proto, const json_t *body) {
 tg_xlate_t *tg_xlate_create(tg_proto_t from_upstream, tg_proto_t to_client,
                             const char *client_model, const char *request_id) {
     if (!tg_translate_supported(from_upstream, to_client) || from_upstream == TG_PROTO_EMBEDDINGS ||
-        to_client == TG_PROTO_EMBEDDINGS)
+        to_client == TG_PROTO_EMBEDDINGS || to_client == TG_PROTO_GEMINI)
         return NULL;
     tg_xlate_t *x = calloc(1, sizeof(*x));
     if (!x)
@@ -708,6 +711,8 @@ void tg_xlate_event(tg_xlate_t *x, const char *event, size_t elen, const char *d
             tg__chat_dec(x, doc, data, dlen, out);
         else if (x->from == TG_PROTO_ANTHROPIC)
             tg__anthropic_dec(x, doc, data, dlen, out);
+        else if (x->from == TG_PROTO_GEMINI)
+            tg__gemini_dec(x, doc, data, dlen, out);
         else
             tg__responses_dec(x, doc, data, dlen, out);
     }

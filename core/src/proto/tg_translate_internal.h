@@ -7,6 +7,8 @@
  *                             responses and stream events
  *   tg_translate_anthropic.c  Anthropic Messages: the same
  *   tg_translate_responses.c  OpenAI Responses: the same
+ *   tg_translate_gemini.c     Google Gemini generateContent: an upstream protocol only
+ *                             (request encoder, answer and stream decoders)
  *
  * Every protocol file provides a decoder (its wire format -> neutral) and an encoder
  * (neutral -> its wire format) for each of the three things that are translated, so a
@@ -69,6 +71,7 @@ int tg__responses_req_decode(const json_t *body, tg__ir_t *ir, char *err, size_t
 int tg__chat_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errlen);
 int tg__anthropic_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errlen);
 int tg__responses_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errlen);
+int tg__gemini_req_encode(const tg__ir_t *ir, json_t *out, char *err, size_t errlen);
 
 /* ---- stop reasons ------------------------------------------------------------------ */
 
@@ -100,6 +103,7 @@ typedef struct {
 int tg__chat_resp_decode(const json_t *doc, tg__resp_t *r);
 int tg__anthropic_resp_decode(const json_t *doc, tg__resp_t *r);
 int tg__responses_resp_decode(const json_t *doc, tg__resp_t *r);
+int tg__gemini_resp_decode(const json_t *doc, tg__resp_t *r);
 void tg__chat_resp_encode(const tg__resp_t *r, const char *model, tg_buf_t *out);
 void tg__anthropic_resp_encode(const tg__resp_t *r, const char *model, tg_buf_t *out);
 void tg__responses_resp_encode(const tg__resp_t *r, const char *model, tg_buf_t *out);
@@ -163,6 +167,7 @@ void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
                        tg_buf_t *out);
 void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen,
                        tg_buf_t *out);
+void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out);
 
 /* Sequencing (tg_translate.c); decoders call only these. */
 void tg__x_meta(tg_xlate_t *x, const char *id, const char *model, int64_t created);

@@ -17,6 +17,12 @@
  *                 (response.completed, response.incomplete, response.failed) carry it in
  *                 "response"."usage".
  *   Embeddings    "usage": {prompt_tokens}; there is no output.
+ *   Gemini        body and every stream chunk: "usageMetadata" {promptTokenCount (cache
+ *                 hits included), cachedContentTokenCount, candidatesTokenCount,
+ *                 thoughtsTokenCount (not in candidates), toolUsePromptTokenCount};
+ *                 later chunks repeat and complete the counts. input = prompt - cached +
+ *                 tool-use prompt, cache_read = cached, output = candidates + thoughts,
+ *                 reasoning = thoughts.
  *
  * OpenAI counts cached tokens inside prompt/input tokens; they are moved to cache_read
  * here so that `input` means the same thing (uncached input) for every provider, as it
@@ -120,15 +126,15 @@ static void usage_set(tg_usage_t *u, unsigned bit, int64_t v) {
     u->known |= bit;
 }
 
-/* The usage object at doc.usage, or else at doc.<outer>.usage (outer may be NULL). */
-static json_t *usage_find(json_t *doc, const char *outer) {
-    json_t *us = json_object_get(doc, "usage");
+/* The usage object at doc.<key>, or else at doc.<outer>.<key> (outer may be NULL). */
+static json_t *usage_find(json_t *doc, const char *key, const char *outer) {
+    json_t *us = json_object_get(doc, key);
     if (json_is_object(us))
         return us;
     if (outer) {
         json_t *o = json_object_get(doc, outer);
         if (json_is_object(o)) {
-            us = json_object_get(o, "usage");
+            us = json_object_get(o, key);
             if (json_is_object(us))
                 return us;
         }
@@ -196,6 +202,39 @@ static unsigned usage_embeddings(tg_usage_t *u, const usrc_t *us) {
     return TG_USAGE_INPUT | TG_USAGE_OUTPUT;
 }
 
+static unsigned usage_gemini(tg_usage_t *u, const usrc_t *us) {
+    int64_t prompt = 0, cached = 0, tool = 0, cand = 0, thoughts = 0;
+    int has_prompt = usage_int(us, "promptTokenCount", &prompt);
+    int has_cached = usage_int(us, "cachedContentTokenCount", &cached);
+    int has_tool = usage_int(us, "toolUsePromptTokenCount", &tool);
+    int has_cand = usage_int(us, "candidatesTokenCount", &cand);
+    int has_thoughts = usage_int(us, "thoughtsTokenCount", &thoughts);
+    unsigned found = 0;
+    if (has_cached) {
+        usage_set(u, TG_USAGE_CACHE_READ, cached);
+        found |= TG_USAGE_CACHE_READ;
+    }
+    if (has_prompt) {
+        int64_t in = prompt > cached ? prompt - cached : 0;
+        usage_set(u, TG_USAGE_INPUT, has_tool && tool < INT64_MAX / 4 && in < INT64_MAX / 4 ? in + tool : in);
+        found |= TG_USAGE_INPUT;
+    }
+    if (has_thoughts) {
+        usage_set(u, TG_USAGE_REASONING, thoughts);
+        found |= TG_USAGE_REASONING;
+    }
+    /* A chunk before any output reports no candidates: output stays unknown until one
+     * does (thoughts alone count too). */
+    if (has_cand || has_thoughts) {
+        int64_t out = (has_cand ? cand : 0);
+        if (has_thoughts && thoughts < INT64_MAX / 4 && out < INT64_MAX / 4)
+            out += thoughts;
+        usage_set(u, TG_USAGE_OUTPUT, out);
+        found |= TG_USAGE_OUTPUT;
+    }
+    return found;
+}
+
 static unsigned usage_read(tg_usage_t *u, tg_proto_t proto, const usrc_t *us) {
     switch (proto) {
     case TG_PROTO_OPENAI_CHAT:
@@ -205,9 +244,13 @@ static unsigned usage_read(tg_usage_t *u, tg_proto_t proto, const usrc_t *us) {
     case TG_PROTO_RESPONSES:
         return usage_openai(u, us, "input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details");
     case TG_PROTO_EMBEDDINGS: return usage_embeddings(u, us);
+    case TG_PROTO_GEMINI: return usage_gemini(u, us);
     }
     return 0;
 }
+
+/* The usage object's key: Gemini's usageMetadata, everyone else's usage. */
+static const char *usage_key(tg_proto_t proto) { return proto == TG_PROTO_GEMINI ? "usageMetadata" : "usage"; }
 
 /* Where each protocol may nest its usage one level down (NULL: only at the top). */
 static const char *usage_outer(tg_proto_t proto) {
@@ -221,7 +264,7 @@ int tg_usage_merge_json_full(tg_usage_t *u, tg_proto_t proto, const char *json, 
     json_t *doc = tg_json_loadb(json, len, 0, &err);
     if (!doc)
         return TG_ERROR;
-    json_t *us = usage_find(doc, usage_outer(proto));
+    json_t *us = usage_find(doc, usage_key(proto), usage_outer(proto));
     usrc_t src = {.obj = us};
     unsigned found = us ? usage_read(u, proto, &src) : 0;
     json_decref(doc);
@@ -243,7 +286,7 @@ enum { SCAN_OK = 0, SCAN_BAD = -1, SCAN_FULL = 1 };
  * top-level value; records the spans of doc.usage and doc.<outer>.usage when they are
  * objects (the last of duplicate keys wins, as in jansson).
  */
-static int scan(const char *s, size_t len, const char *outer, span_t *top, span_t *nested) {
+static int scan(const char *s, size_t len, const char *ukey, const char *outer, span_t *top, span_t *nested) {
     enum { VALUE, FIRST_KEY, KEY, COLON, NEXT, FIRST_VALUE } want = VALUE;
     uint64_t is_obj = 0; /* bit d: the container at depth d+1 is an object */
     int depth = 0, done = 0;
@@ -251,7 +294,7 @@ static int scan(const char *s, size_t len, const char *outer, span_t *top, span_
     int in_outer = 0;                 /* depth 2 is the top object's <outer> object */
     size_t top_start = 0, nested_start = 0;
     int top_open = 0, nested_open = 0;
-    size_t olen = outer ? strlen(outer) : 0;
+    size_t olen = outer ? strlen(outer) : 0, ulen = strlen(ukey);
     for (size_t i = 0; i < len;) {
         char c = s[i];
         if (tg_js_is_ws(c)) {
@@ -275,7 +318,7 @@ static int scan(const char *s, size_t len, const char *outer, span_t *top, span_
                 if (escaped)
                     return SCAN_FULL; /* "\u0075sage" is "usage" too: let jansson decide */
                 size_t klen = i - start - 2;
-                key_usage = klen == 5 && !memcmp(s + start + 1, "usage", 5);
+                key_usage = klen == ulen && !memcmp(s + start + 1, ukey, ulen);
                 key_outer = outer && klen == olen && !memcmp(s + start + 1, outer, olen);
             }
             want = COLON;
@@ -480,7 +523,7 @@ int tg_usage_merge_json(tg_usage_t *u, tg_proto_t proto, const char *json, size_
     if (!json || !memmem(json, len, "usage", 5))
         return 0;
     span_t top = {0}, nested = {0};
-    int r = scan(json, len, usage_outer(proto), &top, &nested);
+    int r = scan(json, len, usage_key(proto), usage_outer(proto), &top, &nested);
     if (r == SCAN_BAD)
         return TG_ERROR;
     if (r == SCAN_FULL)

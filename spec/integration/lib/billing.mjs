@@ -272,10 +272,15 @@ export async function reservationRows(bill, id) {
   return rows.map((r) => ({ ...r, amount: BigInt(r.amount), settled_cost: r.settled_cost === null ? null : BigInt(r.settled_cost) }));
 }
 
-/** The ledger rows of kind `usage` of request `id` (amount as BigInt nano-USD). */
+/**
+ * The ledger's debits of request `id` (amount as BigInt nano-USD): since sql/0006 its
+ * share of its batch's entry (one `usage` entry per tenant per batch, named by
+ * usage.ledger_id), before that a row of its own (ledger.request_id).
+ */
 export async function ledgerRows(bill, id) {
-  const rows = await bill.db.query(`SELECT kind, ${nanoCol('amount', 'amount')} FROM ledger
-    WHERE request_id = ${lit(id)} ORDER BY id`);
+  const rows = await bill.db.query(`SELECT l.kind, ${nanoCol('-u.cost', 'amount')} FROM usage u
+      JOIN ledger l ON l.id = u.ledger_id AND l.tenant_id = u.tenant_id WHERE u.request_id = ${lit(id)}
+    UNION ALL SELECT kind, ${nanoCol('amount', 'amount')} FROM ledger WHERE request_id = ${lit(id)}`);
   return rows.map((r) => ({ ...r, amount: BigInt(r.amount) }));
 }
 
