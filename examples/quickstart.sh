@@ -25,7 +25,8 @@
 #
 # ./var keeps the demo key (var/demo.key), the admin token (var/admin.token), the secret
 # key that seals upstream credentials (var/secret.key), the Postgres data (var/pg) and
-# the logs (var/*.log) across runs.
+# the logs (var/*.log) across runs; var/quickstart.env has the TOLLGATE_* lines as
+# exports, for another terminal (`. var/quickstart.env`).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -247,6 +248,12 @@ echo "TOLLGATE_URL=$base/v1"
 echo "TOLLGATE_ADMIN_URL=$base/admin/"
 echo "TOLLGATE_KEY=$demo_key"
 echo "TOLLGATE_ADMIN_TOKEN=$admin_token"
+# The same, for another terminal: `. var/quickstart.env` (the README's tour starts so).
+(
+  umask 077
+  printf 'export TOLLGATE_URL=%q TOLLGATE_ADMIN_URL=%q TOLLGATE_KEY=%q TOLLGATE_ADMIN_TOKEN=%q\n' \
+    "$base/v1" "$base/admin/" "$demo_key" "$admin_token" >"$var/quickstart.env"
+)
 if [ -n "${TOLLGATE_UPSTREAM:-}" ]; then
   accounts_line="account upstream ($upstream_url; the mock accounts are disabled)"
 else

@@ -127,7 +127,7 @@ return {
     max_instructions = 0,       -- a deterministic instruction budget per hook call (0 = off; else >= 1000)
     max_hook_ms = 50,           -- CPU time one hook call may use (a watchdog)
     -- The capture of live policy decisions, for `tollgate policy test --compare`
-    -- (README "Changing a live router safely"). Default: off.
+    -- (plugins/README.md, "Changing a live router safely"). Default: off.
     -- capture = {
     --   rate = 0.01,                -- share of requests recorded, 0..1 (0 = off)
     --   max_per_s = 50,             -- cap: requests recorded per second by the instance

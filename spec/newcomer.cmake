@@ -29,3 +29,6 @@ endif()
 
 # spec/openapi.yaml: Redocly's lint, and the live admin API validated against it.
 tg_services_test(newcomer_openapi ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_openapi.test.mjs "newcomer;integration" 120)
+
+# Every relative link of the Markdown files, and the README front door's shape.
+tg_newcomer_test(integration.newcomer_links ${CMAKE_CURRENT_SOURCE_DIR}/integration/newcomer_links.test.mjs 60)

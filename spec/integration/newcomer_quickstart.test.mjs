@@ -55,6 +55,11 @@ test('the quickstart prints the contract lines, a streamed answer, its cost and 
   assert.ok(nano(out.TOLLGATE_SAMPLE_COST) > 0n);
   assert.ok(qs.stdout.some((l) => l.startsWith(`cost: ${out.TOLLGATE_SAMPLE_COST} USD for `)), qs.tail());
   assert.equal(qs.consoleUrl, `http://127.0.0.1:${qs.port}/admin/usage`);
+  // The same lines for another terminal (the README's tour starts with `. var/quickstart.env`).
+  const envFile = path.join(dir, 'var', 'quickstart.env');
+  assert.equal(fs.statSync(envFile).mode & 0o777, 0o600);
+  const sourced = execFileSync('bash', ['-c', `. "${envFile}" && echo "$TOLLGATE_URL $TOLLGATE_KEY $TOLLGATE_ADMIN_TOKEN"`], { encoding: 'utf8' });
+  assert.equal(sourced.trim(), `${out.TOLLGATE_URL} ${out.TOLLGATE_KEY} ${out.TOLLGATE_ADMIN_TOKEN}`);
 });
 
 test('the sample answer has a usage row and a ledger entry of the printed cost, for the demo key in the demo group', () => {
