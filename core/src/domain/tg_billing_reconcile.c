@@ -81,7 +81,7 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
  * whose request was settled meanwhile is returned (at the settled cost for its last
  * attempt). A hold whose row exists is left to the row's reconciliation.
  */
-static const char ORPHANS_SQL[] =
+const char tg__billing_orphans_sql[] =
     "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, "
     "EXISTS (SELECT 1 FROM reservations r WHERE r.request_id = c.rid AND r.attempt = c.att), "
     "EXISTS (SELECT 1 FROM usage d WHERE d.request_id = c.rid), "
@@ -169,6 +169,32 @@ static int is_alive(const hold_scan_t *s, const char *instance, size_t len) {
     return 0;
 }
 
+static int alive_in_scan(void *ud, const char *instance, size_t len) { return is_alive(ud, instance, len); }
+
+int tg__billing_hold_record(tg_buf_t *j, int first, const char *field, const char *v, uint64_t now,
+                            uint64_t older_ms, int (*alive)(void *ud, const char *instance, size_t len), void *ud) {
+    if (!field || !v)
+        return 0;
+    /* field <id>:<attempt>; value key|instance|ms|amount|model */
+    const char *colon = strrchr(field, ':');
+    const char *p1 = strchr(v, '|'), *p2 = p1 ? strchr(p1 + 1, '|') : NULL;
+    const char *p3 = p2 ? strchr(p2 + 1, '|') : NULL, *p4 = p3 ? strchr(p3 + 1, '|') : NULL;
+    if (!colon || !p4)
+        return 0;
+    uint64_t ms = strtoull(p2 + 1, NULL, 10);
+    if ((alive && alive(ud, p1 + 1, (size_t)(p2 - p1 - 1))) || now < ms + older_ms)
+        return 0; /* its gateway is alive (it settles it), or too young */
+    tg_buf_appends(j, first ? "{\"rid\":\"" : ",{\"rid\":\"");
+    tg_buf_append_json_escaped(j, field, (size_t)(colon - field));
+    tg_buf_printf(j, "\",\"att\":%d,\"key_id\":%lld,\"ms\":%llu,\"amount\":%lld,\"instance\":\"", atoi(colon + 1),
+                  atoll(v), (unsigned long long)ms, atoll(p3 + 1));
+    tg_buf_append_json_escaped(j, p1 + 1, (size_t)(p2 - p1 - 1));
+    tg_buf_appends(j, "\",\"model\":\"");
+    tg_buf_append_json_escaped(j, p4 + 1, strlen(p4 + 1));
+    tg_buf_appends(j, "\"}");
+    return 1;
+}
+
 static void holds_cb(void *ud, redisReply *r, const char *err) {
     hold_scan_t *s = ud;
     tg_billing_t *b = s->b;
@@ -183,35 +209,16 @@ static void holds_cb(void *ud, redisReply *r, const char *err) {
     tg_buf_init(&j);
     tg_buf_appends(&j, "[");
     int n = 0;
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
-        const char *field = r->element[i]->str, *v = r->element[i + 1]->str;
-        if (!field || !v)
-            continue;
-        /* field <id>:<attempt>; value key|instance|ms|amount|model */
-        const char *colon = strrchr(field, ':');
-        const char *p1 = strchr(v, '|'), *p2 = p1 ? strchr(p1 + 1, '|') : NULL;
-        const char *p3 = p2 ? strchr(p2 + 1, '|') : NULL, *p4 = p3 ? strchr(p3 + 1, '|') : NULL;
-        if (!colon || !p4)
-            continue;
-        uint64_t ms = strtoull(p2 + 1, NULL, 10);
-        if (is_alive(s, p1 + 1, (size_t)(p2 - p1 - 1)) || now < ms + (uint64_t)b->cfg.reconcile_after_ms)
-            continue; /* its gateway is alive (it settles it), or too young */
-        tg_buf_appends(&j, n++ ? ",{\"rid\":\"" : "{\"rid\":\"");
-        tg_buf_append_json_escaped(&j, field, (size_t)(colon - field));
-        tg_buf_printf(&j, "\",\"att\":%d,\"key_id\":%lld,\"ms\":%llu,\"amount\":%lld,\"instance\":\"", atoi(colon + 1),
-                      atoll(v), (unsigned long long)ms, atoll(p3 + 1));
-        tg_buf_append_json_escaped(&j, p1 + 1, (size_t)(p2 - p1 - 1));
-        tg_buf_appends(&j, "\",\"model\":\"");
-        tg_buf_append_json_escaped(&j, p4 + 1, strlen(p4 + 1));
-        tg_buf_appends(&j, "\"}");
-    }
+    for (size_t i = 0; i + 1 < r->elements; i += 2)
+        n += tg__billing_hold_record(&j, n == 0, r->element[i]->str, r->element[i + 1]->str, now,
+                                     (uint64_t)b->cfg.reconcile_after_ms, alive_in_scan, s);
     tg_buf_appends(&j, "]");
     if (n) {
         orphans_ctx_t *o = malloc(sizeof(*o));
         o->b = b;
         o->tenant = tenant;
         const char *params[1] = {j.data};
-        if (!tg_pg_query(tg_state_pg(b->st), ORPHANS_SQL, 1, params, orphans_cb, o))
+        if (!tg_pg_query(tg_state_pg(b->st), tg__billing_orphans_sql, 1, params, orphans_cb, o))
             free(o);
     }
     tg_buf_free(&j);

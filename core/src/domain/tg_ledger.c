@@ -134,6 +134,96 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
     return 0;
 }
 
+/* Gives back hold `field` of tenant T, `actual` of it spent (settle.lua). */
+static void ledger_hold_return(redisContext *rc, int64_t tenant, int64_t key, const char *rid, int att, int64_t actual) {
+    char keys[4][128], field[96], amt[24];
+    tg__billing_hold_keys(keys, field, tenant, key, rid, att);
+    snprintf(amt, sizeof(amt), "%lld", (long long)actual);
+    redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0], keys[1],
+                                   keys[2], keys[3], amt, field);
+    if (rep)
+        freeReplyObject(rep);
+}
+
+/* The holds in Redis that no Postgres row describes (their gateway died before its batch
+ * committed), as the reconciler finds them (tg_billing_reconcile.c), every instance
+ * counting as gone: each older than older_ms gets its row, `pending_reconciliation`,
+ * which the rows pass below then settles; a hold whose request was settled is given
+ * back. Returns how many rows it wrote. */
+static int ledger_orphaned_holds(PGconn *c, redisContext *rc, int older_ms) {
+    int rows = 0;
+    char cursor[32] = "0";
+    uint64_t now = tg_wall_ms();
+    do {
+        redisReply *page = redisCommand(rc, "SCAN %s MATCH {t:*}:holds COUNT 1000", cursor);
+        if (!page || page->type != REDIS_REPLY_ARRAY || page->elements != 2 || !page->element[0]->str) {
+            if (page)
+                freeReplyObject(page);
+            fprintf(stderr, "ledger reconcile: Redis: could not scan the holds index\n");
+            return rows;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", page->element[0]->str);
+        for (size_t k = 0; k < page->element[1]->elements; k++) {
+            const char *hkey = page->element[1]->element[k]->str;
+            redisReply *h = hkey ? redisCommand(rc, "HGETALL %s", hkey) : NULL;
+            tg_buf_t j;
+            tg_buf_init(&j);
+            tg_buf_appends(&j, "[");
+            int n = 0;
+            for (size_t i = 0; h && h->type == REDIS_REPLY_ARRAY && i + 1 < h->elements; i += 2)
+                n += tg__billing_hold_record(&j, n == 0, h->element[i]->str, h->element[i + 1]->str, now,
+                                             (uint64_t)older_ms, NULL, NULL);
+            tg_buf_appends(&j, "]");
+            if (h)
+                freeReplyObject(h);
+            int64_t tenant = atoll(hkey + 3); /* {t:T}:holds */
+            const char *params[1] = {j.data};
+            PGresult *r = n ? PQexecParams(c, tg__billing_orphans_sql, 1, NULL, params, NULL, NULL, 0) : NULL;
+            for (int i = 0; r && PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+                const char *rid = PQgetvalue(r, i, 0);
+                int att = atoi(PQgetvalue(r, i, 1));
+                int64_t key = atoll(PQgetvalue(r, i, 2));
+                if (!strcmp(PQgetvalue(r, i, 8), "t")) {
+                    ledger_hold_return(rc, tenant, key, rid, att, atoll(PQgetvalue(r, i, 9)));
+                    continue;
+                }
+                if (!strcmp(PQgetvalue(r, i, 7), "t"))
+                    continue; /* its row is there: the rows pass settles it */
+                char amount[32];
+                tg_money_format(atoll(PQgetvalue(r, i, 4)), amount);
+                tg_buf_t e;
+                tg_buf_init(&e);
+                tg_buf_appends(&e, "[{\"op\":\"reserve\",\"request_id\":\"");
+                tg_buf_append_json_escaped(&e, rid, strlen(rid));
+                tg_buf_printf(&e, "\",\"attempt\":%d,\"tenant_id\":%lld,\"api_key_id\":%lld,\"amount\":\"%s\",\"model\":\"",
+                              att, (long long)tenant, (long long)key, amount);
+                tg_buf_append_json_escaped(&e, PQgetvalue(r, i, 5), strlen(PQgetvalue(r, i, 5)));
+                tg_buf_appends(&e, "\",\"instance\":\"");
+                tg_buf_append_json_escaped(&e, PQgetvalue(r, i, 6), strlen(PQgetvalue(r, i, 6)));
+                tg_buf_printf(&e, "\",\"state\":\"pending_reconciliation\",\"note\":\"orphaned hold: its gateway died "
+                                  "before Postgres had the row\",\"created_ms\":%s}]",
+                              PQgetvalue(r, i, 3));
+                const char *p[1] = {e.data};
+                PGresult *w = PQexecParams(c, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, NULL, p,
+                                           NULL, NULL, 0);
+                if (PQresultStatus(w) == PGRES_TUPLES_OK) {
+                    printf("%s:%d orphaned hold recorded (pending_reconciliation)\n", rid, att);
+                    rows++;
+                } else {
+                    fprintf(stderr, "ledger reconcile: %s: %s", rid, PQerrorMessage(c));
+                }
+                PQclear(w);
+                tg_buf_free(&e);
+            }
+            if (r)
+                PQclear(r);
+            tg_buf_free(&j);
+        }
+        freeReplyObject(page);
+    } while (strcmp(cursor, "0"));
+    return rows;
+}
+
 int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int older_than_ms, int charge_unknown) {
     PGconn *c = PQconnectdb(pg_conninfo);
     if (PQstatus(c) != CONNECTION_OK) {
@@ -145,6 +235,8 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
     redisContext *rc = ledger_redis(redis_url, rerr);
     if (redis_url && !rc)
         fprintf(stderr, "ledger reconcile: Redis: %s: the holds of the requests settled here stay there\n", rerr);
+    if (rc)
+        ledger_orphaned_holds(c, rc, older_than_ms);
     char ms[16];
     snprintf(ms, sizeof(ms), "%d", older_than_ms);
     /* An operator's explicit pass: every instance counts as gone (run it when the
