@@ -7,3 +7,5 @@ tg_services_test(providers_models ${CMAKE_CURRENT_SOURCE_DIR}/integration/provid
 tg_unit_test(providers providers)
 tg_services_test(providers_gemini ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_gemini.test.mjs
   "providers;integration" 120)
+tg_services_test(providers_azure ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_azure.test.mjs
+  "providers;integration" 120)

@@ -48,7 +48,7 @@ const CASES = [
   ['groups', { name: 'g2', rate_multiplier: '-1' }],
   ['groups', { name: 'g3', plugins: { 'nope-plugin': {} } }],
   ['accounts', { ...ACCOUNT, base_url: 'http://user@127.0.0.1/v1' }],
-  ['accounts', { ...ACCOUNT, provider: 'azure' }],
+  ['accounts', { ...ACCOUNT, provider: 'cohere' }],
   ['accounts', { ...ACCOUNT, priority: 2147483648 }],
   ['accounts', { ...ACCOUNT, model_map: { 'gpt-4o': 42 } }],
   ['accounts', { ...ACCOUNT, credential: 'sk-1\r\nX-Injected: 1' }],

@@ -158,7 +158,7 @@ test('groups, accounts and prices: full CRUD; credentials are write-only', async
   assert.deepEqual(upd.groups, []);
   assert.equal(upd.status, 'disabled');
   assert.equal(await db.scalar(`SELECT count(*) FROM account_groups WHERE account_id = ${acc.id}`), '0');
-  assertError(await admin.post('/accounts', { name: 'acct-2', provider: 'azure', base_url: 'http://x/v1' }), 400, 'invalid_request', 'provider enum');
+  assertError(await admin.post('/accounts', { name: 'acct-2', provider: 'cohere', base_url: 'http://x/v1' }), 400, 'invalid_request', 'provider enum');
   assertError(await admin.post('/accounts', { name: 'acct-2', provider: 'openai', base_url: 'ftp://x' }), 400, undefined, 'base_url check');
   assertError(await admin.post('/accounts', { name: 'acct-2', provider: 'openai', base_url: 'http://x/v1', groups: [NO_ID] }), 400, 'invalid_reference', 'unknown group');
   assert.equal(await db.scalar("SELECT count(*) FROM accounts WHERE name = 'acct-2'"), '0', 'the failed create left no account behind');

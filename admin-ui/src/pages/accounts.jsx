@@ -90,7 +90,7 @@ function AccountForm({ account, groups, onDone, onCancel }) {
         <input name="name" defaultValue={account?.name ?? ''} placeholder="openai-main" />
       </Field>
       <Field label="Provider">
-        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini']]} />
+        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini'], ['azure', 'azure']]} />
       </Field>
       <Field label="Base URL" hint="e.g. https://api.openai.com/v1" wide>
         <input name="base_url" defaultValue={account?.base_url ?? ''} placeholder="https://api.openai.com/v1" />

@@ -35,13 +35,14 @@ typedef struct {
     int concurrency;
     int active;
     int64_t cooldown_until_ms;
-    char *provider;       /* "openai" | "anthropic" */
+    char *provider;       /* "openai" | "anthropic" | "gemini" | "azure" */
     char *name;
     char *credential;     /* opened; NULL when none */
     int kind_subscription;
     char **models;        /* NULL/0: any */
     int nmodels;
-    json_t *model_map;    /* object: client model -> upstream model */
+    json_t *model_map;    /* object: client model -> upstream model (Azure: deployment) */
+    json_t *settings;     /* object: the provider's settings (azure: api_version), or NULL */
     int64_t reset_at_ms;
     char cost_multiplier[32];
     tg_upstream_t *upstream;
@@ -102,6 +103,12 @@ const tg_account_t *tg_snapshot_account(const tg_snapshot_t *s, int64_t id);
  *  upstream client), or NULL. The snapshot owns the text. */
 const char *tg_snapshot_broken(const tg_snapshot_t *s, int64_t id);
 
+/** An Azure OpenAI account's api-version when its settings name none (the GA version
+ *  that takes max_completion_tokens and stream_options). */
+#define TG_AZURE_API_VERSION "2024-10-21"
+
+/** The account's setting `key` (its settings object), or dflt when unset or empty. */
+const char *tg_account_setting(const tg_account_t *acc, const char *key, const char *dflt);
 /** The model name to send upstream for this account (the mapping, or `model`). */
 const char *tg_account_map_model(const tg_account_t *acc, const char *model);
 /** The list price of `model` (nano-USD per million tokens, from model_prices). Returns 1

@@ -40,7 +40,7 @@ struct tg_acctest_s {
     tg_upcall_t *call;
     char model[300];
     char upstream_model[300];
-    char path[320];
+    char path[768];
     uint64_t t0, t_head;
     int status;
     tg_buf_t answer;
@@ -204,6 +204,7 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
     snprintf(t->upstream_model, sizeof(t->upstream_model), "%s", tg_account_map_model(acc, t->model));
     int anthropic = acc->provider && !strcmp(acc->provider, "anthropic");
     int gemini = acc->provider && !strcmp(acc->provider, "gemini");
+    int azure = acc->provider && !strcmp(acc->provider, "azure");
     json_t *body = json_object();
     if (gemini) {
         json_object_set_new(body, "contents",
@@ -224,6 +225,9 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
         tg_translate_gemini_path(t->upstream_model, 0, &gp);
         snprintf(t->path, sizeof(t->path), "%.*s", (int)gp.len, gp.data ? gp.data : "");
         tg_buf_free(&gp);
+    } else if (azure) {
+        snprintf(t->path, sizeof(t->path), "/deployments/%s/chat/completions?api-version=%s", t->upstream_model,
+                 tg_account_setting(acc, "api_version", TG_AZURE_API_VERSION));
     } else {
         snprintf(t->path, sizeof(t->path), "%s", anthropic ? "/messages" : "/chat/completions");
     }
@@ -235,6 +239,8 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
         tg_buf_printf(&b, "\r\nx-api-key: %s\r\nanthropic-version: 2023-06-01", acc->credential);
     else if (acc->credential && gemini)
         tg_buf_printf(&b, "\r\nx-goog-api-key: %s", acc->credential);
+    else if (acc->credential && azure)
+        tg_buf_printf(&b, "\r\napi-key: %s", acc->credential);
     else if (acc->credential)
         tg_buf_printf(&b, "\r\nAuthorization: Bearer %s", acc->credential);
     tg_buf_printf(&b, "\r\nx-request-id: %s\r\nContent-Type: application/json\r\nAccept: application/json\r\n"

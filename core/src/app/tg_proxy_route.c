@@ -176,13 +176,15 @@ static int was_tried(const proxy_req_t *p, int64_t id) {
 }
 
 /* What the upstream speaks: an Anthropic account speaks Messages, a Gemini one
- * generateContent; an OpenAI one speaks the client's OpenAI protocol, or chat
+ * generateContent, an Azure one chat completions (and embeddings); an OpenAI one speaks the client's OpenAI protocol, or chat
  * completions for an Anthropic client. */
 static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider) {
     if (!strcmp(provider, "anthropic"))
         return TG_PROTO_ANTHROPIC;
     if (!strcmp(provider, "gemini"))
         return TG_PROTO_GEMINI;
+    if (!strcmp(provider, "azure")) /* chat completions and embeddings per deployment */
+        return p->proto == TG_PROTO_EMBEDDINGS ? TG_PROTO_EMBEDDINGS : TG_PROTO_OPENAI_CHAT;
     return p->proto == TG_PROTO_ANTHROPIC ? TG_PROTO_OPENAI_CHAT : p->proto;
 }
 

@@ -134,7 +134,21 @@ int tg__phase_upstream(proxy_req_t *p) {
     if (tg__is_model_route(req->route)) {
         method = "POST";
         suffix = tg_translate_path(p->at.up_proto);
-        if (p->at.up_proto == TG_PROTO_GEMINI) {
+        if (p->at.account && !strcmp(p->at.account->provider, "azure")) {
+            /* Azure OpenAI: the deployment (the model as mapped) and the api-version in
+             * the URL; the path prefix is the resource's (".../openai"). */
+            const char *dep = json_string_value(json_object_get(tg__proxy_json(p), "model"));
+            int n = snprintf(gpath, sizeof(gpath), "/deployments/");
+            for (const char *c = dep ? dep : ""; *c && n < (int)sizeof(gpath) - 4; c++) {
+                unsigned char ch = (unsigned char)*c;
+                int plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                            ch == '-' || ch == '_' || ch == '.';
+                n += snprintf(gpath + n, sizeof(gpath) - (size_t)n, plain ? "%c" : "%%%02X", ch);
+            }
+            snprintf(gpath + n, sizeof(gpath) - (size_t)n, "%s?api-version=%s", suffix,
+                     tg_account_setting(p->at.account, "api_version", TG_AZURE_API_VERSION));
+            suffix = gpath;
+        } else if (p->at.up_proto == TG_PROTO_GEMINI) {
             /* Gemini's model and method are in the path (the model mapped already). */
             tg_buf_t gp;
             tg_buf_init(&gp);
@@ -178,6 +192,9 @@ int tg__phase_upstream(proxy_req_t *p) {
         tg_buf_appends(b, "\r\nx-api-key: ");
         tg_buf_appends(b, p->at.credential);
         tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");
+    } else if (p->at.credential && p->at.account && !strcmp(p->at.account->provider, "azure")) {
+        tg_buf_appends(b, "\r\napi-key: ");
+        tg_buf_appends(b, p->at.credential);
     } else if (p->at.credential && p->at.up_proto == TG_PROTO_GEMINI) {
         tg_buf_appends(b, "\r\nx-goog-api-key: ");
         tg_buf_appends(b, p->at.credential);

@@ -18,7 +18,7 @@ static const char *const status_active_suspended[] = {"active", "suspended", NUL
 static const char *const status_active_revoked[] = {"active", "revoked", NULL};
 static const char *const status_active_disabled[] = {"active", "disabled", NULL};
 static const char *const roles[] = {"owner", "admin", "member", NULL};
-static const char *const providers[] = {"openai", "anthropic", "gemini", NULL};
+static const char *const providers[] = {"openai", "anthropic", "gemini", "azure", NULL};
 static const char *const kinds[] = {"metered", "subscription", NULL};
 
 /* In the order of the admin API's answers; a state file's item is keyed by its first
@@ -100,6 +100,7 @@ static const tg_column_t account_cols[] = {
     {"weight", TG_COL_INT, TG_COL_RW, 0, 0, NULL, 1, "100", NULL},
     {"models", TG_COL_TEXTARR, TG_COL_RW, 0, 0, NULL, 1, "{}", NULL},
     {"model_map", TG_COL_MODEL_MAP, TG_COL_RW, 0, 0, NULL, 1, "{}", NULL},
+    {"settings", TG_COL_MODEL_MAP, TG_COL_RW, 0, 0, NULL, 1, "{}", NULL},
     {"cost_multiplier", TG_COL_NUMERIC, TG_COL_RW, 0, 0, NULL, 1, "1", NULL},
     {"status", TG_COL_TEXT, TG_COL_RW, 0, 0, status_active_disabled, 1, "active", NULL},
     {"cooldown_until", TG_COL_TIME, TG_COL_RW, 0, 1, NULL, 0, NULL, NULL},

@@ -85,7 +85,8 @@ static const char LOAD_SQL[] =
     "to_json(a.models), a.model_map::text, a.cost_multiplier::text, a.status, "
     "coalesce((extract(epoch FROM a.cooldown_until) * 1000)::bigint, 0), "
     "coalesce((extract(epoch FROM a.reset_at) * 1000)::bigint, 0), "
-    "coalesce((SELECT json_agg(ag.group_id) FROM account_groups ag WHERE ag.account_id = a.id), '[]') "
+    "coalesce((SELECT json_agg(ag.group_id) FROM account_groups ag WHERE ag.account_id = a.id), '[]'), "
+    "a.settings::text "
     "FROM accounts a ORDER BY a.id";
 
 static void snapshot_free(tg_snapshot_t *s) {
@@ -101,6 +102,7 @@ static void snapshot_free(tg_snapshot_t *s) {
             free(a->models[k]);
         free(a->models);
         json_decref(a->model_map);
+        json_decref(a->settings);
     }
     free(s->accounts);
     for (size_t i = 0; i < s->ngroups; i++) {
@@ -361,6 +363,23 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
             json_decref(map);
             continue;
         }
+        /* The provider's settings (api_version, region, ...) go into URLs and headers:
+         * an object of clean strings, or the account is left out. */
+        json_t *settings = json_loads(PQgetvalue(res, r, 16), 0, NULL);
+        if (!json_is_object(settings))
+            why = "settings is not an object";
+        else
+            json_object_foreach(settings, mk, mv) if (!json_is_string(mv) || tg_valid_model(json_string_value(mv), json_string_length(mv))) {
+                why = "settings holds a value that is not a plain string";
+                break;
+            }
+        if (why) {
+            snapshot_skip(s, acc->id, "%s", why);
+            json_decref(map);
+            json_decref(settings);
+            continue;
+        }
+        acc->settings = settings;
         acc->name = strdup(PQgetvalue(res, r, 1));
         acc->provider = strdup(PQgetvalue(res, r, 2));
         acc->upstream = upstream_for(a, PQgetvalue(res, r, 3));
@@ -389,6 +408,8 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
                 free(acc->name);
                 free(acc->provider);
                 json_decref(map);
+                json_decref(acc->settings);
+                acc->settings = NULL;
                 continue;
             }
         }
@@ -536,6 +557,11 @@ void tg_accounts_destroy(tg_accounts_t *a) {
     free(a);
 }
 
+const char *tg_account_setting(const tg_account_t *acc, const char *key, const char *dflt) {
+    const char *v = json_string_value(json_object_get(acc->settings, key));
+    return v && *v ? v : dflt;
+}
+
 const char *tg_account_map_model(const tg_account_t *acc, const char *model) {
     json_t *v = acc->model_map ? json_object_get(acc->model_map, model) : NULL;
     return json_is_string(v) ? json_string_value(v) : model;
@@ -625,6 +651,7 @@ tg_snapshot_t *tg_snapshot_build(const tg_account_t *accounts, size_t n, const t
         for (int k = 0; k < acc->nmodels; k++)
             acc->models[k] = strdup(accounts[i].models[k]);
         json_incref(acc->model_map);
+        json_incref(acc->settings);
     }
     s->naccounts = n;
     qsort(s->accounts, n, sizeof(tg_account_t), account_id_cmp);

@@ -18,7 +18,10 @@
  * /v1beta/models/<model>:generateContent and :streamGenerateContent?alt=sse (the key in
  * x-goog-api-key, required: 403 without; usageMetadata promptTokenCount = input tokens,
  * candidatesTokenCount = output tokens, cached and thoughts knobs below; errors in
- * Google's {"error":{"code","message","status"}}); 404 elsewhere. Errors
+ * Google's {"error":{"code","message","status"}}); Azure OpenAI's POST
+ * /openai/deployments/<deployment>/chat/completions (and /embeddings) with
+ * ?api-version= (404 without) and the key in api-key (401 without), the deployment
+ * echoed as the model; 404 elsewhere. Errors
  * are {"error":{"message","type","param","code"}}, or on /v1/messages
  * {"type":"error","error":{"type","message"}}. Answers echo the request's "model"
  * (default mock-gpt, mock-claude, mock-embed) and always end normally ("stop",
@@ -1371,7 +1374,30 @@ static int route_gemini(const char *path, size_t n, const char **model, size_t *
     return API_GEMINI;
 }
 
+/* Azure OpenAI's /openai/deployments/<deployment>/<operation>: the deployment's span
+ * and the rest ("/chat/completions"); 0 if the path is not one. */
+static int route_azure(const char *path, size_t n, const char **dep, size_t *dlen, const char **rest, size_t *rlen) {
+    static const char pre[] = "/openai/deployments/";
+    size_t pl = sizeof(pre) - 1;
+    if (n <= pl || memcmp(path, pre, pl) != 0)
+        return 0;
+    const char *slash = memchr(path + pl, '/', n - pl);
+    if (!slash || slash == path + pl)
+        return 0;
+    *dep = path + pl;
+    *dlen = (size_t)(slash - *dep);
+    *rest = slash;
+    *rlen = (size_t)(path + n - slash);
+    return 1;
+}
+
 static int route(const char *path, size_t n, int method, int *bad_method) {
+    const char *dep, *rest;
+    size_t dlen, rlen;
+    if (route_azure(path, n, &dep, &dlen, &rest, &rlen)) {
+        path = rest;
+        n = rlen;
+    }
     if (n >= 4 && memcmp(path, "/v1/", 4) == 0) {
         path += 3;
         n -= 3;
@@ -1535,6 +1561,27 @@ static void handle_request(conn_t *c) {
     json_decref(root);
 
     const char *goog_key = hdr_get(c, "x-goog-api-key");
+    /* Azure OpenAI: the deployment is the model; the key in api-key, an api-version. */
+    const char *az_dep, *az_rest, *az_key = NULL;
+    size_t az_dlen, az_rlen;
+    int azure = route_azure(url, plen, &az_dep, &az_dlen, &az_rest, &az_rlen);
+    if (azure) {
+        char ver[64];
+        query_get(url, c->url.len, "api-version", ver, sizeof(ver));
+        az_key = hdr_get(c, "api-key");
+        if (!err_status && (!az_key || !*az_key)) {
+            err_status = 401;
+            err_msg = "mock: Access denied due to a missing api-key header (Azure OpenAI)";
+        } else if (!err_status && !ver[0]) {
+            err_status = 404;
+            err_msg = "mock: Resource not found (an Azure OpenAI call needs ?api-version=)";
+        }
+        if (!err_status) {
+            c->model.len = 0;
+            tg_buf_append_json_escaped(&c->model, az_dep, TG_MIN(az_dlen, (size_t)256));
+            BUF_LIT(&c->model, "");
+        }
+    }
     if (api == API_GEMINI && !err_status && (!goog_key || !*goog_key)) {
         err_status = 403;
         err_msg = "mock: Method doesn't allow unregistered callers (send the API key in x-goog-api-key)";
@@ -1565,6 +1612,9 @@ static void handle_request(conn_t *c) {
     } else if (goog_key && *goog_key) {
         cred = goog_key;
         cred_len = strlen(goog_key);
+    } else if (az_key && *az_key) {
+        cred = az_key;
+        cred_len = strlen(az_key);
     }
     cred_len = TG_MIN(cred_len, (size_t)256);
 

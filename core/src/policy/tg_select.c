@@ -124,7 +124,7 @@ static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, i
             const tg_account_t *acc = tier_at(&tr, start + j < t ? start + j : start + j - t);
             if (!acc->active || acc->cooldown_until_ms > q->now_ms)
                 continue;
-            if (q->openai_only && strcmp(acc->provider, "openai") != 0)
+            if (q->openai_only && strcmp(acc->provider, "openai") != 0 && strcmp(acc->provider, "azure") != 0)
                 continue;
             if (avoid && avoided(q, acc->id)) {
                 *skipped = 1;
@@ -152,7 +152,8 @@ static int gather(const tg_pool_t *pool, tg_health_t *h, const tg_select_t *q, i
 static const tg_account_t *sticky_ok(const tg_snapshot_t *s, tg_health_t *h, const tg_select_t *q) {
     const tg_account_t *acc = tg_snapshot_member(s, q->group_id, q->sticky);
     if (!acc || !acc->active || acc->cooldown_until_ms > q->now_ms || !tg_account_serves(acc, q->model) ||
-        (q->openai_only && strcmp(acc->provider, "openai") != 0) || avoided(q, acc->id))
+        (q->openai_only && strcmp(acc->provider, "openai") != 0 && strcmp(acc->provider, "azure") != 0) ||
+        avoided(q, acc->id))
         return NULL;
     tg_health_entry_t *e = tg_health_get(h, acc->id);
     if (!tg_health_available(e, q->now_ms) || quota_spent(e, q))
