@@ -723,6 +723,12 @@ function M.build_variant(base, spec)
     if #slist > 0 then
         gen.shadow = assemble(slist, base.number)
         gen.shadow.variant = true
+        -- The share of requests the shadows run on: the largest any of them asks for.
+        local sample = 0
+        for _, o in ipairs(shadows) do
+            if o.enabled and (o.sample or 1) > sample then sample = o.sample or 1 end
+        end
+        gen.shadow.sample = sample
     end
     return gen
 end

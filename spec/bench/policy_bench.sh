@@ -11,6 +11,7 @@
 #   capture 100%  rate = 1
 #   shadow        capture off, group shadowed
 #   1% + shadow   rate = 0.01, group shadowed       (the issue's goal: < 5% of req/s)
+#   shadow10, 1% + shadow10: the same shadow with "sample": 0.1 (on 10% of requests)
 #
 # Rounds are interleaved (every variant once per round, the order rotating), wrk -c32
 # for DUR seconds each; the median of the rounds is reported for req/s and, from the
@@ -18,7 +19,17 @@
 # Markdown table. Everything listens on 127.0.0.1 and is stopped by PID on exit.
 #
 #   spec/bench/policy_bench.sh [SECONDS] [ROUNDS]     (defaults 4 and 5)
+#   spec/bench/policy_bench.sh --callgrind             instructions per request instead
+#
+# --callgrind: each variant in turn under valgrind --tool=callgrind (all threads, the
+# capture's writer included), warmed with 1 s of wrk -c8, counters zeroed, 4 s of
+# wrk -c8, dumped: instructions per request, which a loaded machine does not move.
 set -euo pipefail
+CALLGRIND=0
+if [ "${1:-}" = --callgrind ]; then
+    CALLGRIND=1
+    shift
+fi
 # shellcheck source=spec/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
@@ -57,28 +68,35 @@ return {
   groups = {
     { name = 'plain', models = {} },
     { name = 'shadowed', models = {}, plugins = { router = { mode = 'shadow', config = { top_k = 1 } } } },
+    { name = 'shadowed10', models = {}, plugins = { router = { mode = 'shadow', sample = 0.1, config = { top_k = 1 } } } },
   },
   accounts = {
-$(for i in 1 2 3 4; do echo "    { name = 'acc$i', provider = 'openai', base_url = 'http://127.0.0.1:$P_MOCK/v1', credential = 'sk-pb-$i', concurrency = 1000, groups = { 'plain', 'shadowed' } },"; done)
+$(for i in 1 2 3 4; do echo "    { name = 'acc$i', provider = 'openai', base_url = 'http://127.0.0.1:$P_MOCK/v1', credential = 'sk-pb-$i', concurrency = 1000, groups = { 'plain', 'shadowed', 'shadowed10' } },"; done)
   },
   keys = {
     { name = 'kp', tenant = 'bench', group = 'plain', key = 'tg-policy-bench-plain' },
     { name = 'ks', tenant = 'bench', group = 'shadowed', key = 'tg-policy-bench-shadow' },
+    { name = 'ks10', tenant = 'bench', group = 'shadowed10', key = 'tg-policy-bench-shadow10' },
   },
   prices = { { model = 'mock-gpt', input = '0.15', output = '0.60' } },
 }
 EOT
 "$BIN" apply -c "$T/tool.lua" "$T/state.lua" >/dev/null
 
-VARIANTS=(off cap1 cap100 shadow cap1shadow)
-declare -A RATE=([off]=0 [cap1]=0.01 [cap100]=1 [shadow]=0 [cap1shadow]=0.01)
-declare -A KEYV=([off]=plain [cap1]=plain [cap100]=plain [shadow]=shadow [cap1shadow]=shadow)
+VARIANTS=(off cap1 cap100 shadow cap1shadow shadow10 cap1shadow10)
+declare -A RATE=([off]=0 [cap1]=0.01 [cap100]=1 [shadow]=0 [cap1shadow]=0.01 [shadow10]=0 [cap1shadow10]=0.01)
+declare -A KEYV=([off]=plain [cap1]=plain [cap100]=plain [shadow]=shadow [cap1shadow]=shadow [shadow10]=shadow10
+    [cap1shadow10]=shadow10)
 declare -A LABEL=([off]="off (router, no capture, no shadow)" [cap1]="capture 1%" [cap100]="capture 100%"
-    [shadow]="one shadow plugin (router, top_k 1)" [cap1shadow]="capture 1% + one shadow plugin")
+    [shadow]="one shadow plugin (router, top_k 1) on every request" [cap1shadow]="capture 1% + that shadow"
+    [shadow10]="that shadow on a 10% sample" [cap1shadow10]="capture 1% + that shadow on a 10% sample")
 declare -A PORT PID
 for v in "${VARIANTS[@]}"; do
     next_port p
     PORT[$v]=$p
+done
+for v in "${VARIANTS[@]}"; do
+    p=${PORT[$v]}
     cat >"$T/$v.lua" <<EOT
 return {
   listen = "127.0.0.1:$p", workers = 1, access_log = false, log_level = "warn",
@@ -88,6 +106,7 @@ return {
     capture = { rate = ${RATE[$v]}, max_per_s = 100000, file = '$T/$v.jsonl', max_bytes = 1073741824 } },
 }
 EOT
+    [ $CALLGRIND = 1 ] && continue
     start "$v" 1 "$BIN" serve -c "$T/$v.lua"
     PID[$v]=$LAST_PID
     wait_port "$p"
@@ -99,15 +118,44 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer tg-policy-bench-plain"
 EOT
 sed 's/tg-policy-bench-plain/tg-policy-bench-shadow/' "$T/wrk_plain.lua" >"$T/wrk_shadow.lua"
-for v in "${VARIANTS[@]}"; do # warm: the key cache and the account snapshot
-    for _ in $(seq 100); do
+sed 's/tg-policy-bench-plain/tg-policy-bench-shadow10/' "$T/wrk_plain.lua" >"$T/wrk_shadow10.lua"
+warm() { # VARIANT: the key cache and the account snapshot
+    local v=$1 code=0
+    for _ in $(seq 200); do
         code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT[$v]}/v1/chat/completions" \
             -H "authorization: Bearer tg-policy-bench-${KEYV[$v]}" -d '{"model":"mock-gpt","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}')
         [ "$code" = 200 ] && break
         sleep 0.1
     done
     [ "$code" = 200 ] || { log "$v does not answer 200"; exit 1; }
-done
+}
+if [ $CALLGRIND = 1 ]; then
+    need valgrind callgrind_control
+    echo "| variant (1 worker, under callgrind, wrk -c8 4 s after 1 s of warm-up) | requests | instructions / request | vs off |"
+    echo "|---|---:|---:|---:|"
+    base=0
+    for v in "${VARIANTS[@]}"; do
+        start "$v" "" valgrind --tool=callgrind --callgrind-out-file="$T/cg.$v" "$BIN" serve -c "$T/$v.lua"
+        G=$LAST_PID
+        wait_port "${PORT[$v]}" 60
+        warm "$v"
+        URL=http://127.0.0.1:${PORT[$v]}/v1/chat/completions
+        wrk -t1 -c8 -d1s -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >/dev/null
+        callgrind_control -z $G >/dev/null
+        wrk -t1 -c8 -d4s -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >"$T/wrk.out"
+        callgrind_control -d $G >/dev/null
+        sleep 1
+        stop_pid $G
+        n=$(awk '/requests in/ {print $1}' "$T/wrk.out")
+        ir=$(grep -h '^summary:' "$T"/cg.$v.1 | awk '{print $2}')
+        per=$((ir / n))
+        [ $base = 0 ] && base=$per
+        awk -v l="${LABEL[$v]}" -v n="$n" -v p="$per" -v b="$base" 'BEGIN { printf "| %s | %d | %d | %+.1f%% |\n", l, n, p, (p - b) / b * 100 }'
+        rm -f "$T"/cg.$v*
+    done
+    exit 0
+fi
+for v in "${VARIANTS[@]}"; do warm "$v"; done
 
 TICK_US=$((1000000 / HZ))
 round() { # VARIANT: one wrk run; appends "req/s cpu_us_per_req" to T/VARIANT.r

@@ -127,7 +127,7 @@ test('an invalid group config is refused with a 400 naming the field; the stored
     [{ stamp: { config: { value: '' } } }, /plugins\.stamp\.config\.value: length must be between 1 and 32, got 0/],
     [{ stamp: { config: { valeu: 'x' } } }, /plugins\.stamp\.config\.valeu: unknown field/],
     [{ stamp: { config: { value: null } } }, /plugins\.stamp\.config\.value: null is not a value/],
-    [{ stamp: { confg: {} } }, /plugins\.stamp: unknown key "confg" \(expected enabled, mode, config\)/],
+    [{ stamp: { confg: {} } }, /plugins\.stamp: unknown key "confg" \(expected enabled, mode, sample, config\)/],
     [{ stamp: { enabled: 'yes' } }, /plugins\.stamp: enabled: expected true or false/],
     [{ stamp: true }, /plugins\.stamp: expected an object/],
     [{ 'no-such-plugin': {} }, /plugins\.no-such-plugin: not found/],

@@ -8,6 +8,7 @@
  * Plugin files are written to a fresh temp folder per test. Needs the test binary to
  * export its symbols (spec/plugins.cmake) so LuaJIT's ffi.C finds tg_ffi_*.
  */
+#include <jansson.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -780,6 +781,74 @@ TG_TEST(plugin, groups_get_their_own_plugins_and_configs) {
     stop(pl, &loop);
 }
 
+/* The shadow disagreements counted at `hook`, from the status document. */
+static uint64_t shadow_disagreed(const char *hook) {
+    char *doc = tg_plugins_status_json();
+    json_t *root = json_loads(doc, 0, NULL);
+    free(doc);
+    json_t *h = json_object_get(json_object_get(json_object_get(root, "shadow"), "hooks"), hook);
+    uint64_t n = (uint64_t)json_integer_value(json_object_get(h, "disagree"));
+    json_decref(root);
+    return n;
+}
+
+static const char shadow_policy[] =
+    "return { name = 'shadowy', priority = 1, version = '1',\n"
+    "  on_limiter_down = function(ctx) ctx:limiter('open') end,\n"
+    "  map_model = function(ctx) ctx:set_model('shadow-model') end,\n"
+    "  price = function(ctx) ctx:set_cost(7) end }\n";
+
+TG_TEST(plugin, shadow_plugins_decide_nothing_and_run_on_their_sample) {
+    make_dir();
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", stamp_schema);
+    write_file("shadowy.lua", shadow_policy);
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{{name = 'stamp', config = {prefix = 'g/'}}}", &loop);
+    const char *all = "{\"shadowy\":{\"mode\":\"shadow\"}}";
+    tg_hookctx_t r;
+    group_req(pl, &r, 7, all);
+    /* The live plugin maps the model; the shadow's own mapping stays in its copy. */
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r), TG_OK);
+    ASSERT_EQ_STR(r.model, "g/m");
+    /* No live plugin decides the limiter: the configured policy stands for every limit
+     * (not "closed", which a context fresh from tg_plugins_begin would say). */
+    ASSERT(tg_plugins_has_hook(pl, &r, TG_HOOK_ON_LIMITER_DOWN));
+    r.limits = TG_LIMIT_RATE | TG_LIMIT_MONEY;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &r), TG_OK);
+    for (int k = 0; k < 4; k++)
+        ASSERT_EQ_INT(r.limiter_decision[k], TG_LIMITER_DEFAULT);
+    r.usage_known = 3;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_PRICE, &r), TG_OK);
+    ASSERT_EQ_INT(r.cost_nanousd, 0); /* the live stamp's price (its usage input), not the shadow's 7 */
+    ASSERT_EQ_INT(shadow_disagreed("map_model"), 1);
+    ASSERT_EQ_INT(shadow_disagreed("on_limiter_down"), 1);
+    ASSERT_EQ_INT(shadow_disagreed("price"), 1);
+    tg_plugins_end(pl, &r);
+    /* On a sample of 10%: about one request in ten, each request wholly in or out. */
+    const char *tenth = "{\"shadowy\":{\"mode\":\"shadow\",\"sample\":0.1}}";
+    int ran = 0;
+    for (int i = 0; i < 1000; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "req-%d", i);
+        group_req(pl, &r, 8, tenth);
+        r.request_id = id;
+        r.request_id_len = strlen(id);
+        uint64_t before = shadow_disagreed("map_model");
+        tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r);
+        ASSERT_EQ_STR(r.model, "g/m");
+        int in = shadow_disagreed("map_model") > before;
+        uint64_t pb = shadow_disagreed("price");
+        r.usage_known = 3;
+        tg_plugins_run(pl, TG_HOOK_PRICE, &r);
+        ASSERT_EQ_INT(shadow_disagreed("price") > pb, in);
+        ran += in;
+        tg_plugins_end(pl, &r);
+    }
+    ASSERT(ran > 50 && ran < 150);
+    stop(pl, &loop);
+}
+
 TG_TEST(plugin, group_settings_are_validated_naming_the_field) {
     make_dir();
     write_file("stamp/handler.lua", stamp_plugin);
@@ -797,7 +866,7 @@ TG_TEST(plugin, group_settings_are_validated_naming_the_field) {
         {"{\"stamp\":{\"config\":{\"prefix\":5}}}", "plugins.stamp.config.prefix: expected string, got number"},
         {"{\"stamp\":{\"config\":{\"prefix\":null}}}", "plugins.stamp.config.prefix: null is not a value"},
         {"{\"stamp\":{\"config\":[1]}}", "plugins.stamp.config: expected an object"},
-        {"{\"stamp\":{\"on\":true}}", "plugins.stamp: unknown key \"on\" (expected enabled, mode, config)"},
+        {"{\"stamp\":{\"on\":true}}", "plugins.stamp: unknown key \"on\" (expected enabled, mode, sample, config)"},
         {"{\"ghost\":{\"enabled\":false}}", "plugins.ghost: not found in"},
         {"{\"a.b\":{}}", "plugins.a.b: a plugin name holds only"},
     };

@@ -18,45 +18,95 @@
  *
  * Only a sampled request pays for any of this (p->cap is NULL otherwise); each hook
  * call of a sampled request runs with a seed derived from the line's (see
- * tg_plugins_hook_seed), so the replay draws the same random numbers.
+ * tg_plugins_hook_seed), so the replay draws the same random numbers. The line is
+ * written straight into buffers (the inputs, the attempts, the live decisions), joined
+ * at the end: a JSON tree would cost several times more per sampled request.
  */
 #include "tg_proxy_internal.h"
 
+#include <math.h>
+
 #include "tollgate/tg_capture.h"
+
+/* A sampled request's line under construction (p->cap). */
+struct tg_capture_line_s {
+    tg_buf_t in;       /* the top-level members, from the first comma */
+    tg_buf_t attempts; /* the attempts' objects, comma-separated; the last one open */
+    tg_buf_t live;     /* the live decisions' members, from the first comma */
+    tg_buf_t select;   /* live.select's objects, comma-separated */
+    int nattempts, attempt_open, has_reject, has_limiter;
+};
+
+static void line_free(tg_capture_line_t *c) {
+    tg_buf_free(&c->in);
+    tg_buf_free(&c->attempts);
+    tg_buf_free(&c->live);
+    tg_buf_free(&c->select);
+    free(c);
+}
 
 static void cleanup_capture(proxy_req_t *p) {
     if (p->cap) {
-        json_decref(p->cap);
+        line_free(p->cap);
         p->cap = NULL;
         tg_capture_cancel();
     }
 }
 
-static json_t *strn(const char *s, size_t n) { return json_stringn_nocheck(s ? s : "", s ? n : 0); }
+/* ,"key":"escaped" */
+static void put_str(tg_buf_t *b, const char *key, const char *s, size_t n) {
+    tg_buf_printf(b, ",\"%s\":\"", key);
+    tg_buf_append_json_escaped(b, s ? s : "", s ? n : 0);
+    tg_buf_appends(b, "\"");
+}
+
+static void put_cstr(tg_buf_t *b, const char *key, const char *s) { put_str(b, key, s, s ? strlen(s) : 0); }
+
+static void put_int(tg_buf_t *b, const char *key, long long v) { tg_buf_printf(b, ",\"%s\":%lld", key, v); }
+
+/* Doubles in full precision (%.17g reads back to the same double: the replay's scores
+ * are the live ones to the last bit); anything not finite as -1 (unknown). */
+static void put_num(tg_buf_t *b, const char *key, double v) {
+    if (!isfinite(v))
+        v = -1;
+    if (v == (double)(long long)v && fabs(v) < 1e15)
+        tg_buf_printf(b, ",\"%s\":%lld", key, (long long)v);
+    else
+        tg_buf_printf(b, ",\"%s\":%.17g", key, v);
+}
+
+static void put_bool(tg_buf_t *b, const char *key, int v) {
+    tg_buf_printf(b, ",\"%s\":%s", key, v ? "true" : "false");
+}
 
 void tg__capture_begin(proxy_req_t *p) {
     tg_hookctx_t *c = &p->ctx;
     uint32_t seed;
     if (!tg_capture_sample(c->group, &seed))
         return;
-    json_t *o = json_object();
-    p->cap = o;
+    tg_capture_line_t *l = calloc(1, sizeof(*l));
+    if (!l)
+        abort();
+    p->cap = l;
     p->cap_seed = seed;
     tg__cleanup_add(p, cleanup_capture);
-    json_object_set_new(o, "id", strn(c->request_id, c->request_id_len));
-    json_object_set_new(o, "capture", json_integer(1));
-    json_object_set_new(o, "seed", json_integer(seed));
-    json_object_set_new(o, "generation", json_integer((json_int_t)c->generation));
-    json_object_set_new(o, "now_ms", json_real(c->now_ms));
-    json_object_set_new(o, "model", strn(c->original_model, c->original_model_len));
-    json_object_set_new(o, "route", strn(c->route, c->route_len));
-    json_object_set_new(o, "protocol", strn(c->protocol, c->protocol_len));
-    json_object_set_new(o, "tenant_id", strn(c->tenant_id, c->tenant_id_len));
-    json_object_set_new(o, "key_id", strn(c->key_id, c->key_id_len));
-    json_object_set_new(o, "group", strn(c->group, c->group_len));
-    json_object_set_new(o, "stream", json_boolean(c->stream));
-    json_object_set_new(o, "max_tokens", json_integer(c->max_tokens));
-    json_t *h = json_object();
+    tg_buf_t *b = &l->in;
+    tg_buf_reserve(b, 1024);
+    put_str(b, "id", c->request_id, c->request_id_len);
+    put_int(b, "capture", 1);
+    put_int(b, "seed", seed);
+    put_int(b, "generation", (long long)c->generation);
+    put_num(b, "now_ms", c->now_ms);
+    put_str(b, "model", c->original_model, c->original_model_len);
+    put_str(b, "route", c->route, c->route_len);
+    put_str(b, "protocol", c->protocol, c->protocol_len);
+    put_str(b, "tenant_id", c->tenant_id, c->tenant_id_len);
+    put_str(b, "key_id", c->key_id, c->key_id_len);
+    put_str(b, "group", c->group, c->group_len);
+    put_bool(b, "stream", c->stream);
+    put_int(b, "max_tokens", c->max_tokens);
+    tg_buf_appends(b, ",\"headers\":{");
+    int nh = 0;
     for (int i = 0; i < c->nheaders; i++) {
         const tg_ffi_header_t *x = &c->headers[i];
         char name[65];
@@ -65,19 +115,13 @@ void tg__capture_begin(proxy_req_t *p) {
         for (size_t k = 0; k < x->name_len; k++)
             name[k] = (char)(x->name[k] >= 'A' && x->name[k] <= 'Z' ? x->name[k] + 32 : x->name[k]);
         name[x->name_len] = '\0';
-        json_object_set_new(h, name, strn(x->value, x->value_len));
+        tg_buf_appends(b, nh++ ? ",\"" : "\"");
+        tg_buf_append_json_escaped(b, name, x->name_len);
+        tg_buf_appends(b, "\":\"");
+        tg_buf_append_json_escaped(b, x->value, x->value_len);
+        tg_buf_appends(b, "\"");
     }
-    json_object_set_new(o, "headers", h);
-    json_object_set_new(o, "attempts", json_array());
-    json_object_set_new(o, "live", json_object());
-}
-
-static json_t *live(proxy_req_t *p) { return json_object_get(p->cap, "live"); }
-
-static json_t *last_attempt(proxy_req_t *p) {
-    json_t *a = json_object_get(p->cap, "attempts");
-    size_t n = json_array_size(a);
-    return n ? json_array_get(a, n - 1) : NULL;
+    tg_buf_appends(b, "}");
 }
 
 static const char *const limit_names[] = {"rate", "tokens", "concurrency", "money"};
@@ -91,137 +135,171 @@ int tg__hook(proxy_req_t *p, int hook) {
     tg_hookctx_t *c = &p->ctx;
     if (!p->cap)
         return tg_plugins_run(pl, hook, c);
+    tg_capture_line_t *l = p->cap;
     int attempt = hook == TG_HOOK_SELECT_ACCOUNT || hook == TG_HOOK_ON_UPSTREAM_ERROR ? p->attempt : 0;
     tg_plugins_seed(pl, tg_plugins_hook_seed(p->cap_seed, hook, attempt));
     int rc = tg_plugins_run(pl, hook, c);
-    json_t *lv = live(p);
-    if (rc == TG_DONE && c->reject_status && !json_object_get(lv, "reject")) {
-        json_t *r = json_object();
-        json_object_set_new(r, "hook", json_string(tg_ffi_hook_name(hook)));
-        json_object_set_new(r, "status", json_integer(c->reject_status));
-        json_object_set_new(r, "code", json_string(c->reject_code));
-        json_object_set_new(r, "message", json_string(c->reject_message));
-        json_object_set_new(lv, "reject", r);
+    if (rc == TG_DONE && c->reject_status && !l->has_reject) {
+        l->has_reject = 1;
+        tg_buf_appends(&l->live, ",\"reject\":{\"hook\":\"");
+        tg_buf_appends(&l->live, tg_ffi_hook_name(hook));
+        tg_buf_appends(&l->live, "\"");
+        put_int(&l->live, "status", c->reject_status);
+        put_cstr(&l->live, "code", c->reject_code);
+        put_cstr(&l->live, "message", c->reject_message);
+        tg_buf_appends(&l->live, "}");
     }
-    if (hook == TG_HOOK_ON_LIMITER_DOWN && !json_object_get(lv, "limiter")) {
-        json_t *in = json_array(), *d = json_object();
-        for (int k = 0; k < 4; k++) {
+    if (hook == TG_HOOK_ON_LIMITER_DOWN && !l->has_limiter) {
+        l->has_limiter = 1;
+        tg_buf_appends(&l->in, ",\"limiter_down\":[");
+        tg_buf_appends(&l->live, ",\"limiter\":{");
+        for (int k = 0, n = 0; k < 4; k++) {
             if (!(c->limits & (1 << k)))
                 continue;
-            json_array_append_new(in, json_string(limit_names[k]));
             int v = c->limiter_decision[k];
-            json_object_set_new(d, limit_names[k], json_string(v >= 0 && v <= 2 ? decisions[v] : "default"));
+            tg_buf_printf(&l->in, "%s\"%s\"", n ? "," : "", limit_names[k]);
+            tg_buf_printf(&l->live, "%s\"%s\":\"%s\"", n ? "," : "", limit_names[k],
+                          v >= 0 && v <= 2 ? decisions[v] : "default");
+            n++;
         }
-        json_object_set_new(p->cap, "limiter_down", in);
-        json_object_set_new(lv, "limiter", d);
+        tg_buf_appends(&l->in, "]");
+        tg_buf_appends(&l->live, "}");
     }
     return rc;
 }
 
 void tg__capture_model(proxy_req_t *p) {
-    json_t *lv = live(p);
-    json_object_set_new(lv, "model", json_string(p->model));
-    json_object_set_new(lv, "group", strn(p->ctx.group, p->ctx.group_len));
+    tg_capture_line_t *l = p->cap;
+    put_cstr(&l->live, "model", p->model);
+    put_str(&l->live, "group", p->ctx.group, p->ctx.group_len);
+}
+
+/* Closes the attempt left open (its upstream error may have been added to it). */
+static void close_attempt(tg_capture_line_t *l) {
+    if (l->attempt_open) {
+        tg_buf_appends(&l->attempts, "}");
+        l->attempt_open = 0;
+    }
 }
 
 void tg__capture_accounts(proxy_req_t *p, int n, int sticky) {
-    json_t *at = json_object(), *list = json_array();
+    tg_capture_line_t *l = p->cap;
+    close_attempt(l);
+    tg_buf_t *b = &l->attempts;
+    tg_buf_reserve(b, (size_t)n * 320 + 64);
+    tg_buf_appends(b, l->nattempts++ ? ",{\"accounts\":[" : "{\"accounts\":[");
     for (int i = 0; i < n; i++) {
         const tg_ffi_account_t *a = &p->accts[i];
-        json_t *x = json_object();
-        json_object_set_new(x, "id", strn(a->id, a->id_len));
-        json_object_set_new(x, "region", strn(a->region, a->region_len));
-        json_object_set_new(x, "priority", json_integer(a->priority));
-        json_object_set_new(x, "inflight", json_integer(a->inflight));
-        json_object_set_new(x, "max_concurrency", json_integer(a->max_concurrency));
-        json_object_set_new(x, "queued", json_integer(a->queued));
-        json_object_set_new(x, "sticky", json_boolean(a->sticky));
-        json_object_set_new(x, "tried", json_integer(a->tried));
-        json_object_set_new(x, "error_ewma", json_real(a->error_ewma));
-        json_object_set_new(x, "ttft_ewma_ms", json_real(a->ttft_ewma_ms));
-        json_object_set_new(x, "reset_in_ms", json_real(a->reset_in_ms));
-        json_object_set_new(x, "cost", json_real(a->cost));
-        json_object_set_new(x, "trial", json_boolean(a->trial));
-        json_object_set_new(x, "headroom", json_real(a->headroom));
-        json_object_set_new(x, "window_left", json_real(a->window_left));
-        json_object_set_new(x, "window_reset_in_ms", json_real(a->window_reset_in_ms));
-        json_array_append_new(list, x);
+        tg_buf_appends(b, i ? ",{\"id\":\"" : "{\"id\":\"");
+        tg_buf_append_json_escaped(b, a->id, a->id_len);
+        tg_buf_appends(b, "\"");
+        put_str(b, "region", a->region, a->region_len);
+        put_int(b, "priority", a->priority);
+        put_int(b, "inflight", a->inflight);
+        put_int(b, "max_concurrency", a->max_concurrency);
+        put_int(b, "queued", a->queued);
+        put_bool(b, "sticky", a->sticky);
+        put_int(b, "tried", a->tried);
+        put_num(b, "error_ewma", a->error_ewma);
+        put_num(b, "ttft_ewma_ms", a->ttft_ewma_ms);
+        put_num(b, "reset_in_ms", a->reset_in_ms);
+        put_num(b, "cost", a->cost);
+        put_bool(b, "trial", a->trial);
+        put_num(b, "headroom", a->headroom);
+        put_num(b, "window_left", a->window_left);
+        put_num(b, "window_reset_in_ms", a->window_reset_in_ms);
+        tg_buf_appends(b, "}");
     }
-    json_object_set_new(at, "accounts", list);
-    json_object_set_new(at, "sticky", json_boolean(sticky));
-    json_array_append_new(json_object_get(p->cap, "attempts"), at);
+    tg_buf_appends(b, "]");
+    put_bool(b, "sticky", sticky);
+    l->attempt_open = 1;
 }
 
 void tg__capture_select(proxy_req_t *p, const char *by, const tg_account_t *builtin) {
-    json_t *sel = json_object_get(live(p), "select");
-    if (!sel) {
-        sel = json_array();
-        json_object_set_new(live(p), "select", sel);
-    }
-    json_t *d = json_object();
-    json_object_set_new(d, "account", json_string(p->order[0]->name));
-    json_object_set_new(d, "by", json_string(by));
-    json_object_set_new(d, "builtin", json_string(builtin->name));
-    json_array_append_new(sel, d);
+    tg_capture_line_t *l = p->cap;
+    tg_buf_t *b = &l->select;
+    tg_buf_appends(b, b->len ? ",{\"account\":\"" : "{\"account\":\"");
+    tg_buf_append_json_escaped(b, p->order[0]->name, strlen(p->order[0]->name));
+    tg_buf_appends(b, "\"");
+    put_cstr(b, "by", by);
+    put_cstr(b, "builtin", builtin->name);
+    tg_buf_appends(b, "}");
 }
 
 void tg__capture_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms, int64_t elapsed_ms,
                        int64_t deadline_ms, int action, int64_t delay_ms, int by_plugin) {
-    json_t *at = last_attempt(p);
-    if (!at)
+    tg_capture_line_t *l = p->cap;
+    if (!l->attempt_open)
         return;
-    json_t *ue = json_object();
-    json_object_set_new(ue, "status", json_integer(status));
-    json_object_set_new(ue, "failure", json_string(failure >= 0 && failure <= 5 ? failures[failure] : "status"));
-    json_object_set_new(ue, "attempt", json_integer(p->attempt));
-    json_object_set_new(ue, "retry_after_ms", json_integer(retry_after_ms));
-    json_object_set_new(ue, "elapsed_ms", json_integer(elapsed_ms));
-    json_object_set_new(ue, "deadline_ms", json_integer(deadline_ms));
-    json_object_set_new(at, "upstream_error", ue);
-    json_t *r = json_object();
-    json_object_set_new(r, "action", json_string(action >= 0 && action <= 2 ? actions[action] : "give_up"));
-    json_object_set_new(r, "delay_ms", json_integer(delay_ms));
-    json_object_set_new(r, "by", json_string(by_plugin ? "plugin" : "core"));
-    json_object_set_new(at, "retry", r);
+    tg_buf_t *b = &l->attempts;
+    tg_buf_printf(b, ",\"upstream_error\":{\"status\":%d", status);
+    put_cstr(b, "failure", failure >= 0 && failure <= 5 ? failures[failure] : "status");
+    put_int(b, "attempt", p->attempt);
+    put_int(b, "retry_after_ms", retry_after_ms);
+    put_int(b, "elapsed_ms", elapsed_ms);
+    put_int(b, "deadline_ms", deadline_ms);
+    tg_buf_printf(b, "},\"retry\":{\"action\":\"%s\"", action >= 0 && action <= 2 ? actions[action] : "give_up");
+    put_int(b, "delay_ms", delay_ms);
+    put_cstr(b, "by", by_plugin ? "plugin" : "core");
+    tg_buf_appends(b, "}");
 }
 
-static json_t *usage_json(const tg_usage_t *u) {
-    json_t *o = json_object();
-    if (u->known & TG_USAGE_INPUT)
-        json_object_set_new(o, "input", json_integer(u->input));
-    if (u->known & TG_USAGE_OUTPUT)
-        json_object_set_new(o, "output", json_integer(u->output));
-    if (u->known & TG_USAGE_CACHE_READ)
-        json_object_set_new(o, "cache_read", json_integer(u->cache_read));
-    if (u->known & TG_USAGE_CACHE_WRITE)
-        json_object_set_new(o, "cache_write", json_integer(u->cache_write));
-    if (u->known & TG_USAGE_REASONING)
-        json_object_set_new(o, "reasoning", json_integer(u->reasoning));
-    return o;
+static void put_usage(tg_buf_t *b, const char *key, const tg_usage_t *u) {
+    tg_buf_printf(b, ",\"%s\":{", key);
+    static const char *const names[] = {"input", "output", "cache_read", "cache_write", "reasoning"};
+    const int64_t v[] = {u->input, u->output, u->cache_read, u->cache_write, u->reasoning};
+    for (int k = 0, n = 0; k < 5; k++)
+        if (u->known & (1u << k))
+            tg_buf_printf(b, "%s\"%s\":%lld", n++ ? "," : "", names[k], (long long)v[k]);
+    tg_buf_appends(b, "}");
 }
 
 void tg__capture_price(proxy_req_t *p, const tg_usage_t *billed, int64_t cost) {
-    json_object_set_new(p->cap, "usage", usage_json(billed));
-    json_object_set_new(live(p), "cost_nanousd", cost >= 0 ? json_integer(cost) : json_null());
+    tg_capture_line_t *l = p->cap;
+    put_usage(&l->in, "usage", billed);
+    if (cost >= 0)
+        put_int(&l->live, "cost_nanousd", cost);
+    else
+        tg_buf_appends(&l->live, ",\"cost_nanousd\":null");
 }
 
 void tg__capture_finish(proxy_req_t *p, int status, double ttft_ms, double total_ms, int64_t cost) {
-    json_t *o = p->cap;
-    json_object_set_new(o, "status", json_integer(status));
-    json_t *out = json_object();
-    json_object_set_new(out, "status", json_integer(status));
-    json_object_set_new(out, "account", p->at.account ? json_string(p->at.account->name) : json_null());
-    json_object_set_new(out, "attempts", json_integer(p->attempt));
-    json_object_set_new(out, "ttft_ms", ttft_ms >= 0 ? json_real(ttft_ms) : json_null());
-    json_object_set_new(out, "total_ms", json_real(total_ms));
-    json_object_set_new(out, "usage", usage_json(&p->at.usage));
-    json_object_set_new(out, "cost_nanousd", cost >= 0 ? json_integer(cost) : json_null());
-    json_object_set_new(o, "outcome", out);
-    char *line = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    p->cap = NULL;
-    if (line)
-        tg_capture_submit(line, strlen(line));
+    tg_capture_line_t *l = p->cap;
+    close_attempt(l);
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_reserve(&b, l->in.len + l->attempts.len + l->live.len + l->select.len + 512);
+    tg_buf_appends(&b, "{");
+    tg_buf_append(&b, l->in.data + 1, l->in.len - 1); /* the first member's comma */
+    put_int(&b, "status", status);
+    tg_buf_appends(&b, ",\"attempts\":[");
+    tg_buf_append(&b, l->attempts.data, l->attempts.len);
+    tg_buf_appends(&b, "],\"live\":{\"select\":[");
+    tg_buf_append(&b, l->select.data, l->select.len);
+    tg_buf_appends(&b, "]");
+    tg_buf_append(&b, l->live.data, l->live.len);
+    tg_buf_printf(&b, "},\"outcome\":{\"status\":%d,\"account\":", status);
+    if (p->at.account) {
+        tg_buf_appends(&b, "\"");
+        tg_buf_append_json_escaped(&b, p->at.account->name, strlen(p->at.account->name));
+        tg_buf_appends(&b, "\"");
+    } else {
+        tg_buf_appends(&b, "null");
+    }
+    put_int(&b, "attempts", p->attempt);
+    if (ttft_ms >= 0)
+        put_num(&b, "ttft_ms", ttft_ms);
     else
-        tg_capture_cancel();
+        tg_buf_appends(&b, ",\"ttft_ms\":null");
+    put_num(&b, "total_ms", total_ms);
+    put_usage(&b, "usage", &p->at.usage);
+    if (cost >= 0)
+        put_int(&b, "cost_nanousd", cost);
+    else
+        tg_buf_appends(&b, ",\"cost_nanousd\":null");
+    tg_buf_appends(&b, "}}");
+    line_free(l);
+    p->cap = NULL;
+    /* The recorder owns the text now (one byte past it is ours: its NUL). */
+    tg_capture_submit(b.data, b.len);
 }

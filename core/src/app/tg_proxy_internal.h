@@ -153,7 +153,7 @@ struct proxy_req_s {
     tg_redis_req_t *sticky_rq;
     char traceparent[56];
     struct models_fetch_s *models_fetch; /* GET /v1/models: the accounts asked (tg_proxy_models.c) */
-    json_t *cap;                  /* a sampled request's capture line (tg_proxy_capture.c), else NULL */
+    struct tg_capture_line_s *cap; /* a sampled request's capture line (tg_proxy_capture.c), else NULL */
     uint32_t cap_seed;
     void (*cleanups[CLEANUPS_MAX])(proxy_req_t *p); /* run newest first by tg__preq_free */
     int ncleanups;
@@ -228,6 +228,7 @@ void tg__on_drain(tg_request_t *req);
 
 /* tg_proxy_capture.c: a sampled request's capture line; tg__hook runs a hook (and
  * records it when the request is sampled). */
+typedef struct tg_capture_line_s tg_capture_line_t;
 int tg__hook(proxy_req_t *p, int hook);
 void tg__capture_begin(proxy_req_t *p);
 void tg__capture_model(proxy_req_t *p);

@@ -266,10 +266,15 @@ static tg_plugin_gen_t *gen_from_table(tg_plugins_t *pl, uint64_t number) {
     g->number = number;
     g->refs = 1;
     lua_getfield(L, -1, "shadow");
-    if (lua_istable(L, -1))
-        g->shadow = gen_from_table(pl, number); /* pops it */
-    else
+    if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "sample");
+        double sample = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : 1;
         lua_pop(L, 1);
+        g->shadow_cut = sample >= 1 ? (1ull << 32) : (uint64_t)(sample * 4294967296.0);
+        g->shadow = gen_from_table(pl, number); /* pops it */
+    } else {
+        lua_pop(L, 1);
+    }
     lua_getfield(L, -1, "single");
     for (int h = 0; h < TG_HOOK__COUNT; h++) {
         g->single_fn_ref[h] = g->single_conf_ref[h] = LUA_NOREF;
@@ -467,6 +472,8 @@ static tg_plugin_gen_t *variant_build(tg_plugins_t *pl, tg_plugin_gen_t *base, i
         push_str_field(L, "config_src", gp[i].config_lua);
         lua_pushboolean(L, gp[i].shadow);
         lua_setfield(L, -2, "shadow");
+        lua_pushnumber(L, gp[i].sample);
+        lua_setfield(L, -2, "sample");
         if (src) {
             push_str_field(L, "handler_src", src->handler_src);
             push_str_field(L, "handler_file", src->handler_file);
@@ -816,6 +823,25 @@ static void describe(int hook, const tg_hookctx_t *c, int has_live, char *out, s
  * in the copy. Only the comparison leaves it: counted per hook, a disagreement kept as a
  * sample.
  */
+/* What a hook no live plugin implements leaves in the context (the callers' defaults
+ * stand, but for the limiter's decisions, which the hook call starts from). */
+static void no_live_plugin(int hook, tg_hookctx_t *ctx) {
+    if (hook == TG_HOOK_ON_LIMITER_DOWN)
+        for (int i = 0; i < 4; i++)
+            ctx->limiter_decision[i] = TG_LIMITER_DEFAULT;
+}
+
+/* Whether the request is in the shadow's sample: a hash of its id, so every hook of a
+ * request decides alike. */
+static int shadow_sampled(const tg_plugin_gen_t *g, const tg_hookctx_t *ctx) {
+    if (g->shadow_cut >= (1ull << 32))
+        return 1;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < ctx->request_id_len; i++)
+        h = (h ^ (unsigned char)ctx->request_id[i]) * 16777619u;
+    return h < g->shadow_cut;
+}
+
 static int run_with_shadow(tg_plugins_t *pl, tg_plugin_gen_t *g, int hook, tg_hookctx_t *ctx) {
     if (!pl->shadow_ctx) {
         pl->shadow_ctx = malloc(sizeof(*pl->shadow_ctx));
@@ -836,6 +862,8 @@ static int run_with_shadow(tg_plugins_t *pl, tg_plugin_gen_t *g, int hook, tg_ho
     int has_live = g->live_mask >> hook & 1, rc = TG_OK;
     if (has_live)
         rc = run_gen(pl, g, hook, ctx, 0);
+    else
+        no_live_plugin(hook, ctx);
     run_gen(pl, g->shadow, hook, sc, 1);
     if (hook == TG_HOOK_ON_LOG)
         return rc;
@@ -862,8 +890,14 @@ int tg_plugins_run(tg_plugins_t *pl, int hook, tg_hookctx_t *ctx) {
     tg_plugin_gen_t *g = ctx->gen_;
     if (hook < 0 || hook >= TG_HOOK__COUNT)
         return TG_ERROR;
-    if (g && g->shadow && pl && (g->shadow->live_mask >> hook & 1))
-        return run_with_shadow(pl, g, hook, ctx);
+    if (g && g->shadow && pl && (g->shadow->live_mask >> hook & 1)) {
+        if (shadow_sampled(g, ctx))
+            return run_with_shadow(pl, g, hook, ctx);
+        if (!(g->live_mask >> hook & 1)) {
+            no_live_plugin(hook, ctx);
+            return TG_OK;
+        }
+    }
     return run_gen(pl, g, hook, ctx, 0);
 }
 

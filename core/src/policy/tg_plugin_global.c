@@ -305,6 +305,7 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
         tg_group_plugin_t *p = &g[n++];
         p->name = strdup(name);
         p->enabled = 1;
+        p->sample = 1;
         const char *k;
         json_t *v;
         json_object_foreach(e, k, v) {
@@ -320,6 +321,12 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
                     break;
                 }
                 p->shadow = !strcmp(json_string_value(v), "shadow");
+            } else if (!strcmp(k, "sample")) {
+                if (!json_is_number(v) || json_number_value(v) <= 0 || json_number_value(v) > 1) {
+                    rc = tg_err_at(err, errlen, "", path, "sample: expected a share of requests above 0, at most 1");
+                    break;
+                }
+                p->sample = json_number_value(v);
             } else if (!strcmp(k, "config")) {
                 char cpath[200];
                 snprintf(cpath, sizeof(cpath), "%s.config", path);
@@ -335,10 +342,12 @@ int tg__plugins_group_parse(const char *text, size_t len, tg_group_plugin_t **ou
                 if (rc != TG_OK)
                     break;
             } else {
-                rc = tg_err_at(err, errlen, "", path, "unknown key \"%.64s\" (expected enabled, mode, config)", k);
+                rc = tg_err_at(err, errlen, "", path, "unknown key \"%.64s\" (expected enabled, mode, sample, config)", k);
                 break;
             }
         }
+        if (rc == TG_OK && p->sample < 1 && !p->shadow)
+            rc = tg_err_at(err, errlen, "", path, "sample: only a shadow plugin (\"mode\": \"shadow\") runs on a sample");
         if (rc != TG_OK)
             break;
     }

@@ -58,6 +58,7 @@ typedef struct {
     char *name;
     int enabled;
     int shadow;       /* "mode": "shadow": runs beside the live plugins, decides nothing */
+    double sample;    /* shadow: the share of requests it runs on (default 1) */
     char *config_lua; /* the group's config as a Lua table constructor; NULL: none given */
 } tg_group_plugin_t;
 
@@ -105,6 +106,7 @@ struct tg_plugin_gen_s {
     tg_plugins_t *owner;
     tg_plugin_gen_t *base;          /* a variant: the generation it derives from (a ref) */
     tg_plugin_gen_t *shadow;        /* a variant's shadow plugins (owned), or NULL */
+    uint64_t shadow_cut;            /* a request runs them when hash(id) < this (2^32: all) */
     unsigned live_mask;             /* 1 << hook: a plugin of this generation implements it */
     unsigned mask;                  /* live_mask | the shadow's: the hooks to call */
     tg_plugin_variant_t *variants;  /* a base: open-addressed by group id, one ref each */
