@@ -55,10 +55,15 @@ let lines;
 test('under load every sampled request is written, the cap holds, no credential is kept', async () => {
   const s0 = await status();
   assert.equal(s0.enabled, true);
-  // Account a fails: some requests are retried on another account (two attempts).
+  // Accounts a and b fail: a request that tries one first is retried on another (two
+  // or three attempts, never more than max_attempts). The first requests go one at a
+  // time, so some surely meet a failing account before it cools down.
   await rt.fault('a', { status: 500 });
+  await rt.fault('b', { status: 500 });
   const t0 = Date.now();
-  const rs = await sendMany(rt, 240, (i) => [`load ${i} [mock chunks=2]`, {}, { headers: { 'x-tier': 'gold', 'x-secret-thing': 'nope' } }], { concurrency: 24 });
+  const make = (i) => [`load ${i} [mock chunks=2]`, {}, { headers: { 'x-tier': 'gold', 'x-secret-thing': 'nope' } }];
+  const first = await sendMany(rt, 10, make, { concurrency: 1 });
+  const rs = first.concat(await sendMany(rt, 230, (i) => make(i + 10), { concurrency: 24 }));
   const secs = (Date.now() - t0) / 1000;
   assert.deepEqual(statuses(rs), { 200: 240 });
   const s = await waitFor(async () => {
