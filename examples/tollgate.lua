@@ -113,6 +113,7 @@ return {
     reconcile_after_ms = 600000, -- a dead gateway's reservation this old is settled by the reconciler
     unknown_usage = "charge",   -- charge | release: settle unknown usage at the reserved bound, or at 0
     queue_max = 20000,          -- settlements queued per worker before they spill to the spool
+    test_clock = false,         -- tests only: TOLLGATE_TEST_CLOCK_OFFSET (s) shifts the budgets' periods' clock
   },
 
   -- Plugins and policies (plugins/README.md): folders, the enabled list, budgets.

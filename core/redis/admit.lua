@@ -24,15 +24,17 @@
 -- {which, retry_after_ms}, which = 1 key rpm, 2 tenant rpm, 3 key tpm, 4 tenant tpm,
 -- 5 key concurrency, 6 tenant concurrency (checked in that order), then the money:
 -- 7 balance, 8 key budget, 9 init (the live balance is not in Redis and the gateway did
--- not send it: it loads it from Postgres and admits again).
+-- not send it: it loads it from Postgres and admits again), 10 + i periodic budget i.
 --
 -- The money (with billing: the first attempt's reservation, see tg_billing.h) follows
 -- the limits' keys and arguments, and the script tells the layouts apart by #ARGV (9 or
 -- 15 without money, +3 or +4 with it; 4 or 5 for money alone):
 -- KEYS +1 {t:T}:money, +2 {t:T}:res:<id>:1, +3 {t:T}:holds, +4 {t:T}:kmoney:<key> (only
--- when the key has a budget). ARGV +1 amount (nano-USD), +2 the tenant's available
--- balance to load ('' unknown), +3 the hold's value in {t:T}:holds (its field is
--- <id>:1), +4 the key's available budget to load ('' unknown; only with a budget).
+-- when the key has a budget, or periodic budgets follow), then the periodic budgets'
+-- keys. ARGV +1 amount (nano-USD), +2 the tenant's available balance to load (''
+-- unknown), +3 the hold's value in {t:T}:holds (its field is <id>:1), +4 the key's
+-- available budget to load ('' unknown, '-1' none; only with a budget or periodic
+-- budgets), +5 the periodic budgets (money.lua's bspec; only when there are some).
 -- Without limits (money alone: ARGV 1 id, then the money) there is no marker, no TIME,
 -- and the reservation key itself is the duplicate check (1: already reserved). With
 -- limits the marker's SET NX stands for it (request ids are random and never reused).
@@ -54,6 +56,12 @@ if n > ma then
   local mkey, rkey, hkey, kkey = KEYS[mk + 1], KEYS[mk + 2], KEYS[mk + 3], KEYS[mk + 4]
   local amt, tinit, hold, kinit = ARGV[ma + 1], ARGV[ma + 2], ARGV[ma + 3], ARGV[ma + 4]
   local field = id .. ':1'
+  local bspec, bkeys
+  if n > ma + 4 then
+    bspec, bkeys = ARGV[ma + 5], {}
+    for i = mk + 5, #KEYS do bkeys[#bkeys + 1] = KEYS[i] end
+    if kinit == '-1' then kkey = nil end
+  end
 --@money
   if n < 9 then
     if redis.call('EXISTS', rkey) == 1 then return 1 end

@@ -57,8 +57,17 @@ async function expectProblem(breakSql, fixSql, want) {
 test('a consistent ledger verifies (exit 0, every invariant named ok)', async () => {
   const r = await ledger(bill, 'verify');
   assert.equal(r.code, 0, r.stdout + r.stderr);
-  assert.equal(r.stdout.split('\n').filter((l) => l.startsWith('ok ')).length, 9, r.stdout);
+  assert.equal(r.stdout.split('\n').filter((l) => l.startsWith('ok ')).length, 11, r.stdout);
   assert.match(r.stdout, /all invariants hold/);
+});
+
+test('a budget period whose recorded spend is not the sum of its usage (budgets)', async () => {
+  await expectProblem(
+    `INSERT INTO budget_periods (budget_id, period_start, spend) VALUES (424242, '2026-01-01T00:00:00Z', 0.5);
+     INSERT INTO budget_usage (request_id, budget_id, period_start, cost) VALUES ('${ids[0]}', 424242, '2026-01-01T00:00:00Z', 0.25)`,
+    `DELETE FROM budget_periods WHERE budget_id = 424242; DELETE FROM budget_usage WHERE budget_id = 424242`,
+    [/PROBLEM each budget period's spend = the sum of its usage.*budget_id=424242/,
+      new RegExp(`PROBLEM each budget usage row = its request's usage cost.*request_id=${ids[0]}`)]);
 });
 
 test('a balance that does not follow from the ledger', async () => {

@@ -122,6 +122,8 @@ test('every answer of the live admin API validates against its operation in the 
   const u = (await call('POST', '/users', { tenant_id: t.id, email: 'ops@example.com', name: 'Ops', role: 'admin' })).json;
   const k = (await call('POST', '/keys', { tenant_id: t.id, user_id: u.id, group_id: g.id, name: 'k1', rpm: 60, rpm_burst: 10, budget: '5' })).json;
   assert.match(k.key, /^tg-/);
+  const bud = (await call('POST', '/budgets', { name: 'b1', api_key_id: k.id, amount: '3', period: 'day',
+    timezone: 'Europe/Berlin', thresholds: [50, 100], webhook_url: 'http://127.0.0.1:9/hook', webhook_secret: 'whsec-1' })).json;
   await call('POST', `/tenants/${t.id}/topup`, { amount: '2.50', note: 'invoice 7' });
   // The account's provider reports its quota (read back by GET /accounts/{id}/quota).
   await (await fetch(`${mock.url}/_mock/quota`, { method: 'POST', body: JSON.stringify({ credential: 'sk-up-1', style: 'unified', limit: 100 }) })).text();
@@ -130,7 +132,7 @@ test('every answer of the live admin API validates against its operation in the 
 
   // Every read, with and without filters.
   for (const p of ['/tenants', `/tenants/${t.id}`, '/users', `/users?tenant_id=${t.id}`, `/users/${u.id}`, '/groups', `/groups/${g.id}`,
-    '/keys', `/keys?tenant_id=${t.id}&limit=1`, `/keys/${k.id}`, '/accounts', `/accounts/${acct.id}`, '/prices', '/prices/mock-gpt',
+    '/keys', `/keys?tenant_id=${t.id}&limit=1`, `/keys/${k.id}`, '/accounts', `/accounts/${acct.id}`, '/prices', '/prices/mock-gpt', '/budgets', `/budgets/${bud.id}`,
     `/accounts/${acct.id}/quota`, `/ledger?tenant_id=${t.id}`, '/ledger?kind=usage&limit=1', '/plugins', '/plugins/capture']) {
     const r = await call('GET', p);
     assert.equal(r.status, 200, `${p}: ${r.text}`);
@@ -160,6 +162,7 @@ test('every answer of the live admin API validates against its operation in the 
   await call('PATCH', `/keys/${k.id}`, { concurrency: 4, expires_at: null, allowed_models: ['mock-gpt'], ip_allow: ['127.0.0.0/8'] });
   await call('PATCH', `/accounts/${acct.id}`, { weight: 50, status: 'active' });
   await call('PATCH', '/prices/mock-gpt', { reasoning: '0.9' });
+  await call('PATCH', `/budgets/${bud.id}`, { amount: '4', thresholds: [80] });
   const tested = await call('POST', `/accounts/${acct.id}/test`, { model: 'mock-gpt' });
   assert.equal(tested.json.ok, true, tested.text);
   await call('POST', '/plugins/reload');
@@ -185,6 +188,7 @@ test('every answer of the live admin API validates against its operation in the 
   assert.equal((await call('DELETE', '/prices/m-2')).status, 204);
   const a2 = (await call('POST', '/accounts', { name: 'a2', provider: 'anthropic', base_url: `${mock.url}/v1` })).json;
   assert.equal((await call('DELETE', `/accounts/${a2.id}`)).status, 204);
+  assert.equal((await call('DELETE', `/budgets/${bud.id}`)).status, 204);
   const t2 = (await call('POST', '/tenants', { name: 't2' })).json;
   assert.equal((await call('DELETE', `/tenants/${t2.id}`)).status, 204);
   const g2 = (await call('POST', '/groups', { name: 'g2' })).json;

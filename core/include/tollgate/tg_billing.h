@@ -60,6 +60,15 @@ void tg_billing_destroy(tg_billing_t *b);
  *  money_open says otherwise when Redis is the one down). */
 typedef void (*tg_reserve_cb)(void *ud, int status, const char *code, const char *msg);
 
+/** One periodic budget a request is checked against, in the period it falls in (the
+ *  gateway computes it: tg_budget_period). Its Redis key is {t:T}:bud:<id>:<start>. */
+typedef struct {
+    int64_t id;
+    int64_t limit;      /* nano-USD */
+    int64_t start, end; /* the period, Unix seconds */
+    char init[24];      /* the period's spend to load into Redis (nano-USD), "" unknown */
+} tg_budget_use_t;
+
 typedef struct {
     const char *request_id;
     int attempt;
@@ -71,6 +80,9 @@ typedef struct {
      *  fails open for this request (the on_limiter_down hook): it goes ahead without a
      *  hold, its reservation row still goes to Postgres and it settles as usual. */
     int (*money_open)(void *ud);
+    /** The periodic budgets that apply, in their periods (copied by tg_billing_reserve). */
+    const tg_budget_use_t *budgets;
+    int nbudgets;
 } tg_reserve_req_t;
 
 /** Reserves; the callback runs exactly once, never synchronously. */
@@ -94,11 +106,17 @@ void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r);
 /** The admission refused on money (TG_ADMIT_BALANCE, TG_ADMIT_BUDGET: key_budget 1):
  *  counts it; the client error's code and message (status 402), as tg_billing_reserve's. */
 void tg_billing_refused(tg_billing_t *b, int key_budget, const char **code, const char **msg);
+/** A periodic budget refused (its index in r->budgets): counted; tg_billing_reserve's
+ *  callback then gets 402 "budget_exceeded" with msg "budget <index>". */
+void tg_billing_refused_budget(tg_billing_t *b);
 
 /** tg_billing_load's answer: status 0 with the balances (nano-USD, decimal; the key's
  *  "-1" without a budget), or 503 with the client error's code and message. */
 typedef void (*tg_balance_cb)(void *ud, int status, const char *code, const char *msg, const char *tenant_avail,
-                              const char *key_avail);
+                              const char *key_avail, const char *budget_spend);
+/* budget_spend: each of r->budgets' period spend to load (nano-USD), space-separated. */
+/** Puts tg_balance_cb's budget_spend into u[0..n-1].init. */
+void tg_billing_budget_inits(tg_budget_use_t *u, int n, const char *budget_spend);
 /** Loads r's live balances from Postgres (the admission answered TG_ADMIT_MONEY_INIT).
  *  The callback runs exactly once, never synchronously; tg_reserve_detach cancels it. */
 tg_reserve_t *tg_billing_load(tg_billing_t *b, const tg_reserve_req_t *r, tg_balance_cb cb, void *ud);
@@ -117,6 +135,10 @@ typedef struct {
                             while Redis was down): its cost comes off the live balance */
     int status;
     double ttft_ms, total_ms;
+    /* The periodic budgets the billed (last) attempt was admitted against: its cost
+     * counts in these periods in Postgres (budget_periods). */
+    const tg_budget_use_t *budgets;
+    int nbudgets;
 } tg_settlement_t;
 
 /**
@@ -148,6 +170,8 @@ typedef struct {
     uint64_t quarantined; /* batch elements Postgres refused on their own (quarantine file) */
     uint64_t clamped;     /* settlements whose usage or cost was not believable: billed at the bound */
     uint64_t estimated;   /* 2xx answers whose usage could not be read: billed by estimate */
+    uint64_t refused_budget; /* refused by a periodic budget (also in refused) */
+    uint64_t alerts_sent, alerts_delivered, alerts_retried, alerts_failed; /* budget alerts' webhooks */
 } tg_billing_stats_t;
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b);
 /** Registers billing's collector (tollgate_billing_total) on a worker's metrics; NULL b: none. */

@@ -136,6 +136,7 @@ typedef struct {
         int reconcile_after_ms;  /* unknown-usage reservations are settled after this */
         int charge_unknown;      /* 1: at the reserved bound (default); 0: released */
         int queue_max;           /* settlement elements in memory before they spill to the spool */
+        int test_clock;          /* honour TOLLGATE_TEST_CLOCK_OFFSET (seconds) in the budgets' clock: tests only */
     } billing;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;

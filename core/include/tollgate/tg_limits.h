@@ -58,6 +58,11 @@ typedef struct {
     char tenant_init[32];  /* the tenant's available balance to load into Redis, "" unknown */
     char key_init[32];     /* the key's (sent only with nkeys 4), "" unknown */
     char hold[256];        /* the hold's value in the holds index */
+    /* Periodic budgets (tg_budgets.h): with nbudgets > 0 the key's budget key and
+     * key_init ("-1": none) are always sent, then each budget's key, and bspec. */
+    int nbudgets;
+    char bkeys[6][96];     /* {t:T}:bud:<budget>:<period start>; 6 = TG_BUDGETS_MAX */
+    char bspec[6 * 72];    /* "<limit> <expire at> <spend to load or '-'> " per budget */
     /** Gives back the hold the script may have taken when its answer was lost, or when
      *  the client left while it ran (no-op when there is none). */
     void (*undo)(void *undo_ud, const char *request_id, int64_t tenant_id, int64_t key_id);
@@ -92,6 +97,7 @@ typedef enum {
     TG_ADMIT_BUDGET,      /* money: the key's budget cannot cover it */
     TG_ADMIT_MONEY_INIT,  /* money: the live balance is not in Redis; load it from Postgres
                              (tg_billing_load) and admit again with it (nothing was taken) */
+    TG_ADMIT_PERIOD_BUDGET, /* money: a periodic budget cannot cover it (outcome.budget) */
 } tg_admit_result_t;
 
 typedef struct {
@@ -104,6 +110,7 @@ typedef struct {
     int reserved;          /* TG_ADMIT_OK with money: the reservation was taken. 0: it was
                               not (Redis did not answer, or the id was already admitted):
                               reserve separately (tg_billing_reserve) */
+    int budget;            /* TG_ADMIT_PERIOD_BUDGET: which (0-based, in money's order) */
 } tg_admit_outcome_t;
 
 typedef void (*tg_admit_cb)(void *ud, const tg_admit_outcome_t *out);

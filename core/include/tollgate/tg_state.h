@@ -17,6 +17,7 @@
 
 #include <uv.h>
 
+#include "tollgate/tg_budgets.h"
 #include "tollgate/tg_common.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_metrics.h"
@@ -53,6 +54,10 @@ typedef struct tg_principal_s {
     char group_name[128];
     char *group_plugins;   /* the group's plugins setting (JSON text); NULL: none */
     char key_prefix[16];
+    /* The periodic budgets that apply (the key's, its user's, its tenant's; by id), each
+     * with the period last computed by this worker (a principal is per worker). */
+    tg_budget_t budgets[TG_BUDGETS_MAX];
+    int nbudgets;
 } tg_principal_t;
 
 /** Called when a lookup that had to wait ends: p is NULL for an unknown key; err is

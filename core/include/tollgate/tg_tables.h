@@ -31,6 +31,8 @@ typedef enum {
     TG_COL_MODEL_MAP, /* an object of model names to model names */
     TG_COL_PLUGINS,  /* a group's plugins: an object checked against the plugins' schemas */
     TG_COL_TIME,     /* a timestamp string */
+    TG_COL_TZ,       /* an IANA time zone this system's database has (tg_valid_timezone) */
+    TG_COL_PCTARR,   /* 1 to 10 percentages, integers 1 to 100 (a budget's alert thresholds) */
 } tg_col_type_t;
 
 /* Who may write a column: nobody (read-only), always, on create only, or write-only

@@ -27,4 +27,8 @@ const char *tg_valid_base_url(const char *s, size_t n);
 /** A model name (a models entry, a model_map key or value): 1 to 256 bytes, no control byte. */
 const char *tg_valid_model(const char *s, size_t n);
 
+/** An IANA time zone name the system's database (/usr/share/zoneinfo) has ("UTC" always):
+ *  NULL, or why not. Opens the zone's file: not for a request path. */
+const char *tg_valid_timezone(const char *s, size_t n);
+
 #endif

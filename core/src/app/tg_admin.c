@@ -54,7 +54,10 @@ const char *const tg_admin_routes[] = {
     "DELETE /admin/api/v1/prices/{model}", "GET /admin/api/v1/usage",
     "GET /admin/api/v1/usage/summary",    "GET /admin/api/v1/ledger",          "GET /admin/api/v1/plugins",
     "POST /admin/api/v1/plugins/reload",  "GET /admin/api/v1/plugins/capture",
-    "GET /admin/api/v1/plugins/capture/download", "POST /admin/api/v1/plugins/validate", NULL,
+    "GET /admin/api/v1/plugins/capture/download", "POST /admin/api/v1/plugins/validate",
+    "GET /admin/api/v1/budgets",          "POST /admin/api/v1/budgets",
+    "GET /admin/api/v1/budgets/{id}",     "PATCH /admin/api/v1/budgets/{id}",
+    "DELETE /admin/api/v1/budgets/{id}",  NULL,
 };
 
 /* ---- request context ----------------------------------------------------------------- */

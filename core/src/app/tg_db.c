@@ -218,6 +218,10 @@ static void json_to_pgarray(const json_t *arr, tg_buf_t *out) {
     size_t i;
     json_t *e;
     json_array_foreach(arr, i, e) {
+        if (json_is_integer(e)) { /* a budget's thresholds */
+            tg_buf_printf(out, "%s%" JSON_INTEGER_FORMAT, i ? "," : "", json_integer_value(e));
+            continue;
+        }
         const char *s = json_string_value(e);
         size_t len = json_string_length(e);
         tg_buf_appends(out, i ? ",\"" : "\"");
@@ -247,6 +251,7 @@ static const char *pgtype(tg_col_type_t t) {
     case TG_COL_MODEL_MAP:
     case TG_COL_PLUGINS: return "jsonb";
     case TG_COL_TIME: return "timestamptz";
+    case TG_COL_PCTARR: return "integer[]";
     default: return "text";
     }
 }
@@ -782,6 +787,64 @@ static int key_extra(apply_t *a, const char **cols, const char **types, int *cre
     return TG_OK;
 }
 
+/* A budget names its tenant ("tenant", required) and, for a key's or a user's budget,
+ * "key" (a key name of that tenant) or "user" (a user's email in that tenant). */
+static int budget_extra(apply_t *a, const char **cols, const char **types, int *create_only, char **vals, int *n,
+                        char *label, size_t labellen) {
+    lua_State *L = a->L;
+    lua_getfield(L, -1, "tenant");
+    if (lua_type(L, -1) != LUA_TSTRING) {
+        lua_pop(L, 1);
+        return afail(a, "tenant (a tenant name) is required");
+    }
+    char tenant_id[32], id[32];
+    int rc = lookup_id(a, "tenants", lua_tostring(L, -1), tenant_id);
+    lua_pop(L, 1);
+    if (rc)
+        return rc;
+    cols[*n] = "tenant_id";
+    types[*n] = "bigint";
+    create_only[*n] = 1;
+    vals[(*n)++] = strdup(tenant_id);
+    static const char *const owners[][3] = {{"key", "api_keys", "name"}, {"user", "users", "email"}};
+    for (int i = 0; i < 2; i++) {
+        lua_getfield(L, -1, owners[i][0]);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            lua_pop(L, 1);
+            return afail(a, "%s must be a %s of the tenant", owners[i][0], owners[i][2]);
+        }
+        char sql[128];
+        snprintf(sql, sizeof(sql), "SELECT id FROM %s WHERE tenant_id = $1::bigint AND %s = $2", owners[i][1],
+                 owners[i][2]);
+        const char *q[2] = {tenant_id, lua_tostring(L, -1)};
+        PGresult *r = PQexecParams(a->c, sql, 2, NULL, q, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+            lua_pop(L, 1);
+            return pg_fail(a->c, r, a->err, a->errlen, "budgets");
+        }
+        if (PQntuples(r) != 1) {
+            PQclear(r);
+            rc = afail(a, "%s \"%s\" does not exist in the tenant", owners[i][0], lua_tostring(L, -1));
+            lua_pop(L, 1);
+            return rc;
+        }
+        snprintf(id, sizeof(id), "%s", PQgetvalue(r, 0, 0));
+        PQclear(r);
+        lua_pop(L, 1);
+        cols[*n] = i ? "user_id" : "api_key_id";
+        types[*n] = "bigint";
+        create_only[*n] = 1;
+        vals[(*n)++] = strdup(id);
+    }
+    TG_UNUSED(label);
+    TG_UNUSED(labellen);
+    return TG_OK;
+}
+
 /* model_prices is keyed by model and has no id column: a thin wrapper. */
 static int price_section(apply_t *a) {
     const tg_table_t *prices = tg_table_find("prices");
@@ -887,7 +950,7 @@ int tg_db_apply(PGconn *c, const tg_config_t *cfg, const char *state_path, int d
         lua_close(a.L);
         return TG_ERROR;
     }
-    static const char *const sections[] = {"tenants", "groups", "accounts", "keys", "prices", NULL};
+    static const char *const sections[] = {"tenants", "groups", "accounts", "keys", "prices", "budgets", NULL};
     lua_pushnil(a.L);
     while (lua_next(a.L, -2)) {
         lua_pop(a.L, 1);
@@ -895,7 +958,7 @@ int tg_db_apply(PGconn *c, const tg_config_t *cfg, const char *state_path, int d
         for (const char *const *s = sections; *s; s++)
             ok |= lua_type(a.L, -1) == LUA_TSTRING && strcmp(*s, lua_tostring(a.L, -1)) == 0;
         if (!ok) {
-            snprintf(err, errlen, "apply: unknown section \"%s\" (expected tenants, groups, accounts, keys, prices)",
+            snprintf(err, errlen, "apply: unknown section \"%s\" (expected tenants, groups, accounts, keys, prices, budgets)",
                      lua_type(a.L, -1) == LUA_TSTRING ? lua_tostring(a.L, -1) : "?");
             lua_close(a.L);
             return TG_ERROR;
@@ -909,6 +972,8 @@ int tg_db_apply(PGconn *c, const tg_config_t *cfg, const char *state_path, int d
     rc = rc ?: apply_section(&a, "accounts", 1, account_keys, NULL, account_after);
     rc = rc ?: apply_section(&a, "keys", 2, key_keys, key_extra, NULL);
     rc = rc ?: price_section(&a);
+    static const char *const budget_keys[] = {"tenant", "key", "user", NULL};
+    rc = rc ?: apply_section(&a, "budgets", 1, budget_keys, budget_extra, NULL);
     if (rc != TG_OK || dry_run) {
         PQclear(PQexec(c, "ROLLBACK"));
     } else if (exec_ok(c, "COMMIT", err, errlen) != TG_OK) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tollgate/tg_billing.h"
+#include "tollgate/tg_budgets.h"
 #include "tollgate/tg_capture.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_db.h"
@@ -184,6 +185,14 @@ static int load(int argc, char **argv, tg_config_t *cfg) {
         return 2;
     }
     tg_log_level = tg_log_level_parse(cfg->log_level);
+    /* The budgets' clock (tg_budgets.h): TZ made a variable of its own before any
+     * thread starts, and shifted for tests only when the config asks for it. */
+    tg_budget_tz_init();
+    const char *off = getenv("TOLLGATE_TEST_CLOCK_OFFSET");
+    if (cfg->billing.test_clock && off && *off) {
+        tg_budget_set_clock_offset(strtoll(off, NULL, 10));
+        tg_log_warn("budgets: the clock is shifted by %s s (billing.test_clock): for tests only", off);
+    }
     return 0;
 }
 

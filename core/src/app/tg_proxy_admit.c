@@ -13,6 +13,8 @@
  * input plus the output limit the upstream receives.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "tg_proxy_internal.h"
 
@@ -34,7 +36,7 @@ static void cleanup_reserve(proxy_req_t *p) { tg_reserve_detach(p->reserve); }
 /* ---- phase: admit ------------------------------------------------------------------- */
 
 static void balance_loaded(void *ud, int status, const char *code, const char *msg, const char *tenant,
-                           const char *key) {
+                           const char *key, const char *budget_spend) {
     proxy_req_t *p = ud;
     p->reserve = NULL;
     if (status) {
@@ -43,6 +45,7 @@ static void balance_loaded(void *ud, int status, const char *code, const char *m
     }
     snprintf(p->tenant_init, sizeof(p->tenant_init), "%s", tenant);
     snprintf(p->key_init, sizeof(p->key_init), "%s", key);
+    tg_billing_budget_inits(p->budgets, p->nbudgets, budget_spend);
     p->phase = PH_ADMIT; /* the script wrote nothing (its marker is gone): admit again */
     tg__proxy_run(p);
 }
@@ -60,7 +63,68 @@ static tg_reserve_req_t reserve_req(const proxy_req_t *p) {
         .amount = p->reserved_amount,
         .key_budget = pr->budget[0] != '\0',
         .money_open = money_open,
+        .budgets = p->budgets,
+        .nbudgets = p->nbudgets,
     };
+}
+
+/* ---- periodic budgets (tg_budgets.h) -------------------------------------------------- */
+
+/* The principal's periodic budgets in the periods they are in now (the budgets' clock):
+ * what this attempt's reservation is checked against. A spend loaded from Postgres is
+ * kept while its period is the same. TG_OK, or TG_DONE when a budget's period cannot be
+ * computed (its time zone is no longer on this system): refused, 503, money fails closed. */
+static int budgets_now(proxy_req_t *p) {
+    tg_principal_t *pr = (tg_principal_t *)p->principal; /* per worker: its period cache */
+    int64_t now = tg_budget_now_s();
+    for (int i = 0; i < pr->nbudgets; i++) {
+        tg_budget_t *b = &pr->budgets[i];
+        int64_t start, end;
+        if (tg_budget_period(b, now, &start, &end) != 0) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "the budget \"%s\" cannot be checked: its time zone %s is not available",
+                     b->name, b->tz);
+            return tg__proxy_fail(p, 503, "server_error", "budget_unavailable", msg);
+        }
+        tg_budget_use_t *u = &p->budgets[i];
+        if (u->id != b->id || u->start != start)
+            u->init[0] = '\0';
+        u->id = b->id;
+        u->limit = b->amount;
+        u->start = start;
+        u->end = end;
+    }
+    p->nbudgets = pr->nbudgets;
+    return TG_OK;
+}
+
+/* 402 budget_exceeded naming budget i, its period and when it resets (Retry-After, and
+ * the reset time in x-tollgate-budget-reset), in the client's protocol's error shape. */
+static void budget_refused(proxy_req_t *p, int i) {
+    if (i < 0 || i >= p->nbudgets || i >= p->principal->nbudgets) {
+        tg__proxy_fail(p, 402, "insufficient_quota", "budget_exceeded", "a budget cannot cover the request's maximum cost");
+        return;
+    }
+    const tg_budget_t *b = &p->principal->budgets[i];
+    const tg_budget_use_t *u = &p->budgets[i];
+    char kind[32], limit[32], cost[32], reset[32], msg[512], extra[160];
+    const char *k = tg_budget_kind_text(b, kind, sizeof(kind));
+    tg_money_format(b->amount, limit);
+    tg_money_format(p->reserved_amount, cost);
+    time_t e = (time_t)u->end;
+    struct tm tm;
+    gmtime_r(&e, &tm);
+    strftime(reset, sizeof(reset), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int64_t wait = TG_MAX(u->end - tg_budget_now_s(), 1);
+    const char *whose = b->scope == 'k' ? "this API key" : b->scope == 'u' ? "this key's user" : "this tenant";
+    snprintf(msg, sizeof(msg),
+             "the %s budget \"%s\" of %s (%s USD%s%s) cannot cover this request's maximum cost of %s USD; it resets "
+             "at %s (in %lld s)",
+             k, b->name, whose, limit, b->kind == TG_BUDGET_HOURS ? "" : ", periods in ",
+             b->kind == TG_BUDGET_HOURS ? "" : b->tz, cost, reset, (long long)wait);
+    snprintf(extra, sizeof(extra), "Retry-After: %lld\r\nx-tollgate-budget: %lld\r\nx-tollgate-budget-reset: %s\r\n",
+             (long long)wait, (long long)b->id, reset);
+    tg__proxy_fail_ex(p, 402, "insufficient_quota", "budget_exceeded", msg, extra);
 }
 
 static void admit_done(void *ud, const tg_admit_outcome_t *out) {
@@ -74,6 +138,11 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     tg_admit_t *a = p->admit;
     p->admit = NULL;
     tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
+    if (out->result == TG_ADMIT_PERIOD_BUDGET) {
+        tg_billing_refused_budget(p->pw->ctx->billing);
+        budget_refused(p, out->budget);
+        return;
+    }
     if (out->result == TG_ADMIT_BALANCE || out->result == TG_ADMIT_BUDGET) {
         const char *code, *msg;
         tg_billing_refused(p->pw->ctx->billing, out->result == TG_ADMIT_BUDGET, &code, &msg);
@@ -312,7 +381,7 @@ int tg__phase_admit(proxy_req_t *p) {
     }
     tg_limit_money_t m;
     if (money) {
-        if (money_bound(p) != TG_OK)
+        if (money_bound(p) != TG_OK || budgets_now(p) != TG_OK)
             return TG_DONE;
         tg_reserve_req_t r = reserve_req(p);
         tg_billing_admission_money(p->pw->ctx->billing, &r, p->tenant_init, p->key_init, &m);
@@ -349,6 +418,10 @@ static void reserve_done(void *ud, int status, const char *code, const char *msg
         tg__proxy_run(p);
         return;
     }
+    if (status == 402 && code && !strcmp(code, "budget_exceeded") && msg && !strncmp(msg, "budget ", 7)) {
+        budget_refused(p, atoi(msg + 7));
+        return;
+    }
     tg__proxy_fail(p, status, status == 402 ? "insufficient_quota" : "server_error", code, msg);
 }
 
@@ -368,6 +441,9 @@ int tg__phase_reserve(proxy_req_t *p) {
         tg_billing_admitted(pw->ctx->billing, &r);
         return TG_OK;
     }
+    if (budgets_now(p) != TG_OK)
+        return TG_DONE;
+    r = reserve_req(p);
     p->reserve = tg_billing_reserve(pw->ctx->billing, &r, reserve_done, p);
     tg__cleanup_add(p, cleanup_reserve);
     return TG_AGAIN;

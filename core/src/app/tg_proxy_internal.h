@@ -134,6 +134,9 @@ struct proxy_req_s {
     int money_held;               /* the admission reserved attempt 1; not yet recorded */
     int balance_loads;            /* the admission asked for the live balance */
     char tenant_init[32], key_init[32]; /* the loaded balances, for the admission's retry */
+    tg_budget_use_t budgets[TG_BUDGETS_MAX]; /* the periodic budgets, in the periods of the
+                                                latest attempt that reserved (budgets_now) */
+    int nbudgets;
     int64_t est_input;
     /* Routing and retries. */
     int attempt;                  /* 1-based */

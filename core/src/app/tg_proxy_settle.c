@@ -177,6 +177,8 @@ void tg__on_finish(tg_request_t *req, int aborted) {
                 .status = aborted && req->status < 400 ? 499 : req->status,
                 .ttft_ms = TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
                 .total_ms = (double)(now - req->start_ns) / 1e6,
+                .budgets = p->budgets,
+                .nbudgets = p->nbudgets,
             };
             tg_billing_settle(p->pw->ctx->billing, &s);
         }

@@ -121,15 +121,49 @@ static const tg_column_t price_cols[] = {
     {NULL, 0, 0, 0, 0, NULL, 0, NULL, NULL},
 };
 
+/* Periodic budgets (tg_budgets.h, 0007_budgets.sql). A budget is the tenant's, or with
+ * api_key_id one key's, or with user_id every key of that user (the tenant is then
+ * theirs: tenant_id may be left out). A state file names them: "tenant" (required),
+ * "key" (a key name of that tenant), "user" (a user's email in that tenant). */
+static const char *const budget_periods[] = {"day", "week", "month", "hours", NULL};
+static const tg_column_t budget_cols[] = {
+    {"id", TG_COL_ID, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
+    {"name", TG_COL_TEXT, TG_COL_RW, 1, 0, NULL, 1, NULL, NULL},
+    {"tenant_id", TG_COL_REF, TG_COL_CREATE_ONLY, 0, 0, NULL, 0, NULL, NULL},
+    {"api_key_id", TG_COL_REF, TG_COL_CREATE_ONLY, 0, 1, NULL, 0, NULL, NULL},
+    {"user_id", TG_COL_REF, TG_COL_CREATE_ONLY, 0, 1, NULL, 0, NULL, NULL},
+    {"amount", TG_COL_MONEY, TG_COL_RW, 1, 0, NULL, 1, NULL, NULL},
+    {"period", TG_COL_TEXT, TG_COL_RW, 1, 0, budget_periods, 1, NULL, NULL},
+    {"period_hours", TG_COL_INT, TG_COL_RW, 0, 1, NULL, 1, NULL, NULL},
+    {"timezone", TG_COL_TZ, TG_COL_RW, 0, 0, NULL, 1, "UTC", NULL},
+    {"thresholds", TG_COL_PCTARR, TG_COL_RW, 0, 0, NULL, 1, "{50,80,100}", NULL},
+    {"webhook_url", TG_COL_URL, TG_COL_RW, 0, 1, NULL, 1, NULL, NULL},
+    {"webhook_secret", TG_COL_SECRET, TG_COL_WO, 0, 1, NULL, 1, NULL, NULL},
+    {"created_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
+    {"updated_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
+    {NULL, 0, 0, 0, 0, NULL, 0, NULL, NULL},
+};
+
 const tg_table_t tg_tables[] = {
     {"tenants", "tenants", "id", 0, tenant_cols, NULL},
     {"users", "users", "id", 0, user_cols, NULL},
     {"groups", "groups", "id", 0, group_cols, NULL},
-    {"keys", "api_keys", "id", 0, key_cols, NULL},
+    {"keys", "api_keys", "id", 0, key_cols,
+     "'budgets', (SELECT coalesce(json_agg(tg_budget_json(b) ORDER BY b.id), '[]') FROM budgets b WHERE b.tenant_id = "
+     "t.tenant_id AND (b.api_key_id = t.id OR b.user_id = t.user_id OR (b.api_key_id IS NULL AND b.user_id IS NULL)))"},
     {"accounts", "accounts", "id", 0, account_cols,
      "'has_credential', t.credential IS NOT NULL, 'groups', (SELECT coalesce(json_agg(ag.group_id ORDER BY "
      "ag.group_id), '[]') FROM account_groups ag WHERE ag.account_id = t.id)"},
     {"prices", "model_prices", "model", 1, price_cols, NULL},
+    {"budgets", "budgets", "id", 0, budget_cols,
+     "'has_webhook_secret', t.webhook_secret IS NOT NULL, 'current', tg_budget_json(t) -> 'current', 'periods', "
+     "(SELECT coalesce(json_agg(json_build_object('start', p.period_start, 'spend', p.spend) ORDER BY "
+     "p.period_start DESC), '[]') FROM (SELECT * FROM budget_periods p WHERE p.budget_id = t.id ORDER BY "
+     "p.period_start DESC LIMIT 12) p), 'alerts', (SELECT coalesce(json_agg(json_build_object('period_start', "
+     "a.period_start, 'threshold', a.threshold, 'state', a.state, 'attempts', a.attempts, 'spend', a.spend, "
+     "'last_error', a.last_error, 'raised_at', a.created_at, 'delivered_at', a.delivered_at) ORDER BY "
+     "a.created_at DESC, a.threshold DESC), '[]') FROM (SELECT * FROM budget_alerts a WHERE a.budget_id = t.id "
+     "ORDER BY a.created_at DESC LIMIT 20) a)"},
     {NULL, NULL, NULL, 0, NULL, NULL},
 };
 
@@ -306,6 +340,23 @@ int tg_column_check(const tg_column_t *c, const json_t *v, const tg_plugins_conf
     case TG_COL_TIME:
         ok = json_is_string(v);
         break;
+    case TG_COL_TZ: {
+        const char *why = json_is_string(v) ? tg_valid_timezone(json_string_value(v), json_string_length(v))
+                                            : "must be a string";
+        if (why) {
+            snprintf(msg, msglen, "field \"%s\" %s", key, why);
+            return -1;
+        }
+        break;
+    }
+    case TG_COL_PCTARR: {
+        ok = json_is_array(v) && json_array_size(v) >= 1 && json_array_size(v) <= 10;
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) ok = ok && json_is_integer(e) && json_integer_value(e) >= 1 &&
+                                         json_integer_value(e) <= 100;
+        break;
+    }
     case TG_COL_ID:
         ok = 0;
         break;
@@ -331,6 +382,7 @@ int tg_column_check(const tg_column_t *c, const json_t *v, const tg_plugins_conf
                        : c->type == TG_COL_JSONOBJ || c->type == TG_COL_MODEL_MAP || c->type == TG_COL_PLUGINS
                            ? "an object"
                        : c->type == TG_COL_TIME ? "a timestamp string (ISO 8601)"
+                       : c->type == TG_COL_PCTARR ? "a list of 1 to 10 percentages (integers from 1 to 100), e.g. [50, 80, 100]"
                                                 : "a non-empty string";
     snprintf(msg, msglen, "field \"%s\" must be %s", key, want);
     return -1;

@@ -350,7 +350,7 @@ static int load_routing(cfg_ctx *c, void *arg) {
 static int load_billing(cfg_ctx *c, void *arg) {
     tg_config_t *cfg = arg;
     static const char *const keys[] = {"enabled", "default_max_tokens", "spool_dir", "reconcile_after_ms",
-                                       "unknown_usage", "queue_max", NULL};
+                                       "unknown_usage", "queue_max", "test_clock", NULL};
     c->prefix = "billing.";
     int rc = check_keys(c, keys);
     rc = rc ?: get_bool(c, "enabled", &cfg->billing.enabled);
@@ -358,6 +358,7 @@ static int load_billing(cfg_ctx *c, void *arg) {
     rc = rc ?: get_str(c, "spool_dir", &cfg->billing.spool_dir);
     rc = rc ?: get_int(c, "reconcile_after_ms", &cfg->billing.reconcile_after_ms, 100, 86400000);
     rc = rc ?: get_int(c, "queue_max", &cfg->billing.queue_max, 1, 10000000);
+    rc = rc ?: get_bool(c, "test_clock", &cfg->billing.test_clock);
     char *u = NULL;
     rc = rc ?: get_str(c, "unknown_usage", &u);
     if (rc == TG_OK && u) {

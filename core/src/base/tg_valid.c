@@ -3,6 +3,7 @@
  */
 #include "tollgate/tg_valid.h"
 
+#include <stdio.h>
 #include <string.h>
 
 const char *tg_valid_no_ctl(const char *s, size_t n) {
@@ -109,4 +110,27 @@ const char *tg_valid_model(const char *s, size_t n) {
     if (n > 256)
         return "is longer than 256 bytes";
     return tg_valid_no_ctl(s, n);
+}
+
+const char *tg_valid_timezone(const char *s, size_t n) {
+    if (n == 0 || n > 63)
+        return "must be an IANA time zone name of 1 to 63 characters, e.g. Europe/Berlin or UTC";
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!is_alnum(c) && !strchr("/_+-", c))
+            return "is not an IANA time zone name (letters, digits, '/', '_', '+', '-'), e.g. Europe/Berlin";
+    }
+    if (s[0] == '/' || memmem(s, n, "//", 2) || memmem(s, n, "/.", 2) || s[0] == '.' || s[0] == '-')
+        return "is not an IANA time zone name, e.g. Europe/Berlin";
+    if (!strcmp(s, "UTC"))
+        return NULL;
+    /* The system's time zone database: the zone's file must be there and be a TZif file. */
+    char path[128];
+    snprintf(path, sizeof(path), "/usr/share/zoneinfo/%.*s", (int)n, s);
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    int ok = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "TZif", 4);
+    if (f)
+        fclose(f);
+    return ok ? NULL : "is not a time zone of this system's time zone database (/usr/share/zoneinfo), e.g. Europe/Berlin";
 }

@@ -115,6 +115,19 @@ static void billing_collect(const void *const *stats, int n, tg_buf_t *out) {
                   (unsigned long long)s.spooled, (unsigned long long)s.replayed, (unsigned long long)s.reconciled,
                   (unsigned long long)s.unheld, (unsigned long long)s.quarantined, (unsigned long long)s.clamped,
                   (unsigned long long)s.estimated);
+    tg_buf_printf(out,
+                  "# HELP tollgate_budget_refusals_total Requests refused by a periodic budget (402 budget_exceeded).\n"
+                  "# TYPE tollgate_budget_refusals_total counter\n"
+                  "tollgate_budget_refusals_total %llu\n"
+                  "# HELP tollgate_budget_alerts_total Budget threshold alerts: first sends, and attempts' outcomes.\n"
+                  "# TYPE tollgate_budget_alerts_total counter\n"
+                  "tollgate_budget_alerts_total{event=\"sent\"} %llu\n"
+                  "tollgate_budget_alerts_total{event=\"delivered\"} %llu\n"
+                  "tollgate_budget_alerts_total{event=\"retried\"} %llu\n"
+                  "tollgate_budget_alerts_total{event=\"failed\"} %llu\n",
+                  (unsigned long long)s.refused_budget, (unsigned long long)s.alerts_sent,
+                  (unsigned long long)s.alerts_delivered, (unsigned long long)s.alerts_retried,
+                  (unsigned long long)s.alerts_failed);
 }
 
 void tg_billing_metrics(tg_metrics_t *m, const tg_billing_t *b) {
@@ -147,7 +160,8 @@ void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
     }
     tg__billing_flush(b);
     /* The holds of what lands go back once it is durable: wait for those answers too. */
-    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released || b->returning) &&
+    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released || b->returning ||
+            b->alerts_inflight || b->alerts_claiming) &&
            tg_now_ms() < end) {
         uv_run(loop, UV_RUN_ONCE);
         if (json_array_size(b->queue))

@@ -28,6 +28,17 @@ static const char INIT_SQL[] =
     "coalesce(((k.budget - k.spend - coalesce((SELECT sum(r.amount) FROM reservations r WHERE r.api_key_id = k.id "
     "AND r.state IN ('reserved', 'pending_reconciliation') AND r.note IS DISTINCT FROM 'unheld'), 0)) * "
     "1000000000)::bigint, -1) "
+    /* The periodic budgets' spend in their periods ($3 budget ids, $4 period starts):
+     * what Postgres recorded, plus the open holds of their keys taken since the period
+     * began (only a Redis that lost its keys mid-period needs them; counting a hold of
+     * the period before is the safe side). Space-separated, in $3's order. */
+    ", (SELECT coalesce(string_agg(((coalesce(bp.spend, 0) + coalesce(h.held, 0)) * 1000000000)::bigint::text, ' ' "
+    "ORDER BY q.ord), '') FROM unnest($3::bigint[], $4::bigint[]) WITH ORDINALITY AS q(bid, ps, ord) "
+    "LEFT JOIN budget_periods bp ON bp.budget_id = q.bid AND bp.period_start = to_timestamp(q.ps) "
+    "LEFT JOIN LATERAL (SELECT sum(r.amount) AS held FROM budgets b JOIN api_keys kk ON kk.tenant_id = b.tenant_id "
+    "AND (kk.id = b.api_key_id OR kk.user_id = b.user_id OR (b.api_key_id IS NULL AND b.user_id IS NULL)) "
+    "JOIN reservations r ON r.api_key_id = kk.id AND r.state IN ('reserved', 'pending_reconciliation') "
+    "AND r.note IS DISTINCT FROM 'unheld' AND r.created_at >= to_timestamp(q.ps) WHERE b.id = q.bid) h ON true) "
     "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
 
 struct tg_reserve_s {
@@ -44,6 +55,8 @@ struct tg_reserve_s {
     char keys[4][128];
     char field[96];
     char hold[256];
+    tg_budget_use_t budgets[TG_BUDGETS_MAX];
+    char budget_init[TG_BUDGETS_MAX * 24]; /* tg_billing_load's third answer */
 };
 
 static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual);
@@ -63,7 +76,8 @@ static void init_loaded(void *ud, const PGresult *res, const char *err) {
     if (err || PQntuples(res) != 1) {
         if (x->load_cb) {
             if (!x->detached)
-                x->load_cb(x->ud, 503, "billing_unavailable", "the balance could not be loaded; try again", NULL, NULL);
+                x->load_cb(x->ud, 503, "billing_unavailable", "the balance could not be loaded; try again", NULL, NULL,
+                          NULL);
             free(x);
             return;
         }
@@ -72,22 +86,55 @@ static void init_loaded(void *ud, const PGresult *res, const char *err) {
     }
     snprintf(x->tenant_init, sizeof(x->tenant_init), "%s", PQgetvalue(res, 0, 0));
     snprintf(x->key_init, sizeof(x->key_init), "%s", PQgetvalue(res, 0, 1));
+    snprintf(x->budget_init, sizeof(x->budget_init), "%s", PQgetvalue(res, 0, 2));
     if (x->load_cb) {
         if (!x->detached)
-            x->load_cb(x->ud, 0, NULL, NULL, x->tenant_init, x->key_init);
+            x->load_cb(x->ud, 0, NULL, NULL, x->tenant_init, x->key_init, x->budget_init);
         free(x);
         return;
     }
+    tg_billing_budget_inits(x->budgets, x->r.nbudgets, x->budget_init);
     reserve_send(x);
 }
 
 /* The live balance's load, for a reservation or for an admission that asked for it. */
 static void load_balance(tg_reserve_t *x) {
-    char t[24], k[24];
+    char t[24], k[24], ids[TG_BUDGETS_MAX * 24 + 4] = "{", starts[TG_BUDGETS_MAX * 24 + 4] = "{";
     snprintf(t, sizeof(t), "%lld", (long long)x->r.tenant_id);
     snprintf(k, sizeof(k), "%lld", (long long)x->r.key_id);
-    const char *params[2] = {t, k};
-    tg_pg_query(tg_state_pg(x->b->st), INIT_SQL, 2, params, init_loaded, x);
+    for (int i = 0; i < x->r.nbudgets; i++) {
+        snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), "%s%lld", i ? "," : "", (long long)x->budgets[i].id);
+        snprintf(starts + strlen(starts), sizeof(starts) - strlen(starts), "%s%lld", i ? "," : "",
+                 (long long)x->budgets[i].start);
+    }
+    strcat(ids, "}");
+    strcat(starts, "}");
+    const char *params[4] = {t, k, ids, starts};
+    tg_pg_query(tg_state_pg(x->b->st), INIT_SQL, 4, params, init_loaded, x);
+}
+
+void tg_billing_budget_inits(tg_budget_use_t *u, int n, const char *spend) {
+    const char *p = spend ? spend : "";
+    for (int i = 0; i < n; i++) {
+        while (*p == ' ')
+            p++;
+        size_t len = strcspn(p, " ");
+        snprintf(u[i].init, sizeof(u[i].init), "%.*s", (int)TG_MIN(len, sizeof(u[i].init) - 1), p);
+        p += len;
+    }
+}
+
+/* The periodic budgets' keys and money.lua's bspec: per budget "<limit> <expire at>
+ * <spend to load or '-'> ". A period's key lives a week past its period's end, longer
+ * than any hold taken in it (7 days), so a late settlement still finds it. */
+static void budget_args(int64_t tenant, const tg_budget_use_t *u, int n, char keys[][96], char *spec, size_t len) {
+    spec[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        snprintf(keys[i], 96, "{t:%lld}:bud:%lld:%lld", (long long)tenant, (long long)u[i].id, (long long)u[i].start);
+        size_t at = strlen(spec);
+        snprintf(spec + at, len - at, "%lld %lld %s ", (long long)u[i].limit, (long long)(u[i].end + 8 * 86400),
+                 u[i].init[0] ? u[i].init : "-");
+    }
 }
 
 /* The reservation's durable Postgres row goes with the next settlement batch, in order,
@@ -141,6 +188,14 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
         load_balance(x);
         return;
     }
+    if (ok == 0 && !strncmp(what, "budget ", 7)) {
+        /* A periodic budget: the caller names it (its index in r->budgets, 0-based). */
+        char which[24];
+        snprintf(which, sizeof(which), "budget %d", atoi(what + 7) - 1);
+        tg_billing_refused_budget(b);
+        reserve_finish(x, 402, "budget_exceeded", which);
+        return;
+    }
     if (ok == 0) {
         const char *code, *msg;
         tg_billing_refused(b, !strcmp(what, "key budget"), &code, &msg);
@@ -168,11 +223,17 @@ static void unsent_cb(uv_timer_t *t) {
 
 static void reserve_send(tg_reserve_t *x) {
     tg_redis_t *redis = tg_state_redis(x->b->st);
-    char amt[24];
+    char amt[24], bkeys[TG_BUDGETS_MAX][96], bspec[TG_BUDGETS_MAX * 72];
     snprintf(amt, sizeof(amt), "%lld", (long long)x->r.amount);
-    const char *argv[9] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3], amt, x->tenant_init, x->key_init,
-                           x->field, x->hold};
-    if (!tg_redis_eval(redis, x->b->reserve_script, 4, 9, argv, NULL, redis_reserved, x)) {
+    int nb = x->r.nbudgets;
+    budget_args(x->r.tenant_id, x->budgets, nb, bkeys, bspec, sizeof(bspec));
+    const char *argv[4 + TG_BUDGETS_MAX + 6] = {x->keys[0], x->keys[1], x->keys[2], x->keys[3]};
+    for (int i = 0; i < nb; i++)
+        argv[4 + i] = bkeys[i];
+    const char *args[6] = {amt, x->tenant_init, x->key_init, x->field, x->hold, bspec};
+    for (int i = 0; i < (nb ? 6 : 5); i++)
+        argv[4 + nb + i] = args[i];
+    if (!tg_redis_eval(redis, x->b->reserve_script, 4 + nb, 4 + nb + (nb ? 6 : 5), argv, NULL, redis_reserved, x)) {
         /* No callback will come (the client is closing): a failed round trip, on the
          * next loop turn (this may run inside tg_billing_reserve). */
         uv_timer_t *t = malloc(sizeof(*t));
@@ -247,7 +308,7 @@ static void fail_async_cb(uv_timer_t *t) {
     uv_close((uv_handle_t *)t, (uv_close_cb)free);
     if (x->load_cb) {
         if (!x->detached)
-            x->load_cb(x->ud, 503, "billing_unavailable", "billing needs Postgres and Redis", NULL, NULL);
+            x->load_cb(x->ud, 503, "billing_unavailable", "billing needs Postgres and Redis", NULL, NULL, NULL);
         free(x);
         return;
     }
@@ -264,6 +325,10 @@ tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_
     x->r.model = x->model;
     x->cb = cb;
     x->ud = ud;
+    x->r.nbudgets = TG_MIN(TG_MAX(r->nbudgets, 0), TG_BUDGETS_MAX);
+    for (int i = 0; i < x->r.nbudgets; i++)
+        x->budgets[i] = r->budgets[i];
+    x->r.budgets = x->budgets;
     /* A key without a budget needs no live key balance: "-1" tells the script so, and no
      * request of such a key ever waits on Postgres. */
     snprintf(x->key_init, sizeof(x->key_init), "%s", r->key_budget ? "" : "-1");
@@ -284,6 +349,11 @@ tg_reserve_t *tg_billing_reserve(tg_billing_t *b, const tg_reserve_req_t *r, tg_
 void tg_reserve_detach(tg_reserve_t *r) {
     if (r)
         r->detached = 1;
+}
+
+void tg_billing_refused_budget(tg_billing_t *b) {
+    b->stats.refused++;
+    b->stats.refused_budget++;
 }
 
 void tg_billing_refused(tg_billing_t *b, int key_budget, const char **code, const char **msg) {
@@ -319,6 +389,16 @@ void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, cons
              (unsigned long long)tg_wall_ms(), (long long)r->amount, r->model ? r->model : "");
     m->undo = admission_undo;
     m->undo_ud = b;
+    /* Periodic budgets: the key's budget slot and key_init ("-1": none) always go with
+     * them, so admit.lua tells the layouts apart by the number of arguments. */
+    m->nbudgets = TG_MIN(TG_MAX(r->nbudgets, 0), TG_BUDGETS_MAX);
+    if (m->nbudgets) {
+        if (m->nkeys == 3)
+            snprintf(m->key_init, sizeof(m->key_init), "-1");
+        memcpy(m->keys[3], keys[2], sizeof(m->keys[3]));
+        m->nkeys = 4;
+        budget_args(r->tenant_id, r->budgets, m->nbudgets, m->bkeys, m->bspec, sizeof(m->bspec));
+    }
 }
 
 void tg_billing_admitted(tg_billing_t *b, const tg_reserve_req_t *r) {
@@ -330,6 +410,10 @@ tg_reserve_t *tg_billing_load(tg_billing_t *b, const tg_reserve_req_t *r, tg_bal
     tg_reserve_t *x = calloc(1, sizeof(*x));
     x->b = b;
     x->r = *r;
+    x->r.nbudgets = TG_MIN(TG_MAX(r->nbudgets, 0), TG_BUDGETS_MAX);
+    for (int i = 0; i < x->r.nbudgets; i++)
+        x->budgets[i] = r->budgets[i];
+    x->r.budgets = x->budgets;
     x->r.request_id = x->request_id;
     x->r.model = x->model;
     x->load_cb = cb;
@@ -373,4 +457,11 @@ void tg__billing_release_attempts(tg_billing_t *b, const tg_settlement_t *s, int
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
                                 int attempt) {
     tg__billing_hold_return(b, tenant_id, key_id, request_id, attempt, 0);
+}
+
+json_t *tg__billing_budgets_json(const tg_budget_use_t *u, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_pack("[I,I]", (json_int_t)u[i].id, (json_int_t)u[i].start));
+    return a;
 }

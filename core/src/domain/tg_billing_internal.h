@@ -47,6 +47,8 @@ struct tg_billing_s {
     int lock_released;      /* the lock's release was answered (or failed) */
     int scanning;           /* a scan of {t:*}:holds is under way */
     int returning;          /* holds being given back whose last answer is awaited */
+    int alerts_claiming;    /* budget alerts: the claim query is out (tg_budget_alerts.c) */
+    int alerts_inflight;    /* budget alerts being posted on the thread pool */
     tg_billing_stats_t stats;
 };
 
@@ -66,6 +68,9 @@ void tg__billing_hold_return(tg_billing_t *b, int64_t tenant, int64_t key, const
 /** Returns every attempt's hold of settlement s; the last attempt's keeps cost_last. */
 void tg__billing_release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last);
 
+/** [[budget id, period start], ...]: the periods a settlement counts in (new reference). */
+json_t *tg__billing_budgets_json(const tg_budget_use_t *u, int n);
+
 /* ---- the settlement batcher and the spool (tg_billing_settle.c) ---- */
 
 /** Queues an element (owned) for the next batch to Postgres. */
@@ -79,6 +84,12 @@ void tg__billing_spool_cb(uv_timer_t *t);
 int tg__billing_spool_append(tg_billing_t *b, json_t *batch, const char *why);
 /** A settlement as tg_settle_batch reads it (new reference). */
 json_t *tg__billing_settlement_json(const tg_settlement_t *s);
+
+/* ---- budget alerts (tg_budget_alerts.c) ---- */
+
+/** The reconciler's pass over budget alerts due: claims them, posts them to their
+ *  webhooks on the thread pool, records each attempt. */
+void tg__budget_alerts_pass(tg_billing_t *b);
 
 /* ---- the reconciler (tg_billing_reconcile.c) ---- */
 

@@ -312,6 +312,7 @@ static void lock_cb(void *ud, redisReply *r, const char *err) {
     b->leader = r->integer == 1;
     if (!b->leader)
         return;
+    tg__budget_alerts_pass(b); /* budget alerts due (tg_budget_alerts.c) */
     char now[32];
     snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
     const char *argv[4] = {"ZRANGEBYSCORE", ALIVE_KEY, now, "+inf"};

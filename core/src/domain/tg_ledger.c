@@ -91,6 +91,17 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN usage u ON u.request_id = "
           "r.request_id WHERE r.state <> 'reconciled'",
           &problems);
+    /* Periodic budgets (0007_budgets.sql): each period's recorded spend is the sum of the
+     * costs of the requests counted in it, and each of those is its usage row's cost. */
+    check(c, "each budget period's spend = the sum of its usage",
+          "SELECT p.budget_id, p.period_start, p.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM budget_periods p "
+          "LEFT JOIN budget_usage u ON u.budget_id = p.budget_id AND u.period_start = p.period_start "
+          "GROUP BY p.budget_id, p.period_start, p.spend HAVING p.spend <> coalesce(sum(u.cost), 0)",
+          &problems);
+    check(c, "each budget usage row = its request's usage cost",
+          "SELECT b.request_id, b.budget_id, b.cost, u.cost AS usage_cost FROM budget_usage b LEFT JOIN usage u ON "
+          "u.request_id = b.request_id WHERE u.cost IS DISTINCT FROM b.cost",
+          &problems);
     char rerr[400];
     redisContext *rc = ledger_redis(redis_url, rerr);
     if (redis_url && !rc) {

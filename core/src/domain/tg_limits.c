@@ -56,6 +56,7 @@ struct tg_admit_s {
     int limited;        /* some limit applies (else only the money is checked) */
     int has_money;      /* `money` is sent with the admission */
     int reserved;       /* the script took the reservation */
+    int budget;         /* the periodic budget that refused (TG_ADMIT_PERIOD_BUDGET) */
     tg_limit_money_t money;
     tg_redis_req_t *rq;
     uv_timer_t timer;   /* retry while waiting; lease renewal while admitted */
@@ -124,8 +125,8 @@ static void fmt_keys(tg_admit_t *a) {
 
 /* An argument vector for tg_redis_eval: the keys, then strings built in buf. */
 typedef struct {
-    const char *v[32];
-    size_t len[32];
+    const char *v[48];
+    size_t len[48];
     int n;
     char buf[400];
     char *p;
@@ -185,7 +186,8 @@ static void queue_remove(tg_limits_t *l, tg_admit_t *a) {
 }
 
 static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64_t retry_ms, int degraded) {
-    tg_admit_outcome_t out = {r, which, retry_ms, degraded, (int)(tg_now_ms() - a->started_ms), a->reserved};
+    tg_admit_outcome_t out = {r, which, retry_ms, degraded, (int)(tg_now_ms() - a->started_ms), a->reserved,
+                              a->budget};
     tg_limits_stats_t *s = &a->l->stats;
     switch (r) {
     case TG_ADMIT_OK: s->admitted += (uint64_t)a->limited; break;
@@ -196,6 +198,7 @@ static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64
     case TG_ADMIT_UNAVAILABLE:
     case TG_ADMIT_BALANCE:
     case TG_ADMIT_BUDGET:
+    case TG_ADMIT_PERIOD_BUDGET:
     case TG_ADMIT_MONEY_INIT: break; /* the money's refusals are billing's to count */
     }
     a->state = r == TG_ADMIT_OK ? A_ADMITTED : A_DONE;
@@ -653,7 +656,7 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     int admitted = !err && r && r->type == REDIS_REPLY_INTEGER && (r->integer == 0 || r->integer == 1);
     int refused = !err && r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
                   r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER &&
-                  r->element[0]->integer >= 1 && r->element[0]->integer <= 9;
+                  r->element[0]->integer >= 1 && r->element[0]->integer <= 10 + 6;
     /* 1 (already admitted) took nothing: the caller reserves separately. */
     a->reserved = admitted && a->has_money && r->integer == 0;
     if (a->cancelled) {
@@ -701,6 +704,15 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     static const char *const names[] = {"key rpm",         "tenant rpm", "key tpm",    "tenant tpm",
                                         "key concurrency", "tenant concurrency", "balance", "key budget", "init"};
     long long which = r->element[0]->integer;
+    if (which > 10) { /* a periodic budget (money.lua: 10 + its index) */
+        if (a->state == A_WAITING)
+            queue_remove(l, a);
+        a->budget = (int)(which - 11);
+        deliver(a, TG_ADMIT_PERIOD_BUDGET, "budget", 0, 0);
+        return;
+    }
+    if (which == 10)
+        which = 9; /* not sent: a reply no script makes */
     const char *name = names[which - 1];
     if (which >= 7) {
         if (a->state == A_WAITING)
@@ -751,6 +763,8 @@ static void admit_send(tg_admit_t *a) {
     args_init(&g, a);
     for (int i = 0; a->has_money && i < money->nkeys; i++)
         arg_s(&g, money->keys[i], strlen(money->keys[i]));
+    for (int i = 0; a->has_money && i < money->nbudgets; i++)
+        arg_s(&g, money->bkeys[i], strlen(money->bkeys[i]));
     int nkeys = g.n;
     arg_s(&g, a->id, a->idlen);
     if (a->limited) {
@@ -766,6 +780,8 @@ static void admit_send(tg_admit_t *a) {
         arg_s(&g, money->hold, strlen(money->hold));
         if (money->nkeys == 4)
             arg_s(&g, money->key_init, strlen(money->key_init));
+        if (money->nbudgets)
+            arg_s(&g, money->bspec, strlen(money->bspec));
     }
     a->sent_up = tg_redis_connected(redis);
     a->rq = tg_redis_eval(redis, l->admit_script, nkeys, g.n, g.v, g.len, admit_reply, a);

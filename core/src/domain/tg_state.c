@@ -62,7 +62,13 @@ static const char AUTH_SQL[] =
     "to_json(k.ip_allow::text[]), coalesce(k.rpm, -1), coalesce(k.tpm, -1), coalesce(k.concurrency, -1), "
     "coalesce(k.budget::text, ''), coalesce(g.name, ''), to_json(g.models), k.prefix, "
     "coalesce(k.rpm_burst, -1), coalesce(t.rpm, -1), coalesce(t.rpm_burst, -1), coalesce(t.tpm, -1), "
-    "coalesce(t.concurrency, -1), coalesce(g.rate_multiplier, 1)::text, coalesce(g.plugins, '{}')::text "
+    "coalesce(t.concurrency, -1), coalesce(g.rate_multiplier, 1)::text, coalesce(g.plugins, '{}')::text, "
+    /* The periodic budgets that apply (tg_budgets.h), at most TG_BUDGETS_MAX, by id. */
+    "(SELECT coalesce(json_agg(json_build_array(b.id, (b.amount * 1000000000)::bigint, b.period, "
+    "coalesce(b.period_hours, 0), b.timezone, floor(extract(epoch FROM b.created_at))::bigint, "
+    "CASE WHEN b.api_key_id IS NOT NULL THEN 'k' WHEN b.user_id IS NOT NULL THEN 'u' ELSE 't' END, b.name) "
+    "ORDER BY b.id), '[]') FROM (SELECT * FROM budgets b WHERE b.tenant_id = k.tenant_id AND (b.api_key_id = k.id "
+    "OR b.user_id = k.user_id OR (b.api_key_id IS NULL AND b.user_id IS NULL)) ORDER BY b.id LIMIT 6) b)::text "
     "FROM api_keys k JOIN tenants t ON t.id = k.tenant_id LEFT JOIN groups g ON g.id = k.group_id "
     "WHERE k.key_hash = $1::bytea";
 
@@ -296,6 +302,33 @@ static char **json_strings(const char *text, int *n) {
     return out;
 }
 
+/* The periodic budgets of AUTH_SQL's last column: [[id, nano, period, hours, zone,
+ * created s, scope, name], ...]. */
+static void budgets_from_json(tg_principal_t *p, const char *text) {
+    json_t *j = json_loads(text, 0, NULL);
+    size_t i;
+    json_t *e;
+    json_array_foreach(j, i, e) {
+        if (p->nbudgets >= TG_BUDGETS_MAX)
+            break;
+        tg_budget_t *b = &p->budgets[p->nbudgets];
+        memset(b, 0, sizeof(*b));
+        b->id = json_integer_value(json_array_get(e, 0));
+        b->amount = json_integer_value(json_array_get(e, 1));
+        const char *kind = json_string_value(json_array_get(e, 2));
+        b->kind = tg_budget_kind(kind ? kind : "");
+        b->hours = (int)json_integer_value(json_array_get(e, 3));
+        snprintf(b->tz, sizeof(b->tz), "%s", json_string_value(json_array_get(e, 4)) ?: "UTC");
+        b->anchor_s = json_integer_value(json_array_get(e, 5));
+        const char *scope = json_string_value(json_array_get(e, 6));
+        b->scope = scope ? scope[0] : 't';
+        snprintf(b->name, sizeof(b->name), "%s", json_string_value(json_array_get(e, 7)) ?: "");
+        if (b->id > 0 && b->kind >= 0)
+            p->nbudgets++;
+    }
+    json_decref(j);
+}
+
 static tg_principal_t *principal_from_row(const PGresult *res) {
     tg_principal_t *p = calloc(1, sizeof(*p));
     p->refs = 1;
@@ -346,6 +379,7 @@ static tg_principal_t *principal_from_row(const PGresult *res) {
     /* jsonb prints an empty object as "{}": no setting, the config file's plugins. */
     if (strcmp(PQgetvalue(res, 0, 20), "{}") != 0)
         p->group_plugins = strdup(PQgetvalue(res, 0, 20));
+    budgets_from_json(p, PQgetvalue(res, 0, 21));
     return p;
 }
 
