@@ -201,16 +201,35 @@ static int status_of(const char *v, size_t n) {
 
 /* ---- headers ---------------------------------------------------------------------- */
 
-static int has_prefix(const char **name, size_t *n, const char *pre) {
-    size_t k = strlen(pre);
-    if (*n < k || strncasecmp(*name, pre, k) != 0)
+/* ASCII case-insensitive equality of n bytes, `lit` lower case: inlined with the
+ * literal's length known, no libc call per comparison. */
+static inline int ci_eq(const char *p, const char *lit, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) { /* eight bytes at a time */
+        uint64_t a, b;
+        memcpy(&a, p + i, 8);
+        memcpy(&b, lit + i, 8);
+        if ((a | 0x2020202020202020ull) != b)
+            return 0;
+    }
+    for (; i < n; i++)
+        if ((p[i] | 0x20) != lit[i])
+            return 0;
+    return 1;
+}
+
+static inline int prefix_n(const char **name, size_t *n, const char *pre, size_t k) {
+    if (*n < k || !ci_eq(*name, pre, k))
         return 0;
     *name += k;
     *n -= k;
     return 1;
 }
 
-static int is(const char *name, size_t n, const char *what) { return n == strlen(what) && !strncasecmp(name, what, n); }
+/* The literal's length is a compile-time constant. (`| 0x20` folds case for letters; a
+ * '-' (0x2d) stays itself, a digit too, so the lower-case literals compare exactly.) */
+#define has_prefix(name, n, lit) prefix_n((name), (n), "" lit, sizeof(lit) - 1)
+#define is(name, n, lit) ((n) == sizeof(lit) - 1 && ci_eq((name), "" lit, sizeof(lit) - 1))
 
 /* limit/remaining/reset of counted limit `which`. */
 static int limit_field(tg_quota_t *q, int which, int field, const char *v, size_t n, int64_t now_ms) {
