@@ -9,3 +9,9 @@ tg_services_test(providers_gemini ${CMAKE_CURRENT_SOURCE_DIR}/integration/provid
   "providers;integration" 120)
 tg_services_test(providers_azure ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_azure.test.mjs
   "providers;integration" 120)
+
+# The provider translation benchmark (spec/bench/providers_bench.sh runs it).
+add_executable(tg_providers_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/providers_bench.c)
+target_compile_options(tg_providers_bench PRIVATE ${TG_WARN})
+target_link_libraries(tg_providers_bench PRIVATE tollgate_core)
+set_target_properties(tg_providers_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
