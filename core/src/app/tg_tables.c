@@ -121,7 +121,7 @@ static const tg_column_t price_cols[] = {
     {NULL, 0, 0, 0, 0, NULL, 0, NULL, NULL},
 };
 
-/* Periodic budgets (tg_budgets.h, 0007_budgets.sql). A budget is the tenant's, or with
+/* Periodic budgets (tg_budgets.h, 0008_budgets.sql). A budget is the tenant's, or with
  * api_key_id one key's, or with user_id every key of that user (the tenant is then
  * theirs: tenant_id may be left out). A state file names them: "tenant" (required),
  * "key" (a key name of that tenant), "user" (a user's email in that tenant). */

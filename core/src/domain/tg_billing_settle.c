@@ -362,7 +362,7 @@ json_t *tg__billing_settlement_json(const tg_settlement_t *s) {
     json_object_set_new(o, "status", json_integer(s->status));
     json_object_set_new(o, "ttft_ms", s->ttft_ms >= 0 ? json_real(s->ttft_ms) : json_null());
     json_object_set_new(o, "total_ms", json_real(s->total_ms));
-    if (s->nbudgets > 0) /* the periods it counts in (tg_budget_settle, 0007_budgets.sql) */
+    if (s->nbudgets > 0) /* the periods it counts in (tg_budget_settle, 0008_budgets.sql) */
         json_object_set_new(o, "budgets", tg__billing_budgets_json(s->budgets, s->nbudgets));
     return o;
 }

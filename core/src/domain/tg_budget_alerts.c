@@ -1,7 +1,7 @@
 /*
  * Budget alerts (issue #24): a budget's thresholds (e.g. 50, 80, 100 % of its amount)
  * fire once per period each. They are raised in Postgres, by the settlement batch that
- * records a period's spend (tg_budget_settle, 0007_budgets.sql: one budget_alerts row
+ * records a period's spend (tg_budget_settle, 0008_budgets.sql: one budget_alerts row
  * per budget, period and threshold — the primary key is the dedupe), and delivered here
  * by the reconciler (one per deployment, tg_billing_reconcile.c) at each of its passes:
  *

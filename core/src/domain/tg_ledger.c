@@ -91,7 +91,7 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN usage u ON u.request_id = "
           "r.request_id WHERE r.state <> 'reconciled'",
           &problems);
-    /* Periodic budgets (0007_budgets.sql): each period's recorded spend is the sum of the
+    /* Periodic budgets (0008_budgets.sql): each period's recorded spend is the sum of the
      * costs of the requests counted in it, and each of those is its usage row's cost. */
     check(c, "each budget period's spend = the sum of its usage",
           "SELECT p.budget_id, p.period_start, p.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM budget_periods p "

@@ -299,7 +299,7 @@ BEGIN
     FROM (SELECT w.api_key_id, sum(w.cost) AS c FROM unnest(won) w GROUP BY w.api_key_id) a
     WHERE k.id = a.api_key_id;
 
-    -- 6b. Periodic budgets (0007_budgets.sql): each billed request's cost in the periods
+    -- 6b. Periodic budgets (0008_budgets.sql): each billed request's cost in the periods
     -- of the budgets it was admitted against, after the tenants and keys (lock order).
     PERFORM tg_budget_settle(batch, won);
 
