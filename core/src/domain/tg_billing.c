@@ -39,7 +39,6 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     if (mkdir(b->spool_dir, 0700) != 0 && errno != EEXIST)
         tg_log_error("billing: cannot create the spool folder %s: %s", b->spool_dir, strerror(errno));
     snprintf(b->spool_path, sizeof(b->spool_path), "%s/settlements-w%d.jsonl", b->spool_dir, cfg->worker);
-    b->queue = json_array();
     b->queue_max = cfg->queue_max > 0 ? (size_t)cfg->queue_max : QUEUE_MAX_DEFAULT;
     tg_redis_t *redis = tg_state_redis(st);
     if (redis) {
@@ -75,10 +74,9 @@ void tg_billing_destroy(tg_billing_t *b) {
     /* Called after the worker's Postgres and Redis clients are gone (their pending
      * callbacks already ran, spooling what they carried). */
     /* Whatever is still queued goes to the spool: replayed at the next start. */
-    if (json_array_size(b->queue))
-        tg__billing_spool_append(b, b->queue, "shutting down");
-    json_decref(b->queue);
-    b->queue = NULL;
+    if (b->qlen)
+        tg__billing_spool_queue(b, "shutting down");
+    tg__billing_queue_free(b);
     free(b->spool_dir);
     b->spool_dir = NULL;
     /* Holds still being given back had their last answer when the Redis client went
@@ -160,11 +158,11 @@ void tg_billing_drain(tg_billing_t *b, uv_loop_t *loop, int timeout_ms) {
     }
     tg__billing_flush(b);
     /* The holds of what lands go back once it is durable: wait for those answers too. */
-    while ((json_array_size(b->queue) || b->live_inflight || b->replay_inflight || !b->lock_released || b->returning ||
+    while ((b->qlen || b->live_inflight || b->replay_inflight || !b->lock_released || b->returning ||
             b->alerts_inflight || b->alerts_claiming) &&
            tg_now_ms() < end) {
         uv_run(loop, UV_RUN_ONCE);
-        if (json_array_size(b->queue))
+        if (b->qlen)
             tg__billing_flush(b);
     }
 }

@@ -59,7 +59,6 @@ struct tg_reserve_s {
     char budget_init[TG_BUDGETS_MAX * 24]; /* tg_billing_load's third answer */
 };
 
-static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual);
 
 
 static void reserve_send(tg_reserve_t *x);
@@ -140,20 +139,34 @@ static void budget_args(int64_t tenant, const tg_budget_use_t *u, int n, char ke
 /* The reservation's durable Postgres row goes with the next settlement batch, in order,
  * or to the local spool when Postgres is unreachable: no request waits on Postgres. */
 static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld) {
+    /* Written as text (one per request: no jansson tree), read by tg_settle_batch. */
     char amount[32];
     tg_money_format(r->amount, amount);
-    json_t *o = json_object();
-    json_object_set_new(o, "op", json_string("reserve"));
-    json_object_set_new(o, "request_id", json_string(r->request_id));
-    json_object_set_new(o, "attempt", json_integer(r->attempt));
-    json_object_set_new(o, "tenant_id", json_integer(r->tenant_id));
-    json_object_set_new(o, "api_key_id", json_integer(r->key_id));
-    json_object_set_new(o, "amount", json_string(amount));
-    json_object_set_new(o, "model", json_string(r->model ? r->model : ""));
-    json_object_set_new(o, "instance", json_string(tg__billing_instance));
-    if (unheld)
-        json_object_set_new(o, "note", json_string("unheld")); /* no hold in Redis (INIT_SQL) */
-    tg__billing_enqueue(b, o);
+    tg_buf_t j;
+    tg_buf_init(&j);
+    tg_buf_reserve(&j, 256);
+    tg_buf_appends(&j, "{\"op\":\"reserve\",\"request_id\":\"");
+    tg_buf_append_json_escaped(&j, r->request_id, strlen(r->request_id));
+    tg_buf_appends(&j, "\",\"attempt\":");
+    tg__buf_i64(&j, r->attempt);
+    tg_buf_appends(&j, ",\"tenant_id\":");
+    tg__buf_i64(&j, r->tenant_id);
+    tg_buf_appends(&j, ",\"api_key_id\":");
+    tg__buf_i64(&j, r->key_id);
+    tg_buf_appends(&j, ",\"amount\":\"");
+    tg_buf_appends(&j, amount);
+    tg_buf_appends(&j, "\",\"model\":\"");
+    if (r->model)
+        tg_buf_append_json_escaped(&j, r->model, strlen(r->model));
+    tg_buf_appends(&j, "\",\"instance\":\"");
+    tg_buf_appends(&j, tg__billing_instance);
+    /* "unheld": no hold in Redis (INIT_SQL) */
+    tg_buf_appends(&j, unheld ? "\",\"note\":\"unheld\"}" : "\"}");
+    tg__elem_t e;
+    tg__elem_init(&e, &j, r->request_id, TG__OP_RESERVE);
+    e.tenant_id = r->tenant_id;
+    e.key_id = r->key_id;
+    tg__billing_enqueue(b, &e);
 }
 
 static void redis_reserved(void *ud, redisReply *r, const char *err) {
@@ -164,7 +177,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
          * back whatever it held. Sent on the same connection, so Redis runs it after the
          * script; when the script did not run it finds nothing to return. */
         if (tg_state_redis(b->st))
-            settle_send(b, x->keys, x->field, 0);
+            tg__billing_hold_return(b, x->r.tenant_id, x->r.key_id, x->r.request_id, x->r.attempt, 0);
         if (!x->detached && x->r.money_open && x->r.money_open(x->ud)) {
             /* Money fails open: no hold, but the reservation row goes to Postgres as
              * usual (a fresh Redis loads the balance minus it) and the request settles
@@ -205,7 +218,7 @@ static void redis_reserved(void *ud, redisReply *r, const char *err) {
     if (x->detached) {
         /* The client left while we reserved: the upstream is never called, so the hold
          * goes straight back and nothing is recorded. */
-        settle_send(b, x->keys, x->field, 0);
+        tg__billing_hold_return(b, x->r.tenant_id, x->r.key_id, x->r.request_id, x->r.attempt, 0);
         reserve_finish(x, 0, NULL, NULL);
         return;
     }
@@ -254,53 +267,99 @@ void tg__billing_hold_keys(char keys[4][128], char field[96], int64_t tenant, in
     snprintf(field, 96, "%s:%d", id, attempt);
 }
 
-/* The last answer of a hold given back: the Redis client sent it again while its answer
+/* The last answer of holds given back: the Redis client sent it again while its answer
  * was lost (while this gateway lives nobody else returns its holds: the reconciler only
  * returns a dead gateway's, so a lost one would keep the tenant's money reserved). */
 typedef struct {
     tg_billing_t *b;
-    char field[96];
+    int n;
+    char field[96]; /* the first hold's */
 } settle_send_t;
 
 static void settle_done(void *ud, redisReply *r, const char *err) {
     settle_send_t *s = ud;
     TG_UNUSED(r);
     if (err)
-        tg_log_warn("billing: returning the hold %s failed (%s); the reconciler returns it once this gateway "
-                    "is gone",
-                    s->field, err);
+        tg_log_warn("billing: returning %d hold(s) (%s%s) failed (%s); the reconciler returns them once this "
+                    "gateway is gone",
+                    s->n, s->field, s->n > 1 ? ", ..." : "", err);
     s->b->returning--;
     free(s);
 }
 
-/* Gives back a hold: `actual` of it is spent, the rest returns to the balances. settle.lua
- * is idempotent (it deletes the reservation key and returns nothing the second time), so
- * it goes through tg_redis_eval_idempotent. */
-static void settle_send(tg_billing_t *b, char keys[4][128], const char *field, int64_t actual) {
+/* Gives back n holds of one tenant in one settle.lua call: `actual` of each is spent,
+ * the rest returns to the balances. settle.lua is idempotent (it deletes the
+ * reservation keys and gives nothing back the second time), so it goes through
+ * tg_redis_eval_idempotent. */
+static void settle_many(tg_billing_t *b, int64_t tenant, const tg__hold_t *h, int n) {
     tg_redis_t *redis = tg_state_redis(b->st);
-    char amount[24];
-    snprintf(amount, sizeof(amount), "%lld", (long long)actual);
-    const char *argv[6] = {keys[0], keys[1], keys[2], keys[3], amount, field};
+    if (!redis || n <= 0)
+        return;
+    int nkeys = 2 + 2 * n, argc = nkeys + 2 * n;
+    /* One block: the argument pointers, then the strings (settle.lua's layout). */
+    size_t per = 3 * 128 + 24 + 96;
+    char *mem = malloc((size_t)argc * sizeof(char *) + (size_t)n * per + 2 * 128);
+    if (!mem)
+        abort();
+    const char **argv = (const char **)mem;
+    char *str = mem + (size_t)argc * sizeof(char *);
+    char keys[4][128], field[96];
+    for (int i = 0; i < n; i++) {
+        tg__billing_hold_keys(keys, field, tenant, h[i].key_id, h[i].request_id, h[i].attempt);
+        if (i == 0) {
+            memcpy(str, keys[0], 128); /* {t:T}:money */
+            memcpy(str + 128, keys[3], 128); /* {t:T}:holds */
+            argv[0] = str;
+            argv[1] = str + 128;
+            str += 2 * 128;
+        }
+        char *res = str, *km = str + 128, *amt = str + 256, *fld = str + 256 + 24;
+        memcpy(res, keys[1], 128);
+        memcpy(km, keys[2], 128);
+        snprintf(amt, 24, "%lld", (long long)h[i].actual);
+        memcpy(fld, field, 96);
+        argv[2 + 2 * i] = res;
+        argv[3 + 2 * i] = km;
+        argv[nkeys + 2 * i] = amt;
+        argv[nkeys + 2 * i + 1] = fld;
+        str += per;
+    }
     settle_send_t *s = calloc(1, sizeof(*s));
     if (!s)
         abort();
     s->b = b;
-    snprintf(s->field, sizeof(s->field), "%s", field);
-    if (!redis || tg_redis_eval_idempotent(redis, b->settle_script, 4, 6, argv, NULL, settle_done, s) != TG_OK) {
+    s->n = n;
+    snprintf(s->field, sizeof(s->field), "%s", argv[nkeys + 1]);
+    if (tg_redis_eval_idempotent(redis, b->settle_script, nkeys, argc, argv, NULL, settle_done, s) != TG_OK)
         free(s);
-        return;
-    }
-    b->returning++;
+    else
+        b->returning++;
+    free(mem);
 }
 
 /* Returns an attempt's hold (the part above `actual` goes back), exactly once. */
 void tg__billing_hold_return(tg_billing_t *b, int64_t tenant, int64_t key, const char *id, int attempt, int64_t actual) {
-    tg_redis_t *redis = tg_state_redis(b->st);
-    if (!redis)
-        return;
-    char keys[4][128], field[96];
-    tg__billing_hold_keys(keys, field, tenant, key, id, attempt);
-    settle_send(b, keys, field, actual);
+    tg__hold_t h = {.request_id = id, .key_id = key, .attempt = attempt, .actual = actual};
+    settle_many(b, tenant, &h, 1);
+}
+
+static int hold_by_tenant(const void *x, const void *y) {
+    const tg__hold_t *a = x, *c = y;
+    return a->tenant_id < c->tenant_id ? -1 : a->tenant_id > c->tenant_id;
+}
+
+void tg__billing_holds_return(tg_billing_t *b, tg__hold_t *h, size_t n) {
+    /* One call per tenant (its keys share its hash tag), at most HOLDS_PER_CALL holds a
+     * call so that no single script holds Redis long. */
+    enum { HOLDS_PER_CALL = 128 };
+    qsort(h, n, sizeof(*h), hold_by_tenant);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && j - i < HOLDS_PER_CALL && h[j].tenant_id == h[i].tenant_id)
+            j++;
+        settle_many(b, h[i].tenant_id, h + i, (int)(j - i));
+        i = j;
+    }
 }
 
 static void fail_async_cb(uv_timer_t *t) {
@@ -443,6 +502,17 @@ void tg_billing_topup(tg_state_t *st, int64_t tenant_id, int64_t nano) {
 
 
 void tg__billing_release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last) {
+    int last = TG_MAX(s->attempts, 1);
+    tg__hold_t one[4], *h = last <= 4 ? one : malloc((size_t)last * sizeof(*h));
+    if (!h)
+        abort();
+    size_t n = tg__billing_attempt_holds(s, cost_last, h);
+    tg__billing_holds_return(b, h, n);
+    if (h != one)
+        free(h);
+}
+
+size_t tg__billing_attempt_holds(const tg_settlement_t *s, int64_t cost_last, tg__hold_t *out) {
     /* Failed earlier attempts produced nothing billable; the last one carries the cost,
      * unless it went ahead without a hold (money open): then its cost comes off the live
      * balance after the commit (debit_unheld), and a hold an admission took before its
@@ -450,8 +520,13 @@ void tg__billing_release_attempts(tg_billing_t *b, const tg_settlement_t *s, int
     int last = TG_MAX(s->attempts, 1);
     for (int a = 1; a <= last; a++) {
         int unheld = a <= 32 && (s->unheld & (1u << (a - 1)));
-        tg__billing_hold_return(b, s->tenant_id, s->key_id, s->request_id, a, a == last && !unheld ? cost_last : 0);
+        out[a - 1] = (tg__hold_t){.request_id = s->request_id,
+                                  .tenant_id = s->tenant_id,
+                                  .key_id = s->key_id,
+                                  .attempt = a,
+                                  .actual = a == last && !unheld ? cost_last : 0};
     }
+    return (size_t)last;
 }
 
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,

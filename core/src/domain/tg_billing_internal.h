@@ -24,6 +24,36 @@
 #define ALIVE_KEY "tollgate:alive"
 #define ALIVE_TTL_MS 15000
 
+/*
+ * An element of a batch for tg_settle_batch (a settlement, a reservation row, an unknown
+ * outcome): its JSON text, written directly by the hot paths (no jansson tree), and what
+ * the batcher needs of it once it is durable (release_durable, debit_unheld) or refused
+ * (quarantine). One allocation: the JSON, NUL, the request id, NUL.
+ */
+enum { TG__OP_SETTLE, TG__OP_RESERVE, TG__OP_UNKNOWN, TG__OP_OTHER };
+typedef struct {
+    char *json;
+    uint32_t len;              /* of the JSON text */
+    uint8_t op;                /* TG__OP_*: a settlement has no "op" field */
+    uint8_t release;           /* a settlement with release_cost: its holds go back once durable */
+    uint8_t has_unheld_cost;   /* a settlement billed without a hold: debited once committed */
+    int attempts;
+    unsigned unheld;           /* release_unheld */
+    int64_t tenant_id, key_id, release_cost, unheld_cost;
+} tg__elem_t;
+
+/** Appends v in decimal, with its sign. */
+static inline void tg__buf_i64(tg_buf_t *b, int64_t v) {
+    if (v < 0) {
+        tg_buf_append(b, "-", 1);
+        tg_buf_append_u64(b, (uint64_t)0 - (uint64_t)v);
+    } else {
+        tg_buf_append_u64(b, (uint64_t)v);
+    }
+}
+
+static inline const char *tg__elem_rid(const tg__elem_t *e) { return e->json + e->len + 1; }
+
 struct tg_billing_s {
     uv_loop_t *loop;
     tg_state_t *st;
@@ -31,7 +61,8 @@ struct tg_billing_s {
     char *spool_dir;
     char spool_path[512];
     int reserve_script, settle_script;
-    json_t *queue;          /* settlements waiting for the next batch */
+    tg__elem_t *queue;      /* elements waiting for the next batch: queue[qhead .. qhead + qlen) */
+    size_t qhead, qlen, qcap;
     size_t queue_max;       /* beyond this the queue spills to the spool (bounded memory) */
     int live_inflight;      /* batches of the queue at Postgres */
     int replay_inflight;    /* a spooled batch at Postgres (one at a time) */
@@ -67,6 +98,16 @@ void tg__billing_hold_return(tg_billing_t *b, int64_t tenant, int64_t key, const
                              int64_t actual);
 /** Returns every attempt's hold of settlement s; the last attempt's keeps cost_last. */
 void tg__billing_release_attempts(tg_billing_t *b, const tg_settlement_t *s, int64_t cost_last);
+/** A hold to give back: which, and how much of it was spent. */
+typedef struct {
+    const char *request_id;
+    int64_t tenant_id, key_id, actual;
+    int attempt;
+} tg__hold_t;
+/** Settlement s's holds (one per attempt, s->attempts of them, at least one) into out. */
+size_t tg__billing_attempt_holds(const tg_settlement_t *s, int64_t cost_last, tg__hold_t *out);
+/** Gives back n holds (reordered: by tenant), one settle.lua call per tenant. */
+void tg__billing_holds_return(tg_billing_t *b, tg__hold_t *h, size_t n);
 
 /** [[budget id, period start], ...]: the periods a settlement counts in (new reference). */
 json_t *tg__billing_budgets_json(const tg_budget_use_t *u, int n);
@@ -74,16 +115,27 @@ json_t *tg__billing_budgets_json(const tg_budget_use_t *u, int n);
 /* ---- the settlement batcher and the spool (tg_billing_settle.c) ---- */
 
 /** Queues an element (owned) for the next batch to Postgres. */
-void tg__billing_enqueue(tg_billing_t *b, json_t *item);
+void tg__billing_enqueue(tg_billing_t *b, tg__elem_t *e);
+/** An element made from its JSON text (`json`, taken over: a tg_buf_t's data) and the
+ *  fields given; the request id is copied. */
+void tg__elem_init(tg__elem_t *e, tg_buf_t *json, const char *request_id, int op);
+/** An element made from a jansson object (the rare paths and the spool's replay): its
+ *  text and every field the batcher reads. 0, or -1 when it has no request id. */
+int tg__elem_from_json(tg__elem_t *e, const json_t *o);
+/** Queues a jansson object (not stolen) as an element: for the rare paths. */
+void tg__billing_enqueue_json(tg_billing_t *b, const json_t *o);
+void tg__elem_free(tg__elem_t *e);
+/** Frees every element queued (shutdown, after they were spooled). */
+void tg__billing_queue_free(tg_billing_t *b);
 /** Sends what is queued, as many batches as may be in flight. */
 void tg__billing_flush(tg_billing_t *b);
 void tg__billing_flush_cb(uv_timer_t *t);
 /** Replays the spool when Postgres is back (b->spool_timer). */
 void tg__billing_spool_cb(uv_timer_t *t);
-/** Appends `batch` to the spool, fsync'd: 0, or -1 (kept in memory). */
-int tg__billing_spool_append(tg_billing_t *b, json_t *batch, const char *why);
-/** A settlement as tg_settle_batch reads it (new reference). */
-json_t *tg__billing_settlement_json(const tg_settlement_t *s);
+/** Appends the queue to the spool, fsync'd, and empties it: 0, or -1 (kept in memory). */
+int tg__billing_spool_queue(tg_billing_t *b, const char *why);
+/** A settlement as tg_settle_batch reads it: the JSON object appended to `out`. */
+void tg__billing_settlement_text(const tg_settlement_t *s, tg_buf_t *out);
 
 /* ---- budget alerts (tg_budget_alerts.c) ---- */
 

@@ -131,7 +131,8 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
         json_object_set_new(e, "state", json_string("pending_reconciliation"));
         json_object_set_new(e, "note", json_string("orphaned hold: its gateway died before Postgres had the row"));
         json_object_set_new(e, "created_ms", json_integer(atoll(PQgetvalue(res, i, 3))));
-        tg__billing_enqueue(b, e);
+        tg__billing_enqueue_json(b, e);
+        json_decref(e);
         rows++;
     }
     if (rows)

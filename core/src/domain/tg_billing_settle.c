@@ -30,35 +30,155 @@
 
 static void spool_next(tg_billing_t *b);
 
-static void release_durable(tg_billing_t *b, json_t *batch);
+/* A batch: elements taken from the queue (owned), or read back from the spool. */
+typedef struct {
+    tg__elem_t *v;
+    size_t n;
+} batch_t;
 
-/* Appends `batch` to the spool, one line per BATCH_MAX elements (so that replaying it
- * never needs more memory than one batch), and fsyncs. Returns 0, or -1 when it could
- * not be written: then the elements are kept in memory (re-queued) unless `batch` is
- * the queue itself. */
-int tg__billing_spool_append(tg_billing_t *b, json_t *batch, const char *why) {
-    size_t n = json_array_size(batch);
+static void release_durable(tg_billing_t *b, const tg__elem_t *v, size_t n);
+
+/* ---- elements ----------------------------------------------------------------------- */
+
+void tg__elem_init(tg__elem_t *e, tg_buf_t *json, const char *request_id, int op) {
+    memset(e, 0, sizeof(*e));
+    size_t rl = strlen(request_id);
+    tg_buf_reserve(json, rl + 2);
+    e->len = (uint32_t)json->len;
+    json->data[json->len] = '\0';
+    memcpy(json->data + json->len + 1, request_id, rl + 1);
+    e->json = json->data; /* taken over */
+    e->op = (uint8_t)op;
+    json->data = NULL;
+    json->len = json->cap = 0;
+}
+
+void tg__elem_free(tg__elem_t *e) {
+    free(e->json);
+    e->json = NULL;
+}
+
+int tg__elem_from_json(tg__elem_t *e, const json_t *o) {
+    const char *rid = json_string_value(json_object_get(o, "request_id"));
+    char *text = rid ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (!text)
+        return -1;
+    tg_buf_t j = {.data = text, .len = strlen(text), .cap = strlen(text) + 1};
+    const char *op = json_string_value(json_object_get(o, "op"));
+    tg__elem_init(e, &j, rid,
+                  !op                         ? TG__OP_SETTLE
+                  : !strcmp(op, "reserve")    ? TG__OP_RESERVE
+                  : !strcmp(op, "unknown")    ? TG__OP_UNKNOWN
+                                              : TG__OP_OTHER);
+    e->tenant_id = json_integer_value(json_object_get(o, "tenant_id"));
+    e->key_id = json_integer_value(json_object_get(o, "api_key_id"));
+    e->attempts = (int)json_integer_value(json_object_get(o, "attempts"));
+    json_t *cost = json_object_get(o, "release_cost");
+    if (e->op == TG__OP_SETTLE && json_is_integer(cost)) {
+        /* Elements of older spools, without release_cost, were given back when made. */
+        e->release = 1;
+        e->release_cost = json_integer_value(cost);
+        e->unheld = (unsigned)json_integer_value(json_object_get(o, "release_unheld"));
+    }
+    json_t *unheld = json_object_get(o, "unheld_cost");
+    if (json_is_integer(unheld)) {
+        e->has_unheld_cost = 1;
+        e->unheld_cost = json_integer_value(unheld);
+    }
+    return 0;
+}
+
+/* The queue is an array used from qhead on, compacted when its free head outgrows what
+ * it holds: taking a batch costs the batch, not the queue (was O(queue) per batch). */
+static void queue_push(tg_billing_t *b, tg__elem_t *e) {
+    if (b->qhead + b->qlen == b->qcap) {
+        if (b->qhead && b->qhead >= b->qlen) {
+            memmove(b->queue, b->queue + b->qhead, b->qlen * sizeof(*b->queue));
+            b->qhead = 0;
+        } else {
+            b->qcap = b->qcap ? b->qcap * 2 : 256;
+            b->queue = realloc(b->queue, b->qcap * sizeof(*b->queue));
+            if (!b->queue)
+                abort();
+        }
+    }
+    b->queue[b->qhead + b->qlen++] = *e;
+}
+
+/* Removes the oldest `max` elements (at most) from the queue into *out. */
+static void queue_take(tg_billing_t *b, size_t max, batch_t *out) {
+    size_t n = TG_MIN(b->qlen, max);
+    out->v = malloc((n ? n : 1) * sizeof(*out->v));
+    if (!out->v)
+        abort();
+    memcpy(out->v, b->queue + b->qhead, n * sizeof(*out->v));
+    out->n = n;
+    b->qhead += n;
+    b->qlen -= n;
+    if (!b->qlen)
+        b->qhead = 0;
+}
+
+static void batch_free(batch_t *bt) {
+    for (size_t i = 0; i < bt->n; i++)
+        tg__elem_free(&bt->v[i]);
+    free(bt->v);
+    bt->v = NULL;
+    bt->n = 0;
+}
+
+/* Back at the end of the queue (a batch that could not be spooled): owned by it again. */
+static void requeue(tg_billing_t *b, batch_t *bt) {
+    for (size_t i = 0; i < bt->n; i++)
+        queue_push(b, &bt->v[i]);
+    free(bt->v);
+    bt->v = NULL;
+    bt->n = 0;
+}
+
+void tg__billing_queue_free(tg_billing_t *b) {
+    for (size_t i = 0; i < b->qlen; i++)
+        tg__elem_free(&b->queue[b->qhead + i]);
+    free(b->queue);
+    b->queue = NULL;
+    b->qhead = b->qlen = b->qcap = 0;
+}
+
+/* "[e1,e2,...]": tg_settle_batch's argument (NUL-terminated). */
+static void batch_text(const tg__elem_t *v, size_t n, tg_buf_t *out) {
+    size_t total = 2;
+    for (size_t i = 0; i < n; i++)
+        total += v[i].len + 1;
+    tg_buf_reserve(out, total + 1);
+    tg_buf_append(out, "[", 1);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            tg_buf_append(out, ",", 1);
+        tg_buf_append(out, v[i].json, v[i].len);
+    }
+    tg_buf_append(out, "]", 2); /* with the NUL */
+    out->len--;
+}
+
+/* ---- the spool ------------------------------------------------------------------------ */
+
+/* Appends the elements to the spool, one line per BATCH_MAX elements (so that replaying
+ * it never needs more memory than one batch), and fsyncs; once written, their holds go
+ * back (release_durable). 0, or -1 when it could not be written: the caller keeps them. */
+static int spool_append(tg_billing_t *b, const tg__elem_t *v, size_t n, const char *why) {
     if (!n)
         return 0;
     int fd = open(b->spool_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0) {
         tg_log_error("billing: cannot open the spool %s: %s — settlements kept in memory only", b->spool_path,
                      strerror(errno));
-        if (batch != b->queue)
-            json_array_extend(b->queue, batch);
         return -1;
     }
     tg_buf_t text;
     tg_buf_init(&text);
     for (size_t i = 0; i < n; i += BATCH_MAX) {
-        json_t *line = json_array();
-        for (size_t k = i; k < n && k < i + BATCH_MAX; k++)
-            json_array_append(line, json_array_get(batch, k));
-        char *t = json_dumps(line, JSON_COMPACT);
-        tg_buf_appends(&text, t);
-        tg_buf_appends(&text, "\n");
-        free(t);
-        json_decref(line);
+        batch_text(v + i, TG_MIN(n - i, (size_t)BATCH_MAX), &text);
+        tg_buf_append(&text, "\n", 1);
     }
     ssize_t w = write(fd, text.data, text.len);
     int ok = w == (ssize_t)text.len && fsync(fd) == 0;
@@ -66,19 +186,34 @@ int tg__billing_spool_append(tg_billing_t *b, json_t *batch, const char *why) {
     tg_buf_free(&text);
     if (!ok) {
         tg_log_error("billing: spool write failed: %s", strerror(errno));
-        if (batch != b->queue)
-            json_array_extend(b->queue, batch);
         return -1;
     }
     b->stats.spooled += n;
     tg_log_warn("billing: %s: %zu settlement(s) spooled to %s", why, n, b->spool_path);
-    release_durable(b, batch);
+    release_durable(b, v, n);
+    return 0;
+}
+
+/* A batch that is not in Postgres goes to the spool (freed), or back into the queue. */
+static void spool_batch(tg_billing_t *b, batch_t *bt, const char *why) {
+    if (spool_append(b, bt->v, bt->n, why) == 0)
+        batch_free(bt);
+    else
+        requeue(b, bt);
+}
+
+int tg__billing_spool_queue(tg_billing_t *b, const char *why) {
+    if (spool_append(b, b->queue + b->qhead, b->qlen, why) != 0)
+        return -1;
+    for (size_t i = 0; i < b->qlen; i++)
+        tg__elem_free(&b->queue[b->qhead + i]);
+    b->qhead = b->qlen = 0;
     return 0;
 }
 
 typedef struct {
     tg_billing_t *b;
-    json_t *batch;
+    batch_t batch;
     int from_spool;
 } batch_ctx_t;
 
@@ -86,26 +221,22 @@ typedef struct {
  * ("settled", not a duplicate): their cost comes off the live balances now, after the
  * commit, so that a balance loaded from Postgres meanwhile either has it already (loaded
  * after) or gets it now (loaded before). Rare: only after money failed open. */
-static void debit_unheld(tg_billing_t *b, json_t *batch, const PGresult *res) {
+static void debit_unheld(tg_billing_t *b, const batch_t *bt, const PGresult *res) {
     tg_redis_t *redis = tg_state_redis(b->st);
-    size_t i;
-    json_t *e;
-    json_array_foreach(batch, i, e) {
-        json_t *cost = json_object_get(e, "unheld_cost");
-        if (!json_is_integer(cost) || !redis)
+    for (size_t i = 0; i < bt->n; i++) {
+        const tg__elem_t *e = &bt->v[i];
+        if (!e->has_unheld_cost || !redis)
             continue;
-        const char *rid = json_string_value(json_object_get(e, "request_id"));
+        const char *rid = tg__elem_rid(e);
         int settled = 0;
-        for (int r = 0; rid && r < PQntuples(res) && !settled; r++)
+        for (int r = 0; r < PQntuples(res) && !settled; r++)
             settled = !strcmp(PQgetvalue(res, r, 0), rid) && !strcmp(PQgetvalue(res, r, 1), "settled");
-        if (!settled || json_integer_value(cost) <= 0)
+        if (!settled || e->unheld_cost <= 0)
             continue;
         char keys[2][128], amt[24];
-        long long tenant = (long long)json_integer_value(json_object_get(e, "tenant_id"));
-        snprintf(keys[0], sizeof(keys[0]), "{t:%lld}:money", tenant);
-        snprintf(keys[1], sizeof(keys[1]), "{t:%lld}:kmoney:%lld", tenant,
-                 (long long)json_integer_value(json_object_get(e, "api_key_id")));
-        snprintf(amt, sizeof(amt), "%lld", (long long)json_integer_value(cost));
+        snprintf(keys[0], sizeof(keys[0]), "{t:%lld}:money", (long long)e->tenant_id);
+        snprintf(keys[1], sizeof(keys[1]), "{t:%lld}:kmoney:%lld", (long long)e->tenant_id, (long long)e->key_id);
+        snprintf(amt, sizeof(amt), "%lld", (long long)e->unheld_cost);
         /* EVAL with the source, not EVALSHA: a Redis that restarted has no scripts, and a
          * NOSCRIPT answered after the command timed out would not be retried — this
          * debit must run even when Redis answers late. Rare and small. */
@@ -114,7 +245,7 @@ static void debit_unheld(tg_billing_t *b, json_t *batch, const PGresult *res) {
     }
 }
 
-static int send_batch(tg_billing_t *b, json_t *batch, int from_spool);
+static int send_batch(tg_billing_t *b, batch_t *bt, int from_spool);
 
 /* Postgres refused the batch for what it holds (SQLSTATE class 22, a data exception such
  * as a number out of range; 23, a constraint such as amount >= 0), not because it is
@@ -131,47 +262,67 @@ static int data_error(const PGresult *res) {
  * then on: its reservations become pending_reconciliation and are settled by the
  * reconciliation rule; a quarantined reservation row is written by its request's
  * settlement, or found as an orphaned hold (README, Billing). */
-static void quarantine(tg_billing_t *b, json_t *e, const char *why) {
+static void quarantine(tg_billing_t *b, const tg__elem_t *e, const char *why) {
     b->stats.quarantined++;
     char path[600];
     snprintf(path, sizeof(path), "%s/quarantine-w%d.jsonl", b->spool_dir ? b->spool_dir : ".", b->cfg.worker);
-    json_t *line = json_pack("{s:s,s:I,s:O}", "error", why, "at_ms", (json_int_t)tg_wall_ms(), "element", e);
-    char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
+    tg_buf_t line;
+    tg_buf_init(&line);
+    tg_buf_appends(&line, "{\"error\":\"");
+    tg_buf_append_json_escaped(&line, why, strlen(why));
+    tg_buf_appends(&line, "\",\"at_ms\":");
+    tg_buf_append_u64(&line, tg_wall_ms());
+    tg_buf_appends(&line, ",\"element\":");
+    tg_buf_append(&line, e->json, e->len);
+    tg_buf_append(&line, "}\n", 3);
+    line.len--;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    int ok = text && fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text) && write(fd, "\n", 1) == 1 &&
-             fsync(fd) == 0;
+    int ok = fd >= 0 && write(fd, line.data, line.len) == (ssize_t)line.len && fsync(fd) == 0;
     if (fd >= 0)
         close(fd);
-    const char *op = json_string_value(json_object_get(e, "op"));
-    const char *rid = json_string_value(json_object_get(e, "request_id"));
-    tg_log_error("billing: QUARANTINED a %s element of request %s that Postgres refuses (%s)%s%s", op ? op : "settlement",
-                 rid ? rid : "?", why, ok ? ": kept in " : ": could not be written aside: ", ok ? path : text ? text : "");
-    free(text);
-    json_decref(line);
-    if (!op && rid) {
+    const char *op = e->op == TG__OP_RESERVE   ? "reserve"
+                     : e->op == TG__OP_UNKNOWN ? "unknown"
+                     : e->op == TG__OP_OTHER   ? "other"
+                                               : "settlement";
+    const char *rid = tg__elem_rid(e);
+    line.data[line.len - 1] = '\0';
+    tg_log_error("billing: QUARANTINED a %s element of request %s that Postgres refuses (%s)%s%s", op, rid, why,
+                 ok ? ": kept in " : ": could not be written aside: ", ok ? path : line.data);
+    tg_buf_free(&line);
+    if (e->op == TG__OP_SETTLE) {
         /* Its usage is unknown now: the reconciliation rule settles it. */
-        json_t *o = json_object();
-        json_object_set_new(o, "op", json_string("unknown"));
-        json_object_set_new(o, "request_id", json_string(rid));
-        tg__billing_enqueue(b, o);
+        tg_buf_t j;
+        tg_buf_init(&j);
+        tg_buf_appends(&j, "{\"op\":\"unknown\",\"request_id\":\"");
+        tg_buf_append_json_escaped(&j, rid, strlen(rid));
+        tg_buf_appends(&j, "\"}");
+        tg__elem_t u;
+        tg__elem_init(&u, &j, rid, TG__OP_UNKNOWN);
+        tg__billing_enqueue(b, &u);
     }
 }
 
 /* A batch refused for its data is split in halves, each sent again, down to the one
- * element that is refused on its own (quarantined): the others land. */
-static void split_batch(tg_billing_t *b, json_t *batch, int from_spool, const char *why) {
-    size_t n = json_array_size(batch);
+ * element that is refused on its own (quarantined): the others land. Takes `bt` over. */
+static void split_batch(tg_billing_t *b, batch_t *bt, int from_spool, const char *why) {
+    size_t n = bt->n;
     if (n <= 1) {
         if (n)
-            quarantine(b, json_array_get(batch, 0), why);
+            quarantine(b, &bt->v[0], why);
+        batch_free(bt);
         return;
     }
     for (int h = 0; h < 2; h++) {
-        json_t *half = json_array();
-        for (size_t i = h ? n / 2 : 0; i < (h ? n : n / 2); i++)
-            json_array_append(half, json_array_get(batch, i));
-        send_batch(b, half, from_spool);
+        size_t from = h ? n / 2 : 0, to = h ? n : n / 2;
+        batch_t half = {.v = malloc((to - from) * sizeof(*bt->v)), .n = to - from};
+        if (!half.v)
+            abort();
+        memcpy(half.v, bt->v + from, half.n * sizeof(*bt->v));
+        send_batch(b, &half, from_spool);
     }
+    free(bt->v);
+    bt->v = NULL;
+    bt->n = 0;
 }
 
 static void batch_done(void *ud, const PGresult *res, const char *err) {
@@ -182,15 +333,13 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
     else
         b->live_inflight--;
     if (err && data_error(res)) {
-        tg_log_warn("billing: Postgres refused a batch of %zu for its data (%s): finding the element",
-                    json_array_size(c->batch), err);
-        split_batch(b, c->batch, c->from_spool, err);
+        tg_log_warn("billing: Postgres refused a batch of %zu for its data (%s): finding the element", c->batch.n, err);
         int from_spool = c->from_spool;
-        json_decref(c->batch);
+        split_batch(b, &c->batch, from_spool, err);
         free(c);
         if (from_spool)
             spool_next(b); /* after a quarantine nothing else is in flight: the replay goes on */
-        if (json_array_size(b->queue))
+        if (b->qlen)
             tg__billing_flush(b);
         return;
     }
@@ -200,17 +349,17 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
          * queued behind it; for two seconds new batches skip Postgres. */
         tg_log_warn("billing: a batch failed: %s", err);
         if (!c->from_spool)
-            tg__billing_spool_append(b, c->batch, "Postgres unreachable");
+            spool_batch(b, &c->batch, "Postgres unreachable");
         b->pg_down_until = tg_now_ms() + 2000;
-        if (b->queue && json_array_size(b->queue) && tg__billing_spool_append(b, b->queue, "Postgres unreachable") == 0)
-            json_array_clear(b->queue);
-        json_decref(c->batch);
+        if (b->qlen)
+            tg__billing_spool_queue(b, "Postgres unreachable");
+        batch_free(&c->batch);
         free(c);
         return;
     }
     b->stats.batches++;
-    release_durable(b, c->batch);
-    debit_unheld(b, c->batch, res);
+    release_durable(b, c->batch.v, c->batch.n);
+    debit_unheld(b, &c->batch, res);
     for (int i = 0; i < PQntuples(res); i++) {
         const char *outcome = PQgetvalue(res, i, 1);
         if (!strcmp(outcome, "reserved") || !strcmp(outcome, "unknown"))
@@ -228,28 +377,34 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
     }
     int from_spool = c->from_spool;
     if (from_spool)
-        b->stats.replayed += json_array_size(c->batch);
-    json_decref(c->batch);
+        b->stats.replayed += c->batch.n;
+    batch_free(&c->batch);
     free(c);
     if (from_spool)
         spool_next(b); /* Postgres takes batches again: the rest of the spool follows at once */
-    if (json_array_size(b->queue))
+    if (b->qlen)
         tg__billing_flush(b);
 }
 
 static const char SETTLE_SQL[] = "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)";
 
-/* Sends `batch` (owned); 0 when sent. */
-static int send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
+/* Sends the batch (taken over); 0 when sent. */
+static int send_batch(tg_billing_t *b, batch_t *bt, int from_spool) {
     tg_pg_t *pg = tg_state_pg(b->st);
     batch_ctx_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort();
     c->b = b;
-    c->batch = batch;
+    c->batch = *bt;
     c->from_spool = from_spool;
-    char *text = json_dumps(batch, JSON_COMPACT);
-    const char *params[1] = {text};
+    bt->v = NULL;
+    bt->n = 0;
+    tg_buf_t text;
+    tg_buf_init(&text);
+    batch_text(c->batch.v, c->batch.n, &text);
+    const char *params[1] = {text.data};
     int sent = pg && tg_pg_query(pg, SETTLE_SQL, 1, params, batch_done, c);
-    free(text);
+    tg_buf_free(&text);
     if (sent) {
         if (from_spool)
             b->replay_inflight++;
@@ -258,33 +413,23 @@ static int send_batch(tg_billing_t *b, json_t *batch, int from_spool) {
         return 0;
     }
     if (!from_spool)
-        tg__billing_spool_append(b, batch, "Postgres unreachable");
-    json_decref(batch);
+        spool_batch(b, &c->batch, "Postgres unreachable");
+    batch_free(&c->batch);
     free(c);
     return -1;
-}
-
-/* Removes the oldest batch (at most BATCH_MAX elements) from the queue and returns it. */
-static json_t *queue_take(tg_billing_t *b) {
-    size_t total = json_array_size(b->queue), n = TG_MIN(total, (size_t)BATCH_MAX);
-    json_t *batch = json_array(), *rest = json_array();
-    for (size_t i = 0; i < total; i++)
-        json_array_append(i < n ? batch : rest, json_array_get(b->queue, i));
-    json_decref(b->queue);
-    b->queue = rest;
-    return batch;
 }
 
 void tg__billing_flush(tg_billing_t *b) {
     /* Few transactions under load: everything queued goes in (bounded) batches, at most
      * LIVE_INFLIGHT of them at Postgres; what arrives meanwhile waits for the next. */
-    if (tg_now_ms() < b->pg_down_until && json_array_size(b->queue)) {
-        if (tg__billing_spool_append(b, b->queue, "Postgres unreachable") == 0)
-            json_array_clear(b->queue);
+    if (tg_now_ms() < b->pg_down_until && b->qlen) {
+        tg__billing_spool_queue(b, "Postgres unreachable");
         return;
     }
-    while (json_array_size(b->queue) && b->live_inflight < LIVE_INFLIGHT) {
-        if (send_batch(b, queue_take(b), 0) != 0)
+    while (b->qlen && b->live_inflight < LIVE_INFLIGHT) {
+        batch_t bt;
+        queue_take(b, BATCH_MAX, &bt);
+        if (send_batch(b, &bt, 0) != 0)
             break;
     }
 }
@@ -302,77 +447,145 @@ void tg__billing_flush_cb(uv_timer_t *t) { tg__billing_flush(t->data); }
  * replay commits gives its holds back once. Elements of older spools, without
  * release_cost, were given back when they were made.
  */
-static void release_durable(tg_billing_t *b, json_t *batch) {
-    size_t i;
-    json_t *e;
-    json_array_foreach(batch, i, e) {
-        json_t *cost = json_object_get(e, "release_cost");
-        const char *rid = json_string_value(json_object_get(e, "request_id"));
-        if (json_object_get(e, "op") || !json_is_integer(cost) || !rid)
+static void release_durable(tg_billing_t *b, const tg__elem_t *v, size_t n) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].op == TG__OP_SETTLE && v[i].release)
+            total += (size_t)TG_MAX(v[i].attempts, 1);
+    if (!total)
+        return;
+    /* Every hold of the batch in one list, given back with one settle.lua call per
+     * tenant (was one per hold). */
+    tg__hold_t *h = malloc(total * sizeof(*h));
+    if (!h)
+        abort();
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tg__elem_t *e = &v[i];
+        if (e->op != TG__OP_SETTLE || !e->release)
             continue;
         tg_settlement_t s = {
-            .request_id = rid,
-            .tenant_id = json_integer_value(json_object_get(e, "tenant_id")),
-            .key_id = json_integer_value(json_object_get(e, "api_key_id")),
-            .attempts = (int)json_integer_value(json_object_get(e, "attempts")),
-            .unheld = (unsigned)json_integer_value(json_object_get(e, "release_unheld")),
+            .request_id = tg__elem_rid(e),
+            .tenant_id = e->tenant_id,
+            .key_id = e->key_id,
+            .attempts = e->attempts,
+            .unheld = e->unheld,
         };
-        tg__billing_release_attempts(b, &s, json_integer_value(cost));
+        k += tg__billing_attempt_holds(&s, e->release_cost, h + k);
     }
+    tg__billing_holds_return(b, h, k);
+    free(h);
 }
 
-static json_t *usage_field(const tg_usage_t *u, unsigned bit, int64_t v) {
-    return (u->known & bit) ? json_integer(v) : json_null();
+/* "name":value pieces of the hot elements, without a tree. */
+static void put_key(tg_buf_t *o, const char *name) {
+    tg_buf_append(o, ",\"", 2);
+    tg_buf_appends(o, name);
+    tg_buf_append(o, "\":", 2);
 }
 
-json_t *tg__billing_settlement_json(const tg_settlement_t *s) {
+static void put_int(tg_buf_t *o, const char *name, int64_t v) {
+    put_key(o, name);
+    tg__buf_i64(o, v);
+}
+
+static void put_usage(tg_buf_t *o, const char *name, const tg_usage_t *u, unsigned bit, int64_t v) {
+    put_key(o, name);
+    if (u->known & bit)
+        tg__buf_i64(o, v);
+    else
+        tg_buf_append(o, "null", 4);
+}
+
+static void put_ms(tg_buf_t *o, const char *name, double ms) {
+    put_key(o, name);
+    char t[48];
+    int k = snprintf(t, sizeof(t), "%.3f", ms);
+    tg_buf_append(o, t, (size_t)TG_MAX(k, 0));
+}
+
+void tg__billing_settlement_text(const tg_settlement_t *s, tg_buf_t *o) {
     char cost[32], fp_src[512], fp[65];
     tg_money_format(s->cost, cost);
     const tg_usage_t *u = &s->usage;
+    const char *model = s->model ? s->model : "";
     /* The fingerprint identifies what was billed: the same request settled again with
      * different numbers is a conflict, not a second charge. */
     snprintf(fp_src, sizeof(fp_src), "%lld|%s|%lld|%lld|%lld|%lld|%lld|%s", (long long)s->key_id, s->model,
              (long long)u->input, (long long)u->output, (long long)u->cache_read, (long long)u->cache_write,
              (long long)u->reasoning, cost);
     tg_sha256_hex(fp_src, strlen(fp_src), fp);
-    json_t *o = json_object();
-    json_object_set_new(o, "request_id", json_string(s->request_id));
-    json_object_set_new(o, "fingerprint", json_string(fp));
+    tg_buf_reserve(o, 512 + strlen(model));
+    tg_buf_appends(o, "{\"request_id\":\"");
+    tg_buf_append_json_escaped(o, s->request_id, strlen(s->request_id));
+    tg_buf_appends(o, "\",\"fingerprint\":\"");
+    tg_buf_append(o, fp, 64);
+    tg_buf_append(o, "\"", 1);
     int last = TG_MAX(s->attempts, 1);
     if (last <= 32 && (s->unheld & (1u << (last - 1))))
         /* The billed attempt held nothing in Redis: once this settlement is in Postgres,
          * its cost comes off the live balance (batch_done). */
-        json_object_set_new(o, "unheld_cost", json_integer(s->cost));
-    json_object_set_new(o, "tenant_id", json_integer(s->tenant_id));
-    json_object_set_new(o, "api_key_id", json_integer(s->key_id));
-    json_object_set_new(o, "group_id", s->group_id ? json_integer(s->group_id) : json_null());
-    json_object_set_new(o, "account_id", s->account_id ? json_integer(s->account_id) : json_null());
-    json_object_set_new(o, "model", json_string(s->model ? s->model : ""));
-    json_object_set_new(o, "attempts", json_integer(TG_MAX(s->attempts, 1)));
+        put_int(o, "unheld_cost", s->cost);
+    put_int(o, "tenant_id", s->tenant_id);
+    put_int(o, "api_key_id", s->key_id);
+    put_key(o, "group_id");
+    if (s->group_id)
+        tg__buf_i64(o, s->group_id);
+    else
+        tg_buf_append(o, "null", 4);
+    put_key(o, "account_id");
+    if (s->account_id)
+        tg__buf_i64(o, s->account_id);
+    else
+        tg_buf_append(o, "null", 4);
+    put_key(o, "model");
+    tg_buf_append(o, "\"", 1);
+    tg_buf_append_json_escaped(o, model, strlen(model));
+    tg_buf_append(o, "\"", 1);
+    put_int(o, "attempts", last);
     /* What giving the holds back needs once this settlement is durable (release_durable). */
-    json_object_set_new(o, "release_cost", json_integer(s->cost));
-    json_object_set_new(o, "release_unheld", json_integer(s->unheld));
-    json_object_set_new(o, "input", usage_field(u, TG_USAGE_INPUT, u->input));
-    json_object_set_new(o, "output", usage_field(u, TG_USAGE_OUTPUT, u->output));
-    json_object_set_new(o, "cache_read", usage_field(u, TG_USAGE_CACHE_READ, u->cache_read));
-    json_object_set_new(o, "cache_write", usage_field(u, TG_USAGE_CACHE_WRITE, u->cache_write));
-    json_object_set_new(o, "reasoning", usage_field(u, TG_USAGE_REASONING, u->reasoning));
-    json_object_set_new(o, "cost", json_string(cost));
-    json_object_set_new(o, "estimated", json_boolean(s->estimated));
-    json_object_set_new(o, "status", json_integer(s->status));
-    json_object_set_new(o, "ttft_ms", s->ttft_ms >= 0 ? json_real(s->ttft_ms) : json_null());
-    json_object_set_new(o, "total_ms", json_real(s->total_ms));
-    if (s->nbudgets > 0) /* the periods it counts in (tg_budget_settle, 0008_budgets.sql) */
-        json_object_set_new(o, "budgets", tg__billing_budgets_json(s->budgets, s->nbudgets));
-    return o;
+    put_int(o, "release_cost", s->cost);
+    put_int(o, "release_unheld", s->unheld);
+    put_usage(o, "input", u, TG_USAGE_INPUT, u->input);
+    put_usage(o, "output", u, TG_USAGE_OUTPUT, u->output);
+    put_usage(o, "cache_read", u, TG_USAGE_CACHE_READ, u->cache_read);
+    put_usage(o, "cache_write", u, TG_USAGE_CACHE_WRITE, u->cache_write);
+    put_usage(o, "reasoning", u, TG_USAGE_REASONING, u->reasoning);
+    put_key(o, "cost");
+    tg_buf_append(o, "\"", 1);
+    tg_buf_appends(o, cost);
+    tg_buf_append(o, "\"", 1);
+    put_key(o, "estimated");
+    tg_buf_appends(o, s->estimated ? "true" : "false");
+    put_int(o, "status", s->status);
+    if (s->ttft_ms >= 0)
+        put_ms(o, "ttft_ms", s->ttft_ms);
+    else {
+        put_key(o, "ttft_ms");
+        tg_buf_append(o, "null", 4);
+    }
+    put_ms(o, "total_ms", s->total_ms);
+    if (s->nbudgets > 0) {
+        /* the periods it counts in (tg_budget_settle, 0008_budgets.sql): [[id, start], ...] */
+        put_key(o, "budgets");
+        tg_buf_append(o, "[", 1);
+        for (int i = 0; i < s->nbudgets; i++) {
+            tg_buf_append(o, i ? ",[" : "[", i ? 2 : 1);
+            tg__buf_i64(o, s->budgets[i].id);
+            tg_buf_append(o, ",", 1);
+            tg__buf_i64(o, s->budgets[i].start);
+            tg_buf_append(o, "]", 1);
+        }
+        tg_buf_append(o, "]", 1);
+    }
+    tg_buf_append(o, "}", 1);
 }
 
-void tg__billing_enqueue(tg_billing_t *b, json_t *item) {
-    json_array_append_new(b->queue, item);
-    size_t n = json_array_size(b->queue);
-    if (n >= BATCH_MAX || n >= b->queue_max)
+void tg__billing_enqueue(tg_billing_t *b, tg__elem_t *e) {
+    queue_push(b, e);
+    if (b->qlen >= BATCH_MAX || b->qlen >= b->queue_max)
         tg__billing_flush(b);
-    if (json_array_size(b->queue) >= b->queue_max) {
+    if (b->qlen >= b->queue_max) {
         /* Backpressure: every batch slot is busy and the queue is full — Postgres takes
          * settlements more slowly than requests come. The queue is bounded: it spills to
          * the spool (fsync'd, replayed batch by batch as soon as Postgres keeps up)
@@ -381,12 +594,18 @@ void tg__billing_enqueue(tg_billing_t *b, json_t *item) {
         /* One batch at a time, the oldest: each overflow holds the loop for one batch's
          * encoding and fsync (milliseconds), not the whole queue's (was 0.25-0.8 s for
          * 20,000 elements, long enough for reservations in flight to time out). */
-        json_t *oldest = queue_take(b);
-        tg__billing_spool_append(b, oldest, "the queue is full (Postgres is slower than the traffic)"); /* on failure: back in the queue */
-        json_decref(oldest);
+        batch_t oldest;
+        queue_take(b, BATCH_MAX, &oldest);
+        spool_batch(b, &oldest, "the queue is full (Postgres is slower than the traffic)"); /* on failure: back in the queue */
     }
-    if (json_array_size(b->queue) && !uv_is_active((uv_handle_t *)&b->flush_timer))
+    if (b->qlen && !uv_is_active((uv_handle_t *)&b->flush_timer))
         uv_timer_start(&b->flush_timer, tg__billing_flush_cb, 1, 0);
+}
+
+void tg__billing_enqueue_json(tg_billing_t *b, const json_t *o) {
+    tg__elem_t e;
+    if (tg__elem_from_json(&e, o) == 0)
+        tg__billing_enqueue(b, &e);
 }
 
 void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
@@ -396,7 +615,23 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
         b->stats.estimated++;
     /* The holds go back once the settlement is durable (release_durable), not now: a
      * gateway killed in between leaves them held and indexed, found by the reconciler. */
-    tg__billing_enqueue(b, tg__billing_settlement_json(s));
+    tg_buf_t j;
+    tg_buf_init(&j);
+    tg__billing_settlement_text(s, &j);
+    tg__elem_t e;
+    tg__elem_init(&e, &j, s->request_id, TG__OP_SETTLE);
+    e.tenant_id = s->tenant_id;
+    e.key_id = s->key_id;
+    e.attempts = TG_MAX(s->attempts, 1);
+    e.release = 1;
+    e.release_cost = s->cost;
+    e.unheld = s->unheld;
+    int last = TG_MAX(s->attempts, 1);
+    if (last <= 32 && (s->unheld & (1u << (last - 1)))) {
+        e.has_unheld_cost = 1;
+        e.unheld_cost = s->cost;
+    }
+    tg__billing_enqueue(b, &e);
 }
 
 void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
@@ -414,7 +649,8 @@ void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_
     json_object_set_new(o, "amount", json_string(amt));
     json_object_set_new(o, "model", json_string(model ? model : ""));
     json_object_set_new(o, "instance", json_string(tg__billing_instance));
-    tg__billing_enqueue(b, o);
+    tg__billing_enqueue_json(b, o);
+    json_decref(o);
 }
 
 
@@ -444,21 +680,31 @@ static void spool_next(tg_billing_t *b) {
         return;
     char *line = NULL;
     size_t cap = 0;
-    json_t *batch = NULL;
-    while (!batch && fseek(f, b->replay_offset, SEEK_SET) == 0) {
+    batch_t batch = {0};
+    while (!batch.n && fseek(f, b->replay_offset, SEEK_SET) == 0) {
         ssize_t n = getline(&line, &cap, f);
         if (n <= 0)
             break;
         b->replay_offset = ftell(f);
-        batch = json_loadb(line, (size_t)n, 0, NULL);
-        if (!json_is_array(batch) || !json_array_size(batch)) {
-            json_decref(batch);
-            batch = NULL;
+        json_t *arr = json_loadb(line, (size_t)n, 0, NULL);
+        size_t k = json_array_size(arr);
+        if (k) {
+            batch.v = malloc(k * sizeof(*batch.v));
+            if (!batch.v)
+                abort();
+            for (size_t i = 0; i < k; i++)
+                if (tg__elem_from_json(&batch.v[batch.n], json_array_get(arr, i)) == 0)
+                    batch.n++;
+            if (!batch.n) {
+                free(batch.v);
+                batch.v = NULL;
+            }
         }
+        json_decref(arr);
     }
     free(line);
     fclose(f);
-    if (!batch) {
+    if (!batch.n) {
         /* Everything in it is in Postgres. */
         unlink(taking);
         b->replay_offset = 0;
@@ -467,8 +713,8 @@ static void spool_next(tg_billing_t *b) {
             spool_next(b);
         return;
     }
-    size_t n = json_array_size(batch);
-    if (send_batch(b, batch, 1) != 0)
+    size_t n = batch.n;
+    if (send_batch(b, &batch, 1) != 0)
         b->replay_offset = 0; /* not sent: the file is kept and replayed from its start */
     else
         tg_log_info("billing: replaying %zu spooled settlement(s)", n);

@@ -265,10 +265,12 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
     for (int i = 0; i < PQntuples(due); i++) {
         tg_settlement_t s = tg__billing_due_settlement(due, i, charge_unknown);
         s.unheld = 0; /* no live balance to debit here: Redis reloads it from Postgres */
-        json_t *batch = json_array();
-        json_array_append_new(batch, tg__billing_settlement_json(&s));
-        char *text = json_dumps(batch, JSON_COMPACT);
-        const char *p[1] = {text};
+        tg_buf_t text;
+        tg_buf_init(&text);
+        tg_buf_appends(&text, "[");
+        tg__billing_settlement_text(&s, &text);
+        tg_buf_append(&text, "]", 2); /* with its NUL */
+        const char *p[1] = {text.data};
         PGresult *r = PQexecParams(c, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, NULL, p, NULL,
                                    NULL, 0);
         if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
@@ -279,8 +281,9 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
                 char keys[4][128], field[96], actual[24];
                 tg__billing_hold_keys(keys, field, s.tenant_id, s.key_id, s.request_id, a);
                 snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s.attempts, 1) ? s.cost : 0));
+                /* settle.lua's layout: money, holds, then the hold's reservation and key budget. */
                 redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0],
-                                               keys[1], keys[2], keys[3], actual, field);
+                                               keys[3], keys[1], keys[2], actual, field);
                 if (rep)
                     freeReplyObject(rep);
             }
@@ -288,8 +291,7 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
             fprintf(stderr, "ledger reconcile: %s: %s", s.request_id, PQerrorMessage(c));
         }
         PQclear(r);
-        free(text);
-        json_decref(batch);
+        tg_buf_free(&text);
     }
     PQclear(due);
     if (rc)
