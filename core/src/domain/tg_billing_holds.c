@@ -259,12 +259,41 @@ static void reserve_send(tg_reserve_t *x) {
 /* The keys of one attempt's hold (all under the tenant's hash tag) and its field in
  * {t:T}:holds, the index the reconciler scans for holds whose gateway died before
  * Postgres had their row. */
+/* Appends s (cut to fit the 128-byte key) at *n. */
+static void kput(char *k, size_t *n, const char *s, size_t len) {
+    len = TG_MIN(len, 127 - *n);
+    memcpy(k + *n, s, len);
+    *n += len;
+}
+
+static void kput_i64(char *k, size_t *n, int64_t v) {
+    char d[24];
+    size_t m = 0;
+    if (v < 0)
+        d[m++] = '-';
+    m += tg_fmt_u64(d + m, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
+    kput(k, n, d, m);
+}
+
 void tg__billing_hold_keys(char keys[4][128], char field[96], int64_t tenant, int64_t key, const char *id, int attempt) {
-    snprintf(keys[0], 128, "{t:%lld}:money", (long long)tenant);
-    snprintf(keys[1], 128, "{t:%lld}:res:%s:%d", (long long)tenant, id, attempt);
-    snprintf(keys[2], 128, "{t:%lld}:kmoney:%lld", (long long)tenant, (long long)key);
-    snprintf(keys[3], 128, "{t:%lld}:holds", (long long)tenant);
-    snprintf(field, 96, "%s:%d", id, attempt);
+    /* Twice per billed request: formatted by hand (snprintf cost ~1,000 instructions each). */
+    char tag[32];
+    size_t t = 0;
+    kput(tag, &t, "{t:", 3);
+    kput_i64(tag, &t, tenant);
+    kput(tag, &t, "}:", 2);
+    size_t idl = strlen(id), n;
+    n = 0, kput(keys[0], &n, tag, t), kput(keys[0], &n, "money", 5), keys[0][n] = '\0';
+    n = 0, kput(keys[1], &n, tag, t), kput(keys[1], &n, "res:", 4), kput(keys[1], &n, id, idl), kput(keys[1], &n, ":", 1);
+    kput_i64(keys[1], &n, attempt), keys[1][n] = '\0';
+    n = 0, kput(keys[2], &n, tag, t), kput(keys[2], &n, "kmoney:", 7), kput_i64(keys[2], &n, key), keys[2][n] = '\0';
+    n = 0, kput(keys[3], &n, tag, t), kput(keys[3], &n, "holds", 5), keys[3][n] = '\0';
+    /* field: "<id>:<attempt>" in 96 bytes */
+    char f[128];
+    n = 0, kput(f, &n, id, idl), kput(f, &n, ":", 1), kput_i64(f, &n, attempt);
+    n = TG_MIN(n, (size_t)95); /* as snprintf(field, 96, "%s:%d") cut it */
+    memcpy(field, f, n);
+    field[n] = '\0';
 }
 
 /* The last answer of holds given back: the Redis client sent it again while its answer
@@ -441,11 +470,22 @@ void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, cons
     memcpy(m->keys[3], keys[2], sizeof(m->keys[3]));
     /* "-1" loaded: the key has no budget after all (tg_billing_reserve skips it too). */
     m->nkeys = r->key_budget && !(key_init && !strcmp(key_init, "-1")) ? 4 : 3;
-    snprintf(m->amount, sizeof(m->amount), "%lld", (long long)r->amount);
+    size_t n = 0;
+    kput_i64(m->amount, &n, r->amount); /* (the amount's buffer is smaller than 128: 20 digits fit) */
+    m->amount[n] = '\0';
     snprintf(m->tenant_init, sizeof(m->tenant_init), "%s", tenant_init ? tenant_init : "");
     snprintf(m->key_init, sizeof(m->key_init), "%s", key_init ? key_init : "");
-    snprintf(m->hold, sizeof(m->hold), "%lld|%s|%llu|%lld|%.120s", (long long)r->key_id, tg__billing_instance,
-             (unsigned long long)tg_wall_ms(), (long long)r->amount, r->model ? r->model : "");
+    /* "<key>|<instance>|<ms>|<amount>|<model, at most 120 bytes>" */
+    _Static_assert(sizeof(m->hold) >= 24 + 40 + 24 + 24 + 120 + 1, "hold");
+    char *h = m->hold;
+    const char *model = r->model ? r->model : "";
+    n = 0;
+    kput_i64(h, &n, r->key_id), h[n++] = '|';
+    memcpy(h + n, tg__billing_instance, strlen(tg__billing_instance)), n += strlen(tg__billing_instance), h[n++] = '|';
+    n += tg_fmt_u64(h + n, tg_wall_ms()), h[n++] = '|';
+    kput_i64(h, &n, r->amount), h[n++] = '|';
+    size_t ml = TG_MIN(strlen(model), (size_t)120);
+    memcpy(h + n, model, ml), n += ml, h[n] = '\0';
     m->undo = admission_undo;
     m->undo_ud = b;
     /* Periodic budgets: the key's budget slot and key_init ("-1": none) always go with

@@ -498,10 +498,58 @@ static void put_usage(tg_buf_t *o, const char *name, const tg_usage_t *u, unsign
 }
 
 static void put_ms(tg_buf_t *o, const char *name, double ms) {
+    /* Milliseconds to the microsecond, "%.3f" without printf (finite, 0 to 2^63 µs). */
     put_key(o, name);
-    char t[48];
-    int k = snprintf(t, sizeof(t), "%.3f", ms);
-    tg_buf_append(o, t, (size_t)TG_MAX(k, 0));
+    if (ms != ms || ms > 9.2e15 || ms < -9.2e15) {
+        tg_buf_append(o, "null", 4); /* not a number JSON can carry (jansson left it out) */
+        return;
+    }
+    if (ms < 0) {
+        char t[48];
+        int k = snprintf(t, sizeof(t), "%.3f", ms);
+        tg_buf_append(o, t, (size_t)TG_MAX(k, 0));
+        return;
+    }
+    uint64_t us = (uint64_t)(ms * 1000.0 + 0.5);
+    tg_buf_append_u64(o, us / 1000);
+    char f[4] = {'.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10), (char)('0' + us % 10)};
+    tg_buf_append(o, f, 4);
+}
+
+/* Appends len bytes of p at *n, cut to fit cap - 1 (as snprintf cuts). */
+static void fp_put(char *out, size_t cap, size_t *n, const char *p, size_t len) {
+    len = TG_MIN(len, cap - 1 - *n);
+    memcpy(out + *n, p, len);
+    *n += len;
+}
+
+static void fp_i64(char *out, size_t cap, size_t *n, int64_t v) {
+    char d[24];
+    size_t m = 0;
+    if (v < 0)
+        d[m++] = '-';
+    m += tg_fmt_u64(d + m, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
+    fp_put(out, cap, n, d, m);
+}
+
+/* The fingerprint's source, "key|model|input|output|cache_read|cache_write|reasoning|cost"
+ * (what snprintf made with "%lld|%s|...|%s", cut the same way), without printf. */
+static size_t fp_text(char *out, size_t cap, const tg_settlement_t *s, const char *cost) {
+    const tg_usage_t *u = &s->usage;
+    const char *model = s->model ? s->model : "(null)";
+    size_t n = 0;
+    fp_i64(out, cap, &n, s->key_id);
+    fp_put(out, cap, &n, "|", 1);
+    fp_put(out, cap, &n, model, strlen(model));
+    const int64_t v[5] = {u->input, u->output, u->cache_read, u->cache_write, u->reasoning};
+    for (int i = 0; i < 5; i++) {
+        fp_put(out, cap, &n, "|", 1);
+        fp_i64(out, cap, &n, v[i]);
+    }
+    fp_put(out, cap, &n, "|", 1);
+    fp_put(out, cap, &n, cost, strlen(cost));
+    out[n] = '\0';
+    return n;
 }
 
 void tg__billing_settlement_text(const tg_settlement_t *s, tg_buf_t *o) {
@@ -511,10 +559,8 @@ void tg__billing_settlement_text(const tg_settlement_t *s, tg_buf_t *o) {
     const char *model = s->model ? s->model : "";
     /* The fingerprint identifies what was billed: the same request settled again with
      * different numbers is a conflict, not a second charge. */
-    snprintf(fp_src, sizeof(fp_src), "%lld|%s|%lld|%lld|%lld|%lld|%lld|%s", (long long)s->key_id, s->model,
-             (long long)u->input, (long long)u->output, (long long)u->cache_read, (long long)u->cache_write,
-             (long long)u->reasoning, cost);
-    tg_sha256_hex(fp_src, strlen(fp_src), fp);
+    size_t n = fp_text(fp_src, sizeof(fp_src), s, cost);
+    tg_sha256_hex(fp_src, n, fp);
     tg_buf_reserve(o, 512 + strlen(model));
     tg_buf_appends(o, "{\"request_id\":\"");
     tg_buf_append_json_escaped(o, s->request_id, strlen(s->request_id));

@@ -53,10 +53,17 @@ int tg_money_check(const char *decimal) {
 }
 
 void tg_money_format(int64_t nano, char out[32]) {
-    const char *sign = nano < 0 ? "-" : "";
+    /* "%s%llu.%09llu" without printf: it runs twice per billed request. */
     uint64_t a = nano < 0 ? (uint64_t)(-(nano + 1)) + 1 : (uint64_t)nano;
-    snprintf(out, 32, "%s%llu.%09llu", sign, (unsigned long long)(a / 1000000000ull),
-             (unsigned long long)(a % 1000000000ull));
+    size_t n = 0;
+    if (nano < 0)
+        out[n++] = '-';
+    n += tg_fmt_u64(out + n, a / 1000000000ull);
+    out[n++] = '.';
+    uint64_t f = a % 1000000000ull;
+    for (int i = 8; i >= 0; i--, f /= 10)
+        out[n + (size_t)i] = (char)('0' + f % 10);
+    out[n + 9] = '\0';
 }
 
 /* tokens x price (nano-USD per million tokens), both taken as >= 0: below 2^126, exact. */
