@@ -22,3 +22,8 @@ if(NOT TG_SANITIZE AND TG_ASAN_BUILD)
             ${TG_ASAN_BUILD})
   set_tests_properties(unit-asan.limits_redis PROPERTIES LABELS "limits;unit;asan" SKIP_RETURN_CODE 77 TIMEOUT 120)
 endif()
+
+# settle.lua, the holds of a settlement batch given back in one call per tenant
+# (tg_billing_settle.c): once each, exact, idempotent.
+add_test(NAME unit.settle_redis COMMAND tg_unit settle_redis)
+set_tests_properties(unit.settle_redis PROPERTIES LABELS "pipeline;billing;unit" TIMEOUT 60 SKIP_RETURN_CODE 77)

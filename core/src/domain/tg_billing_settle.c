@@ -61,8 +61,13 @@ void tg__elem_free(tg__elem_t *e) {
 int tg__elem_from_json(tg__elem_t *e, const json_t *o) {
     const char *rid = json_string_value(json_object_get(o, "request_id"));
     char *text = rid ? json_dumps(o, JSON_COMPACT) : NULL;
-    if (!text)
+    if (!text) {
+        /* Nothing writes one: an element without a request id is not sent (named here). */
+        char *all = json_dumps(o, JSON_COMPACT);
+        tg_log_error("billing: an element without a request id is dropped: %.300s", all ? all : "?");
+        free(all);
         return -1;
+    }
     tg_buf_t j = {.data = text, .len = strlen(text), .cap = strlen(text) + 1};
     const char *op = json_string_value(json_object_get(o, "op"));
     tg__elem_init(e, &j, rid,
@@ -498,22 +503,16 @@ static void put_usage(tg_buf_t *o, const char *name, const tg_usage_t *u, unsign
 }
 
 static void put_ms(tg_buf_t *o, const char *name, double ms) {
-    /* Milliseconds to the microsecond, "%.3f" without printf (finite, 0 to 2^63 µs). */
+    /* As jansson wrote a real ("%.17g": the double exactly); not a number JSON can
+     * carry (NaN, infinities) as null, where jansson left the member out. */
     put_key(o, name);
-    if (ms != ms || ms > 9.2e15 || ms < -9.2e15) {
-        tg_buf_append(o, "null", 4); /* not a number JSON can carry (jansson left it out) */
+    if (ms != ms || ms > 1e300 || ms < -1e300) {
+        tg_buf_append(o, "null", 4);
         return;
     }
-    if (ms < 0) {
-        char t[48];
-        int k = snprintf(t, sizeof(t), "%.3f", ms);
-        tg_buf_append(o, t, (size_t)TG_MAX(k, 0));
-        return;
-    }
-    uint64_t us = (uint64_t)(ms * 1000.0 + 0.5);
-    tg_buf_append_u64(o, us / 1000);
-    char f[4] = {'.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10), (char)('0' + us % 10)};
-    tg_buf_append(o, f, 4);
+    char t[48];
+    int k = snprintf(t, sizeof(t), "%.17g", ms);
+    tg_buf_append(o, t, (size_t)TG_MIN(TG_MAX(k, 0), (int)sizeof(t) - 1));
 }
 
 /* Appends len bytes of p at *n, cut to fit cap - 1 (as snprintf cuts). */

@@ -292,7 +292,7 @@ export async function count(bill, table, where = 'true') {
 // ---- tg_settle_batch through psql -------------------------------------------------------
 
 /**
- * A settlement element as the gateway sends it (see tg__billing_settlement_json in tg_billing_settle.c).
+ * A settlement element as the gateway sends it (see tg__billing_settlement_text in tg_billing_settle.c).
  * `cost` is a decimal string; the fingerprint defaults to a hash of the billed numbers.
  */
 export function settlement(bill, { requestId, input = 10, output = 20, cost, estimated = false, fingerprint, status = 200 }) {
