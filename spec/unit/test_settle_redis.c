@@ -180,3 +180,33 @@ TG_TEST(settle_redis, a_reservation_that_is_not_a_number_is_left_with_its_entry)
     ASSERT_EQ_INT(hlen(&x), 1); /* h's entry stays for the reconciler or an operator */
     redisFree(x.c);
 }
+
+TG_TEST(settle_redis, periodic_budgets_get_back_the_unused_part_once) {
+    /* money.lua writes "<amount>|<budget period key>..." (budgets #24): each period's
+     * spend goes down by the unused part of every hold that counted in it. */
+    sx_t x;
+    sx_init(&x, "bud");
+    char bk[96], v[160];
+    snprintf(bk, sizeof(bk), "%s:bud:5:1700000000", x.tag);
+    redisReply *r = redisCommand(x.c, "SET %s 300", bk);
+    freeReplyObject(r);
+    hold(&x, "j", "7", 100);
+    hold(&x, "k", "7", 200);
+    snprintf(v, sizeof(v), "100|%s", bk);
+    cmd(&x, "%s:res:%s:1", "j", v);
+    snprintf(v, sizeof(v), "200|%s", bk);
+    cmd(&x, "%s:res:%s:1", "k", v);
+    const char *ids[3] = {"j", "k", "j"}, *keys[3] = {"7", "7", "7"};
+    const long long spent[3] = {40, 50, 40};
+    ASSERT_EQ_INT(settle(&x, 3, ids, keys, spent), 2);
+    r = redisCommand(x.c, "GET %s", bk);
+    ASSERT(r && r->type == REDIS_REPLY_STRING);
+    ASSERT_EQ_INT(atoll(r->str), 300 - 60 - 150);
+    freeReplyObject(r);
+    ASSERT_EQ_INT(hget(&x, ":money", "avail"), 700 + 60 + 150);
+    ASSERT_EQ_INT(settle(&x, 3, ids, keys, spent), 0);
+    r = redisCommand(x.c, "GET %s", bk);
+    ASSERT_EQ_INT(atoll(r->str), 90);
+    freeReplyObject(r);
+    redisFree(x.c);
+}
