@@ -141,8 +141,10 @@ async function benchSettle() {
   await db.exec(`INSERT INTO reservations (request_id, attempt, tenant_id, api_key_id, amount, model, state, settled_cost)
     SELECT 'h-' || g, 1, (SELECT min(id) FROM tenants), (SELECT min(id) FROM api_keys), 0.0002, 'mock-gpt', 'reconciled', 0.00005
     FROM generate_series(1, 100000) g`);
-  await db.exec(`INSERT INTO billing_dedup (request_id, api_key_id, fingerprint)
-    SELECT 'h-' || g, (SELECT min(id) FROM api_keys), md5(g::text) FROM generate_series(1, 100000) g`);
+  // (Since sql/0006 the usage row is its own dedup: billing_dedup is a view over it.)
+  await db.exec(`INSERT INTO usage (request_id, tenant_id, api_key_id, model, cost, fingerprint)
+    SELECT 'h-' || g, (SELECT min(id) FROM tenants), (SELECT min(id) FROM api_keys), 'mock-gpt', 0.00005, md5(g::text)
+    FROM generate_series(1, 100000) g`);
   let runNo = 0;
   for (const v of variants) {
     await setDurable(db.conninfo, v.durable);

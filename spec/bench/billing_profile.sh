@@ -37,8 +37,9 @@ INSERT INTO api_keys (tenant_id, group_id, name, key_hash, prefix)
 INSERT INTO reservations (request_id, attempt, tenant_id, api_key_id, amount, model, state, settled_cost)
     SELECT 'h-' || g, 1, (SELECT min(id) FROM tenants), (SELECT min(id) FROM api_keys), 0.0002, 'mock-gpt', 'reconciled', 0.00005
     FROM generate_series(1, 100000) g;
-INSERT INTO billing_dedup (request_id, api_key_id, fingerprint)
-    SELECT 'h-' || g, (SELECT min(id) FROM api_keys), md5(g::text) FROM generate_series(1, 100000) g;
+INSERT INTO usage (request_id, tenant_id, api_key_id, model, cost, fingerprint)
+    SELECT 'h-' || g, (SELECT min(id) FROM tenants), (SELECT min(id) FROM api_keys), 'mock-gpt', 0.00005, md5(g::text)
+    FROM generate_series(1, 100000) g;
 CREATE SEQUENCE bench_blk;
 VACUUM ANALYZE;
 EOF
