@@ -81,6 +81,20 @@ test('accounts whose headers say they are spent get nothing until the reset (Cod
   const qc = (await admin.get(`/accounts/${(await rt.account('c')).id}/quota`)).json;
   assert.equal(qc.blocked_until_ms, 0, JSON.stringify(qc));
   assert.ok((await metric('tollgate_quota_values_total')) > 0, 'values counted in /metrics');
+  // Per account on /metrics, as the (one) worker learned it: b's requests gone, a's
+  // short window used up, c's requests left, each with its reset still ahead.
+  const text = await (await fetch(`${rt.gw.url}/metrics`)).text();
+  const gauge = (name, labels) => {
+    const m = text.match(new RegExp(`^${name}\\{${labels}\\} ([0-9.e+-]+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  const [ia, ib, ic] = [(await rt.account('a')).id, (await rt.account('b')).id, (await rt.account('c')).id];
+  assert.equal(gauge('tollgate_account_quota_remaining', `account="${ib}",kind="requests"`), 0, text);
+  assert.equal(gauge('tollgate_account_quota_limit', `account="${ib}",kind="requests"`), 4, text);
+  assert.equal(gauge('tollgate_account_quota_window_utilization', `account="${ia}",window="short"`), 1, text);
+  assert.ok(gauge('tollgate_account_quota_window_reset_seconds', `account="${ia}",window="short"`) > 0, text);
+  assert.ok(gauge('tollgate_account_quota_remaining', `account="${ic}",kind="requests"`) > 900, text);
+  assert.ok(gauge('tollgate_account_quota_age_seconds', `account="${ic}"`) < 60, text);
 });
 
 test('at the reset the spent accounts get traffic again', async () => {

@@ -41,6 +41,8 @@ tg_health_entry_t *tg_health_get(tg_health_t *h, int64_t account_id);
 void tg_health_prefetch(const tg_health_t *h, int64_t account_id);
 /** How many accounts have an entry (tests: selection looks at a bounded few). */
 size_t tg_health_count(const tg_health_t *h);
+/** Calls fn for every account this worker has an entry for (on the worker's own thread). */
+void tg_health_foreach(const tg_health_t *h, void (*fn)(const tg_health_entry_t *e, void *ud), void *ud);
 
 /** 1 if the account may take a request now (not cooling; a half-open account only when
  *  no trial is in flight). */

@@ -8,8 +8,10 @@
 #include <string.h>
 
 #include "tollgate/tg_admin.h"
+#include "tollgate/tg_health.h"
 #include "tollgate/tg_proxy.h"
 #include "tollgate/tg_ui.h"
+#include "tollgate/tg_worker.h"
 
 /* The routes the data-plane pipeline answers. */
 static const struct {
@@ -31,6 +33,79 @@ static const char ALLOW_POST[] = "Allow: POST\r\n";
 
 static int is_get(const tg_request_t *req) { return req->method == HTTP_GET || req->method == HTTP_HEAD; }
 
+/*
+ * The accounts' learned quota on /metrics, as the worker answering the scrape has it
+ * (tg_health.h: each worker learns from its own answers and reads the fleet's copy,
+ * {a:<id>}:quota, when its own is older than a second): per account and kind, what the
+ * provider said is left, its limit and the seconds to its reset; per window, its
+ * utilisation and reset; and how old the figures are. Only accounts whose provider said
+ * something; read on this worker's own thread (the health map is the worker's).
+ */
+typedef struct {
+    tg_buf_t *b;
+    int64_t now;
+    int part;
+} quota_render_t;
+
+static const char *const quota_kinds[TG_QL__COUNT] = {"requests", "tokens", "input_tokens", "output_tokens"};
+static const char *const quota_windows[TG_QW__COUNT] = {"short", "long"};
+
+static void quota_secs(tg_buf_t *b, int64_t at_ms, int64_t now) {
+    tg_buf_printf(b, "%.3f\n", at_ms > now ? (double)(at_ms - now) / 1000.0 : 0.0);
+}
+
+static void quota_entry(const tg_health_entry_t *e, void *ud) {
+    quota_render_t *r = ud;
+    const tg_quota_t *q = e->quota;
+    if (!q || !q->known)
+        return;
+    long long id = (long long)e->account_id;
+    for (int k = 0; k < TG_QL__COUNT; k++) {
+        const tg_quota_limit_t *l = &q->lim[k];
+        if (r->part == 0 && l->remaining >= 0)
+            tg_buf_printf(r->b, "tollgate_account_quota_remaining{account=\"%lld\",kind=\"%s\"} %lld\n", id,
+                          quota_kinds[k], (long long)l->remaining);
+        if (r->part == 1 && l->limit >= 0)
+            tg_buf_printf(r->b, "tollgate_account_quota_limit{account=\"%lld\",kind=\"%s\"} %lld\n", id,
+                          quota_kinds[k], (long long)l->limit);
+        if (r->part == 2 && l->reset_at_ms > 0) {
+            tg_buf_printf(r->b, "tollgate_account_quota_reset_seconds{account=\"%lld\",kind=\"%s\"} ", id,
+                          quota_kinds[k]);
+            quota_secs(r->b, l->reset_at_ms, r->now);
+        }
+    }
+    for (int w = 0; w < TG_QW__COUNT; w++) {
+        const tg_quota_window_t *win = &q->win[w];
+        if (r->part == 3 && win->used >= 0)
+            tg_buf_printf(r->b, "tollgate_account_quota_window_utilization{account=\"%lld\",window=\"%s\"} %.4f\n",
+                          id, quota_windows[w], win->used);
+        if (r->part == 4 && win->reset_at_ms > 0) {
+            tg_buf_printf(r->b, "tollgate_account_quota_window_reset_seconds{account=\"%lld\",window=\"%s\"} ", id,
+                          quota_windows[w]);
+            quota_secs(r->b, win->reset_at_ms, r->now);
+        }
+    }
+    if (r->part == 5)
+        tg_buf_printf(r->b, "tollgate_account_quota_age_seconds{account=\"%lld\"} %.3f\n", id,
+                      q->at_ms > 0 && r->now > q->at_ms ? (double)(r->now - q->at_ms) / 1000.0 : 0.0);
+}
+
+static void quota_gauges(const tg_health_t *h, tg_buf_t *b) {
+    static const char *const heads[6][2] = {
+        {"tollgate_account_quota_remaining", "What the account's provider last said is left, by kind."},
+        {"tollgate_account_quota_limit", "The limit the account's provider last stated, by kind."},
+        {"tollgate_account_quota_reset_seconds", "Seconds until that limit resets, as the provider said."},
+        {"tollgate_account_quota_window_utilization", "A subscription window's utilisation (0 to 1)."},
+        {"tollgate_account_quota_window_reset_seconds", "Seconds until that window resets."},
+        {"tollgate_account_quota_age_seconds", "How old this worker's figures for the account are."},
+    };
+    quota_render_t r = {.b = b, .now = (int64_t)tg_wall_ms()};
+    for (r.part = 0; r.part < 6; r.part++) {
+        tg_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", heads[r.part][0], heads[r.part][1], heads[r.part][0]);
+        tg_health_foreach(h, quota_entry, &r);
+    }
+}
+
 /* /healthz and /metrics: not access-logged (scraped and probed all day). */
 static void answer_ops(tg_request_t *req, tg_route_t route) {
     req->route = route;
@@ -46,6 +121,8 @@ static void answer_ops(tg_request_t *req, tg_route_t route) {
     tg_buf_init(&b);
     const tg_gateway_t *gw = req->worker->gw;
     tg_metrics_render(gw->metrics, gw->nworkers, &b);
+    if (req->worker->ctx && req->worker->ctx->health)
+        quota_gauges(req->worker->ctx->health, &b);
     tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
     tg_buf_free(&b);
 }

@@ -73,6 +73,12 @@ void tg_health_prefetch(const tg_health_t *h, int64_t id) { __builtin_prefetch(&
 
 size_t tg_health_count(const tg_health_t *h) { return h->count; }
 
+void tg_health_foreach(const tg_health_t *h, void (*fn)(const tg_health_entry_t *e, void *ud), void *ud) {
+    for (size_t i = 0; h && i < h->cap; i++)
+        if (h->slots[i].account_id)
+            fn(&h->slots[i], ud);
+}
+
 int tg_health_available(tg_health_entry_t *e, int64_t now_ms) {
     if (e->cooldown_until_ms > now_ms)
         return 0;
