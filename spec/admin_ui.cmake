@@ -48,3 +48,13 @@ set_tests_properties(browser.console PROPERTIES
 # Issue "console" (label `console`): the admin API behind the console's account work
 # (validation on write, an account's "problem", POST accounts/{id}/test, hostile bodies).
 tg_services_test(console_admin ${CMAKE_CURRENT_SOURCE_DIR}/integration/console_admin.test.mjs "console;admin-ui;integration" 120)
+
+# Issue "budgets" (#24, items 4 and 5): spec/browser/budgets_console.test.mjs — the Budgets
+# page (create with a field error, spend after a billed request, detail with alerts, edit,
+# delete) and a key's budgets, in Chromium against a billed gateway.
+add_test(NAME browser.budgets_console
+  COMMAND sh -c "${tg_ui_skip_unbuilt}; if [ ! -x /usr/bin/chromium ]; then echo 'skipped: no /usr/bin/chromium (spec/install-deps.sh installs it)'; exit 77; fi; if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+          ${TG_NODE} ${tg_ui_dir}/budgets_console.test.mjs)
+set_tests_properties(browser.budgets_console PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
+  LABELS "budgets;admin-ui;browser" TIMEOUT 120 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)

@@ -7,6 +7,7 @@ import { useEffect, useState } from 'preact/hooks';
 import { login, logout, resumeSession, setSessionLostHandler } from './api.js';
 import { Empty, ErrorBox, PageHead, Spinner } from './components.jsx';
 import { Accounts } from './pages/accounts.jsx';
+import { Budgets } from './pages/budgets.jsx';
 import { Capacity } from './pages/capacity.jsx';
 import { Dashboard } from './pages/dashboard.jsx';
 import { Groups } from './pages/groups.jsx';
@@ -23,6 +24,7 @@ const PAGES = [
   { path: 'dashboard', label: 'Dashboard', component: Dashboard },
   { path: 'tenants', label: 'Tenants', component: Tenants },
   { path: 'keys', label: 'Keys', component: Keys },
+  { path: 'budgets', label: 'Budgets', component: Budgets },
   { path: 'groups', label: 'Groups', component: Groups },
   { path: 'accounts', label: 'Accounts', component: Accounts },
   { path: 'prices', label: 'Prices', component: Prices },

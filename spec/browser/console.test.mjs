@@ -564,7 +564,7 @@ test('keyboard and accessibility: skip link, focus trapped in dialogs and given 
 
   // axe-core on every page and on a dialog: no serious or critical violation.
   const found = {};
-  for (const label of ['Dashboard', 'Tenants', 'Keys', 'Groups', 'Accounts', 'Prices', 'Plugins', 'Usage', 'Ledger', 'Capacity']) {
+  for (const label of ['Dashboard', 'Tenants', 'Keys', 'Budgets', 'Groups', 'Accounts', 'Prices', 'Plugins', 'Usage', 'Ledger', 'Capacity']) {
     await go(label);
     await page.locator('.spinner').first().waitFor({ state: 'detached' });
     const v = await axeSerious();

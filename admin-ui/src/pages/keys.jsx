@@ -21,6 +21,55 @@ import {
 } from '../components.jsx';
 import { money, num, optDecimal, optInt, splitList, when } from '../format.js';
 import { navigate, queryParams } from '../router.js';
+import { budgetScope, periodText, RemainingCell, ResetCell, SpendCell } from './budgets.jsx';
+
+/** Every periodic budget that applies to a key (its own, its user's, its tenant's), as
+ *  GET /keys/{id} lists them, with this period's spend, what remains and the reset. */
+function KeyBudgets({ k, onClose }) {
+  const got = useLoad(() => api.get(`/keys/${k.id}`), [k.id]);
+  const budgets = got.data?.budgets || [];
+  return (
+    <Modal title={`Budgets of key ${k.prefix}…`} onClose={onClose} wide>
+      <p class="hint">A request with this key is admitted only if it fits every budget below, beside the key's own lifetime budget and the tenant's balance.</p>
+      <ErrorBox error={got.error} onRetry={got.reload} />
+      {got.loading && !got.data ? (
+        <Spinner label="Loading budgets…" />
+      ) : (
+        <div data-testid="key-budgets">
+          <Table
+            columns={[
+              {
+                key: 'name',
+                label: 'name',
+                render: (b) => (
+                  <a href={`/admin/budgets?id=${b.id}`} onClick={(e) => (e.preventDefault(), navigate(`budgets?id=${b.id}`))}>
+                    {b.name}
+                  </a>
+                ),
+              },
+              { key: 'scope', label: 'of the', render: (b) => <Badge>{budgetScope(b)}</Badge> },
+              { key: 'period', label: 'period', render: periodText },
+              { key: 'amount', label: 'amount', num: true, render: (b) => money(b.amount) },
+              { key: 'spend', label: 'spend this period', num: true, render: (b) => <SpendCell b={b} /> },
+              { key: 'remaining', label: 'remaining', num: true, render: (b) => <RemainingCell b={b} /> },
+              { key: 'resets', label: 'resets', render: (b) => <ResetCell b={b} /> },
+            ]}
+            rows={budgets}
+            empty={!got.error && <Empty title="No periodic budget applies to this key.">Neither the key, its user nor its tenant has one.</Empty>}
+          />
+        </div>
+      )}
+      <div class="form-actions">
+        <button type="button" class="primary" onClick={() => navigate(`budgets?key_id=${k.id}`)}>
+          Budgets page
+        </button>
+        <button type="button" onClick={onClose}>
+          Close
+        </button>
+      </div>
+    </Modal>
+  );
+}
 
 function limitsBody(v) {
   const body = {
@@ -110,6 +159,7 @@ export function Keys() {
   const [created, setCreated] = useState(null);
   const [editing, setEditing] = useState(null);
   const [confirm, setConfirm] = useState(null);
+  const [budgetsOf, setBudgetsOf] = useState(null);
 
   const tenants = refs.data?.tenants || [];
   const groups = refs.data?.groups || [];
@@ -168,6 +218,9 @@ export function Keys() {
           </button>
           <button type="button" class="small" onClick={() => navigate(`usage?key_id=${k.id}`)}>
             Usage
+          </button>
+          <button type="button" class="small" onClick={() => setBudgetsOf(k)}>
+            Budgets
           </button>
           {k.status === 'active' && (
             <button
@@ -320,6 +373,7 @@ export function Keys() {
           </Form>
         </Modal>
       )}
+      {budgetsOf && <KeyBudgets k={budgetsOf} onClose={() => setBudgetsOf(null)} />}
       {confirm && (
         <Confirm
           title={confirm.title}
