@@ -151,6 +151,9 @@ test('a key budget: created in the console, a bad time zone refused at its field
   const spendText = await cell(r, 'spend');
   assert.ok(spendText.startsWith(`$${Number(cost).toFixed(10).replace(/0+$/, '')}`), `spend cell "${spendText}" for cost ${cost}`);
   assert.ok(!spendText.startsWith('$0.00 '), spendText);
+  // The alert shows in the list: the highest threshold this period reached.
+  assert.equal(await cell(r, 'alerts'), '1% reached');
+  assert.equal(await cell(row('acme-monthly'), 'alerts'), 'none');
   assert.deepEqual(await axeSerious(), [], 'axe-core on the list');
 
   // The detail: this period, the period's spend, the alert with its threshold and delivery.

@@ -586,7 +586,7 @@ test('keyboard and accessibility: skip link, focus trapped in dialogs and given 
 
 test('a phone (375 px): every page usable — menu, no sideways page scroll, tables scroll with the name held, actions reachable', async () => {
   await page.setViewportSize({ width: 375, height: 740 });
-  const pages = ['Dashboard', 'Tenants', 'Keys', 'Groups', 'Accounts', 'Prices', 'Plugins', 'Usage', 'Ledger', 'Capacity'];
+  const pages = ['Dashboard', 'Tenants', 'Keys', 'Budgets', 'Groups', 'Accounts', 'Prices', 'Plugins', 'Usage', 'Ledger', 'Capacity'];
   for (const label of pages) {
     // The navigation is folded behind a menu button.
     const links = page.locator('nav.side').getByRole('link', { name: label, exact: true });

@@ -48,6 +48,20 @@ export function ResetCell({ b }) {
   return <span title={when(at)}>{when(at)} <span class="muted">({ago(at)})</span></span>;
 }
 
+/** The highest threshold reached this period (its alert's delivery on hover), or none. */
+export function AlertsCell({ b }) {
+  const now = (b.alerts || []).filter((a) => b.current && Date.parse(a.period_start) === Date.parse(b.current.start));
+  if (!b.alerts || !b.current) return <span class="muted">—</span>;
+  if (!now.length) return <span class="muted">none</span>;
+  const top = now.reduce((x, y) => (y.threshold > x.threshold ? y : x));
+  const failed = now.some((a) => a.state === 'failed');
+  return (
+    <Badge kind={top.threshold >= 100 ? 'bad' : 'warn'} title={now.map((a) => `${a.threshold}%: ${a.state.replace('_', ' ')}`).join(', ')}>
+      {top.threshold}% reached{failed ? ' · delivery failed' : ''}
+    </Badge>
+  );
+}
+
 /** The fields both forms send: amount, period, hours, zone, thresholds, webhook. Values
  *  the gateway must judge are sent as typed, so its message is the one shown. */
 function budgetBody(v, { create }) {
@@ -278,6 +292,7 @@ export function Budgets() {
     { key: 'spend', label: 'spend this period', num: true, render: (b) => <SpendCell b={b} /> },
     { key: 'remaining', label: 'remaining', num: true, render: (b) => <RemainingCell b={b} /> },
     { key: 'resets', label: 'resets', render: (b) => <ResetCell b={b} /> },
+    { key: 'alerts', label: 'alerts this period', render: (b) => <AlertsCell b={b} /> },
     {
       key: 'actions',
       label: '',
