@@ -268,11 +268,7 @@ static void kput(char *k, size_t *n, const char *s, size_t len) {
 
 static void kput_i64(char *k, size_t *n, int64_t v) {
     char d[24];
-    size_t m = 0;
-    if (v < 0)
-        d[m++] = '-';
-    m += tg_fmt_u64(d + m, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
-    kput(k, n, d, m);
+    kput(k, n, d, tg__fmt_i64(d, v));
 }
 
 void tg__billing_hold_keys(char keys[4][128], char field[96], int64_t tenant, int64_t key, const char *id, int attempt) {
@@ -574,9 +570,3 @@ void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t
     tg__billing_hold_return(b, tenant_id, key_id, request_id, attempt, 0);
 }
 
-json_t *tg__billing_budgets_json(const tg_budget_use_t *u, int n) {
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++)
-        json_array_append_new(a, json_pack("[I,I]", (json_int_t)u[i].id, (json_int_t)u[i].start));
-    return a;
-}

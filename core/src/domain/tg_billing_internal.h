@@ -42,6 +42,14 @@ typedef struct {
     int64_t tenant_id, key_id, release_cost, unheld_cost;
 } tg__elem_t;
 
+/** Writes v in decimal, with its sign, to out (room for 20 bytes); returns its length. */
+static inline size_t tg__fmt_i64(char *out, int64_t v) {
+    size_t m = 0;
+    if (v < 0)
+        out[m++] = '-';
+    return m + tg_fmt_u64(out + m, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
+}
+
 /** Appends v in decimal, with its sign. */
 static inline void tg__buf_i64(tg_buf_t *b, int64_t v) {
     if (v < 0) {
@@ -110,7 +118,6 @@ size_t tg__billing_attempt_holds(const tg_settlement_t *s, int64_t cost_last, tg
 void tg__billing_holds_return(tg_billing_t *b, tg__hold_t *h, size_t n);
 
 /** [[budget id, period start], ...]: the periods a settlement counts in (new reference). */
-json_t *tg__billing_budgets_json(const tg_budget_use_t *u, int n);
 
 /* ---- the settlement batcher and the spool (tg_billing_settle.c) ---- */
 

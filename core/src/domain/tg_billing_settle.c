@@ -524,11 +524,7 @@ static void fp_put(char *out, size_t cap, size_t *n, const char *p, size_t len) 
 
 static void fp_i64(char *out, size_t cap, size_t *n, int64_t v) {
     char d[24];
-    size_t m = 0;
-    if (v < 0)
-        d[m++] = '-';
-    m += tg_fmt_u64(d + m, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
-    fp_put(out, cap, n, d, m);
+    fp_put(out, cap, n, d, tg__fmt_i64(d, v));
 }
 
 /* The fingerprint's source, "key|model|input|output|cache_read|cache_write|reasoning|cost"
