@@ -12,7 +12,9 @@
  *     chat's [DONE], Anthropic and Responses events named after their "type") and
  *     nothing follows its end;
  *   - the usage the translator reports is the fold of tg_usage_merge_json over the
- *     same events, and the fast usage reader agrees with the full parse on each event.
+ *     same events (every one: an error event's, an unreadable one's, one after the
+ *     end, as the proxy bills them), and the fast usage reader agrees with the full
+ *     parse on each event both can read.
  */
 #include "tollgate/tg_usage.h"
 
@@ -31,10 +33,10 @@ static void feed_cb(void *ud, const char *event, size_t elen, const char *data, 
     tg_usage_t fast = r->usage, full = r->usage;
     int a = tg_usage_merge_json(&fast, TG_PROTO_GEMINI, data, dlen);
     int b = tg_usage_merge_json_full(&full, TG_PROTO_GEMINI, data, dlen);
-    if (a != TG_ERROR && b != TG_ERROR) {
+    if (a != TG_ERROR && b != TG_ERROR)
         check(a == b && !memcmp(&fast, &full, sizeof(fast)), "the usage scan and the full parse disagree");
+    if (a != TG_ERROR) /* what the proxy bills: the fast reader's fold */
         r->usage = fast;
-    }
 }
 
 static void run(run_t *r, int to, int flags, const char *s, size_t n, size_t split) {

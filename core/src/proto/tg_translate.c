@@ -691,10 +691,14 @@ static void passthrough(const char *event, size_t elen, const char *data, size_t
 
 void tg_xlate_event(tg_xlate_t *x, const char *event, size_t elen, const char *data, size_t dlen,
                     tg_buf_t *out) {
-    if (x->ended)
-        return;
     if (!data)
         data = "", dlen = 0;
+    /* Gemini's usage is the fold over every event, as the proxy bills it: also an
+     * error event's, one the translator cannot read, and one after the end. */
+    if (x->from == TG_PROTO_GEMINI)
+        tg__x_usage(x, data, dlen);
+    if (x->ended)
+        return;
     if (!x->enc) {
         tg__x_usage(x, data, dlen);
         passthrough(event ? event : "", event ? elen : 0, data, dlen, out);

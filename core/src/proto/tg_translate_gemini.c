@@ -283,7 +283,7 @@ void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t d
                     tg__str(e, "message"), out);
         return;
     }
-    tg__x_usage(x, data, dlen);
+    (void)data, (void)dlen; /* usage: folded by tg_xlate_event over every event */
     tg__x_meta(x, tg__str(doc, "responseId"), tg__str(doc, "modelVersion"), 0);
     tg__x_start(x, out);
     json_t *parts = json_object_get(json_object_get(json_array_get(json_object_get(doc, "candidates"), 0), "content"),
