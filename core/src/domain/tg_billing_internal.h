@@ -117,8 +117,6 @@ size_t tg__billing_attempt_holds(const tg_settlement_t *s, int64_t cost_last, tg
 /** Gives back n holds (reordered: by tenant), one settle.lua call per tenant. */
 void tg__billing_holds_return(tg_billing_t *b, tg__hold_t *h, size_t n);
 
-/** [[budget id, period start], ...]: the periods a settlement counts in (new reference). */
-
 /* ---- the settlement batcher and the spool (tg_billing_settle.c) ---- */
 
 /** Queues an element (owned) for the next batch to Postgres. */
