@@ -16,6 +16,9 @@
 //   (d) a gateway killed (-9) mid-stream: `tollgate ledger reconcile` settles its hold
 //       exactly once and gives it back; ledger verify clean. (d2) the same when the hold's
 //       row never reached Postgres: `ledger reconcile` finds it in the Redis holds index.
+//   (e) a request settled in Postgres whose hold was never given back (its gateway died
+//       between the commit and the release): `ledger reconcile` gives it back once, the
+//       actual cost kept.
 //
 // A private Redis: the test flushes it, and the reconciler lock is deployment-wide.
 
@@ -298,6 +301,42 @@ test('(d2) a gateway killed before its hold\'s row reached Postgres: `ledger rec
     assert.equal(live.reserved, 0n, 'the hold was given back');
     assert.equal(live.avail, m.balance);
     assert.deepEqual(await holdsIndex(bill), {}, 'no hold left in Redis');
+    await verifyLedger(bill);
+  } finally {
+    await bill.db.drop();
+  }
+});
+
+test('(e) a settled request whose hold is still in Redis: `ledger reconcile` gives it back once', async () => {
+  const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
+  try {
+    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    const body = chatBody('settled, its hold kept [mock chunks=2]', { maxTokens: 1000 });
+    const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
+    const r = await chat(gw, bill.key, body);
+    assert.equal(r.status, 200, r.text);
+    const id = r.headers['x-request-id'];
+    const row = await waitUsageRow(bill, id);
+    await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the hold given back' });
+    await gw.stop();
+    const settled = await liveMoney(bill);
+    // The state a gateway killed between its batch's commit and the release leaves: the
+    // hold (reservation, index entry) and the balance as the admission left them.
+    const T = `{t:${bill.tenantId}}`;
+    await redisCli(bill.redis, 'SET', `${T}:res:${id}:1`, String(R));
+    await redisCli(bill.redis, 'HSET', `${T}:holds`, `${id}:1`, `${bill.keyId}|dead-gateway|${Date.now() - 60000}|${R}|mock-gpt`);
+    await redisCli(bill.redis, 'HINCRBY', `${T}:money`, 'avail', String(-(R - row.cost)));
+    await redisCli(bill.redis, 'HINCRBY', `${T}:money`, 'reserved', String(R));
+
+    const rec = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
+    assert.equal(rec.code, 0, rec.stdout + rec.stderr);
+    assert.deepEqual(await liveMoney(bill), settled, 'the hold given back: the balance less the actual cost only');
+    assert.deepEqual(await holdsIndex(bill), {}, 'no hold left in Redis');
+    assert.equal(await redisCli(bill.redis, 'EXISTS', `${T}:res:${id}:1`), '0');
+    const again = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
+    assert.equal(again.code, 0, again.stderr);
+    assert.deepEqual(await liveMoney(bill), settled, 'given back once');
+    assert.equal((await usageRows(bill, id)).length, 1, 'billed exactly once');
     await verifyLedger(bill);
   } finally {
     await bill.db.drop();

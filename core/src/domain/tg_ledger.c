@@ -150,8 +150,10 @@ static void ledger_hold_return(redisContext *rc, int64_t tenant, int64_t key, co
     char keys[4][128], field[96], amt[24];
     tg__billing_hold_keys(keys, field, tenant, key, rid, att);
     snprintf(amt, sizeof(amt), "%lld", (long long)actual);
-    redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0], keys[1],
-                                   keys[2], keys[3], amt, field);
+    /* settle.lua's layout: money, holds, then the hold's reservation and key budget
+     * (tg__billing_hold_keys writes money, reservation, key budget, holds). */
+    redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0], keys[3],
+                                   keys[1], keys[2], amt, field);
     if (rep)
         freeReplyObject(rep);
 }
