@@ -127,6 +127,10 @@ return {
     watch = true,               -- reload when a file in these folders changes
     max_instructions = 0,       -- a deterministic instruction budget per hook call (0 = off; else >= 1000)
     max_hook_ms = 50,           -- CPU time one hook call may use (a watchdog)
+    -- The policy workbench's folder (plugins/README.md, "The policy workbench"): the
+    -- gateway writes the policies stored in Postgres here and searches it after dirs.
+    -- Give each instance its own (no shared disk). Default: none (the workbench is off).
+    -- store = "var/policies",
     -- The capture of live policy decisions, for `tollgate policy test --compare`
     -- (plugins/README.md, "Changing a live router safely"). Default: off.
     -- capture = {

@@ -89,7 +89,8 @@ before(async () => {
   db = await createDb();
   // The capture of live decisions on, so its download has something to answer.
   const capture = { rate: 1, file: path.join(tempDir('capture'), 'capture.jsonl') };
-  gw = await startStateGateway(db, { plugins: { capture } }, { mock, billing: true });
+  // The policy workbench's store on, so its operations answer.
+  gw = await startStateGateway(db, { plugins: { capture, store: path.join(tempDir('store'), 'policies') } }, { mock, billing: true });
   admin = adminClient(gw);
 });
 
@@ -169,6 +170,20 @@ test('every answer of the live admin API validates against its operation in the 
   const policy = 'return { name = "ok-policy", priority = 1, version = "1.0.0", price = function(ctx) ctx:set_cost(1) end }';
   assert.equal((await call('POST', '/plugins/validate', { name: 'ok-policy', source: policy })).status, 200);
   assert.equal((await call('POST', '/plugins/validate', { name: 'ok-policy', source: 'return {' })).status, 422);
+  // The policy workbench: upload, read, replay the capture, shadow, promote, roll back, the audit list.
+  assert.equal((await call('PUT', '/policies/ok-policy', { source: policy, config: {} })).status, 200);
+  assert.equal((await call('PUT', '/policies/ok-policy', { source: 'return {' })).status, 422);
+  assert.equal((await call('PUT', '/policies/ok-policy', { source: policy, config: {} })).status, 409);
+  for (const p of ['/policies', '/policies/ok-policy', '/policy-audit', '/policy-audit?name=ok-policy&limit=5']) {
+    assert.equal((await call('GET', p)).status, 200, p);
+  }
+  assert.equal((await call('GET', '/policies/nope')).status, 404);
+  assert.equal((await call('POST', '/policies/ok-policy/replay', {})).status, 200);
+  assert.equal((await call('POST', '/policies/ok-policy/shadow', { group_id: g.id, sample: 0.5 })).status, 200);
+  assert.equal((await call('POST', '/policies/ok-policy/promote', { group_id: g.id })).status, 200);
+  assert.equal((await call('POST', '/policies/ok-policy/promote', {})).status, 200);
+  assert.equal((await call('POST', '/policies/ok-policy/rollback')).status, 200);
+  assert.equal((await call('POST', '/policies/ok-policy/shadow', { group_id: 99999999 })).status, 404);
 
   // Errors, each in its documented shape.
   assert.equal((await call('GET', '/tenants', undefined, { token: null })).status, 401);
@@ -198,7 +213,7 @@ test('every answer of the live admin API validates against its operation in the 
   // Every operation of the spec was called with success.
   const missed = [];
   for (const [tmpl, item] of Object.entries(doc.paths)) {
-    for (const m of ['get', 'post', 'patch', 'delete']) {
+    for (const m of ['get', 'post', 'put', 'patch', 'delete']) {
       if (item[m] && ![...seen].some((s) => s.startsWith(`${m.toUpperCase()} ${tmpl} 2`))) missed.push(`${m.toUpperCase()} ${tmpl}`);
     }
   }

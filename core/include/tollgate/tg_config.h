@@ -76,6 +76,8 @@ typedef struct {
     long max_instructions;   /* per hook call, Lua VM instructions; 0 = not counted (default) */
     int max_hook_ms;         /* per hook call, wall clock, enforced by a watchdog (default 50) */
     tg_capture_config_t capture; /* `capture = {...}` (off unless rate > 0 somewhere) */
+    char *store;             /* the policy workbench's folder (policies from Postgres), the gateway's
+                                own; also the last of dirs. NULL: no workbench */
 } tg_plugins_config_t;
 
 /**

@@ -172,6 +172,32 @@ int tg_plugins_validate_config(const tg_plugins_config_t *cfg, const char *name,
 int tg_plugins_validate_group(const tg_plugins_config_t *cfg, const char *json, size_t len, char *err,
                               size_t errlen);
 
+/** tg_plugins_request_reload with the trigger the status shows ("store": the workbench). */
+long tg_plugins_reload_trigger(const char *trigger, char *err, size_t errlen);
+
+/* ---- the policy workbench's store (app/tg_policy_store.c); any thread ------------- */
+
+/**
+ * Sets the policies live for every request (the workbench's "promote for all"): the
+ * next reload runs them after the config file's enabled list (a name the list has is
+ * skipped). Copies e[0..n).
+ */
+void tg_plugins_set_fleet(const tg_plugin_enable_t *e, size_t n);
+/** Validates the config file's list plus e[0..n) as a reload would, publishing nothing.
+ *  TG_OK, or TG_ERROR + err. Blocks for at most a few max_hook_ms per plugin. */
+int tg_plugins_check_fleet(const tg_plugin_enable_t *e, size_t n, char *err, size_t errlen);
+/** A JSON object (config) as a Lua table constructor in *out (malloc'd). TG_OK, or
+ *  TG_ERROR + err ("config: expected an object", depth and size bounded). */
+int tg_plugins_config_to_lua(const char *json, size_t len, char **out, char *err, size_t errlen);
+/** 1 when plugin `name` is found in a folder of plugins.dirs other than plugins.store. */
+int tg_plugins_is_shipped(const char *name);
+/** Every plugin the current generation was read from (enabled and the catalog): a JSON
+ *  array of {name, kind: plugin | policy | stored, shipped, file, enabled, version?}. */
+char *tg_plugins_catalog_json(void);
+/** Plugin `name`'s files as the current generation read them, as a JSON object
+ *  {name, shipped, file, source, schema_file?, schema_source?}; NULL when unknown. */
+char *tg_plugins_source_json(const char *name);
+
 /** The largest policy source tg_plugins_validate_source accepts. */
 #define TG_POLICY_SOURCE_MAX (256u * 1024)
 

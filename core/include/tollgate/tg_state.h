@@ -95,6 +95,9 @@ void tg_state_publish_accounts(tg_state_t *st);
 /** Registers a function called after every full invalidation (e.g. to reload the
  *  account snapshot). Up to 8 listeners. */
 void tg_state_on_invalidate(tg_state_t *st, void (*fn)(void *ud), void *ud);
+/** Registers the function called for a "policies:<N>" message (the policy workbench's
+ *  change N is in Postgres); without one such a message drops the whole key cache. */
+void tg_state_on_policies(tg_state_t *st, void (*fn)(void *ud, uint64_t seq), void *ud);
 /** Publishes an invalidation to every instance (and applies it locally at once). */
 void tg_state_publish_invalidation(tg_state_t *st, const char *what);
 

@@ -18,6 +18,7 @@
 #include "tollgate/tg_health.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_policy_store.h"
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_state.h"
 #include "tollgate/tg_upstream.h"
@@ -33,6 +34,7 @@ struct tg_worker_ctx_s {
     tg_billing_t *billing;    /* metering (billing on, Postgres and Redis), else NULL */
     tg_health_t *health;      /* per-account EWMAs, cooldowns, trials */
     tg_proxy_worker_t *proxy; /* the pipeline's own: scripts, the key hash, spare requests */
+    tg_policy_store_t *policies; /* the workbench's store (plugins.store and Postgres), else NULL */
 };
 
 /** {worker_init, worker_close, flush, handle}: this module's three, and tg_router_handle. */

@@ -11,6 +11,7 @@
 #include "tollgate/tg_admin.h"
 #include "tollgate/tg_admin_accounts.h"
 #include "tollgate/tg_admin_errors.h"
+#include "tollgate/tg_admin_policies.h"
 
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -57,7 +58,11 @@ const char *const tg_admin_routes[] = {
     "GET /admin/api/v1/plugins/capture/download", "POST /admin/api/v1/plugins/validate",
     "GET /admin/api/v1/budgets",          "POST /admin/api/v1/budgets",
     "GET /admin/api/v1/budgets/{id}",     "PATCH /admin/api/v1/budgets/{id}",
-    "DELETE /admin/api/v1/budgets/{id}",  NULL,
+    "DELETE /admin/api/v1/budgets/{id}",  "GET /admin/api/v1/policies",
+    "GET /admin/api/v1/policies/{name}",  "PUT /admin/api/v1/policies/{name}",
+    "POST /admin/api/v1/policies/{name}/replay", "POST /admin/api/v1/policies/{name}/shadow",
+    "POST /admin/api/v1/policies/{name}/promote", "POST /admin/api/v1/policies/{name}/rollback",
+    "GET /admin/api/v1/policy-audit",     NULL,
 };
 
 /* ---- request context ----------------------------------------------------------------- */
@@ -73,6 +78,7 @@ typedef struct {
     char *account_groups; /* JSON array text of group ids to set after an account write */
     tg_acctest_t *test;   /* an account test in progress (tg_admin_accounts.c) */
     tg_redis_req_t *holds_q; /* a key delete's look at the holds in Redis */
+    tg_polreq_t *pol;        /* a policy workbench request (tg_admin_policies.c) */
     char key_id[24];
     char path[256];
 } actx_t;
@@ -81,6 +87,7 @@ enum { K_ROWS, K_ONE, K_CREATED, K_DELETED, K_PLAIN };
 
 static void actx_free(actx_t *a) {
     tg_acctest_abort(a->test);
+    tg_admin_policies_abort(a->pol);
     free(a->account_groups);
     free(a);
 }
@@ -95,8 +102,10 @@ static void admin_abort(tg_request_t *req) {
         tg_redis_cancel(a->holds_q);
         a->holds_q = NULL;
     }
-    if (a)
+    if (a) {
         tg_acctest_abort(a->test);
+        tg_admin_policies_abort(a->pol);
+    }
 }
 
 static void admin_finish(tg_request_t *req, int aborted) {
@@ -1022,6 +1031,10 @@ void tg_admin_handle(tg_request_t *req, const char *path, const char *query) {
         } else {
             reply_error(req, 404, "not_found", "unknown admin route");
         }
+        return;
+    }
+    if (!strcmp(seg[0], "policies") || !strcmp(seg[0], "policy-audit")) {
+        tg_admin_policies_handle(req, m, seg, nseg, query, &a->pol);
         return;
     }
     if (!strcmp(seg[0], "ledger")) {

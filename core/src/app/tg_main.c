@@ -11,6 +11,7 @@
 #include "tollgate/tg_billing.h"
 #include "tollgate/tg_budgets.h"
 #include "tollgate/tg_capture.h"
+#include "tollgate/tg_policy_store.h"
 #include "tollgate/tg_config.h"
 #include "tollgate/tg_db.h"
 #include "tollgate/tg_mock.h"
@@ -298,6 +299,12 @@ int main(int argc, char **argv) {
                 printf("config ok: listen %s:%d, upstream %s\n", cfg.listen_host, cfg.listen_port, cfg.upstream.url);
             tg_config_free(&cfg);
             return rc ? 2 : 0;
+        }
+        /* The workbench's stored policies into plugins.store first: the runtime loads them. */
+        if (tg_policy_store_boot(&cfg, err, sizeof(err)) != TG_OK) {
+            fprintf(stderr, "%s\n", err);
+            tg_config_free(&cfg);
+            return 2;
         }
         if (tg_plugins_global_init(&cfg.plugins, err, sizeof(err)) != TG_OK) {
             fprintf(stderr, "%s\n", err);

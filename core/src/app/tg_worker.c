@@ -63,6 +63,7 @@ static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     tg_redis_metrics(&w->metrics, tg_state_redis(wc->state));
     tg_plugins_metrics(&w->metrics, wc->plugins);
     wc->proxy = tg_proxy_worker_create(wc);
+    wc->policies = tg_policy_store_create(&w->loop, wc->state, cfg, w->index);
     w->ctx = wc;
     if (!wc->plugins) {
         snprintf(errbuf, errlen, "worker %d: the plugin runtime could not be built, refusing to serve without its "
@@ -82,6 +83,7 @@ static void worker_close(tg_worker_t *w) {
     tg_billing_drain(wc->billing, &w->loop, 3000);
     tg_upstream_destroy(wc->upstream);
     tg_accounts_destroy(wc->accounts); /* cancels the account loader's query */
+    tg_policy_store_destroy(wc->policies);
     if (wc->plugins)
         tg_plugins_destroy(wc->plugins);
     tg_state_destroy(wc->state);

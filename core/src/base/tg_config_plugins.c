@@ -66,6 +66,7 @@ void tg_plugins_config_free(tg_plugins_config_t *cfg) {
         free(cfg->enabled[i].config_lua);
     }
     free(cfg->enabled);
+    free(cfg->store);
     capture_free(&cfg->capture);
     memset(cfg, 0, sizeof(*cfg));
 }
@@ -372,7 +373,7 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
         lua_pop(L, 1);
         const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
         static const char *const keys[] = {"dirs",        "enabled", "watch", "max_instructions",
-                                           "max_hook_ms", "capture", NULL};
+                                           "max_hook_ms", "capture", "store",   NULL};
         int ok = 0;
         for (const char *const *a = keys; *a; a++)
             ok |= strcmp(*a, k) == 0;
@@ -449,6 +450,28 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
     lua_getfield(L, t, "capture");
     if (!lua_isnil(L, -1))
         rc = parse_capture(L, lua_gettop(L), &out->capture, err, errlen);
+    lua_pop(L, 1);
+    if (rc)
+        goto done;
+    /* The workbench's folder: written by the gateway from Postgres, searched last. */
+    lua_getfield(L, t, "store");
+    if (!lua_isnil(L, -1)) {
+        size_t n = 0;
+        const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : NULL;
+        if (!s || !n || n > 1024) {
+            rc = tg_err_at(err, errlen, "config: ", "plugins.store", "expected a folder name (a string)");
+        } else {
+            out->store = strdup(s);
+            int listed = 0;
+            for (size_t i = 0; i < out->ndirs; i++)
+                listed |= !strcmp(out->dirs[i], s);
+            if (!listed) {
+                out->dirs = realloc(out->dirs, (out->ndirs + 2) * sizeof(char *));
+                out->dirs[out->ndirs++] = strdup(s);
+                out->dirs[out->ndirs] = NULL;
+            }
+        }
+    }
     lua_pop(L, 1);
 done:
     if (rc)

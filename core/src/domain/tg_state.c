@@ -54,6 +54,8 @@ struct tg_state_s {
     void (*listeners[8])(void *ud);
     void *listener_ud[8];
     int nlisteners;
+    void (*policies_fn)(void *ud, uint64_t seq);
+    void *policies_ud;
 };
 
 static const char AUTH_SQL[] =
@@ -165,6 +167,13 @@ static void on_invalidate_msg(void *ud, const char *msg, size_t len) {
     } else if (len == 8 && !memcmp(msg, "accounts", 8)) {
         for (int i = 0; i < st->nlisteners; i++)
             st->listeners[i](st->listener_ud[i]);
+    } else if (len > 9 && len < 30 && !memcmp(msg, "policies:", 9) && st->policies_fn) {
+        /* The workbench's stores hold change N (tg_policy_store.h): the listener syncs,
+         * then drops the key cache, whose group settings may name what it wrote. */
+        char num[32];
+        memcpy(num, msg + 9, len - 9);
+        num[len - 9] = '\0';
+        st->policies_fn(st->policies_ud, strtoull(num, NULL, 10));
     } else if (len == 68 && strncmp(msg, "key:", 4) == 0) {
         char hex[65];
         memcpy(hex, msg + 4, 64);
@@ -251,6 +260,11 @@ void tg_state_on_invalidate(tg_state_t *st, void (*fn)(void *ud), void *ud) {
         st->listeners[st->nlisteners] = fn;
         st->listener_ud[st->nlisteners++] = ud;
     }
+}
+
+void tg_state_on_policies(tg_state_t *st, void (*fn)(void *ud, uint64_t seq), void *ud) {
+    st->policies_fn = fn;
+    st->policies_ud = ud;
 }
 
 void tg_state_publish_accounts(tg_state_t *st) {

@@ -26,6 +26,7 @@
 static void config_copy(tg_plugins_config_t *dst, const tg_plugins_config_t *src) {
     *dst = *src;
     memset(&dst->capture, 0, sizeof(dst->capture)); /* the recorder's (tg_capture.c), not the runtime's */
+    dst->store = src->store ? strdup(src->store) : NULL;
     dst->dirs = calloc(src->ndirs + 1, sizeof(char *));
     for (size_t i = 0; i < src->ndirs; i++)
         dst->dirs[i] = strdup(src->dirs[i]);
@@ -507,9 +508,55 @@ static void record(const char *trigger, int ok, uint64_t number, const char *err
     pthread_mutex_unlock(&mu);
 }
 
+/* The policies the workbench made live for every request (tg_plugins_set_fleet): run
+ * after the config file's list, as if it named them. Under mu. */
+static tg_plugin_enable_t *fleet;
+static size_t nfleet;
+
+static void enable_list_free(tg_plugin_enable_t *e, size_t n) {
+    for (size_t i = 0; e && i < n; i++) {
+        free(e[i].name);
+        free(e[i].config_lua);
+    }
+    free(e);
+}
+
+static tg_plugin_enable_t *enable_list_copy(const tg_plugin_enable_t *e, size_t n) {
+    tg_plugin_enable_t *c = calloc(n + 1, sizeof(*c));
+    for (size_t i = 0; i < n; i++) {
+        c[i].name = strdup(e[i].name);
+        c[i].config_lua = strdup(e[i].config_lua ? e[i].config_lua : "{}");
+    }
+    return c;
+}
+
+/* cfg with `extra` appended to its enabled list (names it has already are skipped):
+ * shares cfg's strings; free the result's `enabled` only. */
+static tg_plugins_config_t with_extra(const tg_plugins_config_t *cfg, const tg_plugin_enable_t *extra, size_t n) {
+    tg_plugins_config_t out = *cfg;
+    out.enabled = calloc(cfg->nenabled + n + 1, sizeof(*out.enabled));
+    memcpy(out.enabled, cfg->enabled, cfg->nenabled * sizeof(*out.enabled));
+    out.nenabled = cfg->nenabled;
+    for (size_t i = 0; i < n; i++) {
+        int dup = 0;
+        for (size_t k = 0; k < out.nenabled; k++)
+            dup |= !strcmp(out.enabled[k].name, extra[i].name);
+        if (!dup)
+            out.enabled[out.nenabled++] = extra[i];
+    }
+    return out;
+}
+
 /* Reads and validates; on success publishes as the next generation. */
 static long load_generation(const char *trigger, char *err, size_t errlen) {
-    tg_plugin_src_t *src = tg__plugin_src_read(&G.cfg, 1, err, errlen);
+    pthread_mutex_lock(&mu);
+    size_t nf = nfleet;
+    tg_plugin_enable_t *f = enable_list_copy(fleet, nf);
+    pthread_mutex_unlock(&mu);
+    tg_plugins_config_t cfg = with_extra(&G.cfg, f, nf);
+    tg_plugin_src_t *src = tg__plugin_src_read(&cfg, 1, err, errlen);
+    free(cfg.enabled);
+    enable_list_free(f, nf);
     if (!src || tg__plugins_validate(src, err, errlen) != TG_OK) {
         tg__plugin_src_unref(src);
         record(trigger, 0, 0, err);
@@ -541,6 +588,11 @@ int tg_plugins_global_init(const tg_plugins_config_t *cfg, char *err, size_t err
 }
 
 void tg_plugins_global_shutdown(void) {
+    pthread_mutex_lock(&mu);
+    enable_list_free(fleet, nfleet);
+    fleet = NULL;
+    nfleet = 0;
+    pthread_mutex_unlock(&mu);
     if (!G.inited)
         return;
     tg__plugin_src_unref(G.current);
@@ -562,6 +614,10 @@ long tg__plugins_reload(const char *trigger, char *err, size_t errlen) {
 }
 
 long tg_plugins_request_reload(char *err, size_t errlen) { return tg__plugins_reload("api", err, errlen); }
+
+long tg_plugins_reload_trigger(const char *trigger, char *err, size_t errlen) {
+    return tg__plugins_reload(trigger, err, errlen);
+}
 
 /* ---- status ------------------------------------------------------------------------- */
 
@@ -779,4 +835,118 @@ int tg_plugins_validate_source(const char *name, const char *source, size_t len,
     }
     tg__plugin_src_unref(src);
     return rc;
+}
+
+/* ---- the workbench's store (tg_policy_store.c) ---------------------------------------- */
+
+void tg_plugins_set_fleet(const tg_plugin_enable_t *e, size_t n) {
+    tg_plugin_enable_t *c = enable_list_copy(e, n);
+    pthread_mutex_lock(&mu);
+    enable_list_free(fleet, nfleet);
+    fleet = c;
+    nfleet = n;
+    pthread_mutex_unlock(&mu);
+}
+
+int tg_plugins_check_fleet(const tg_plugin_enable_t *e, size_t n, char *err, size_t errlen) {
+    if (!G.inited)
+        return tg_err_at(err, errlen, "", "plugins", "plugins are not initialised");
+    tg_plugins_config_t cfg = with_extra(&G.cfg, e, n);
+    tg_plugin_src_t *src = tg__plugin_src_read(&cfg, 0, err, errlen);
+    free(cfg.enabled);
+    int rc = src ? tg__plugins_validate(src, err, errlen) : TG_ERROR;
+    tg__plugin_src_unref(src);
+    return rc;
+}
+
+int tg_plugins_config_to_lua(const char *json, size_t len, char **out, char *err, size_t errlen) {
+    *out = NULL;
+    json_error_t jerr;
+    json_t *v = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(v)) {
+        json_decref(v);
+        return tg_err_at(err, errlen, "", "config", "expected an object");
+    }
+    tg_buf_t b;
+    tg_buf_init(&b);
+    int rc = json_to_lua(v, &b, "config", 0, err, errlen);
+    json_decref(v);
+    if (rc == TG_OK)
+        *out = strdup(b.data);
+    tg_buf_free(&b);
+    return rc;
+}
+
+/* The folder a plugin was read from is the store (the workbench's, not shipped). */
+static int in_store(const char *store, const char *file) {
+    size_t n = store ? strlen(store) : 0;
+    return n && !strncmp(file, store, n) && file[n] == '/' && !strchr(file + n + 1, '/');
+}
+
+int tg_plugins_is_shipped(const char *name) {
+    const tg_plugins_config_t *cfg = tg__plugins_global_cfg();
+    if (!cfg)
+        return 0;
+    tg_plugins_config_t other = *cfg;
+    other.ndirs = 0;
+    char **dirs = calloc(cfg->ndirs + 1, sizeof(char *));
+    for (size_t i = 0; i < cfg->ndirs; i++)
+        if (!cfg->store || strcmp(cfg->dirs[i], cfg->store))
+            dirs[other.ndirs++] = cfg->dirs[i];
+    other.dirs = dirs;
+    tg_plugin_src_plugin_t one = {0};
+    char err[512];
+    int found = src_plugin_read(&other, name, &one, err, sizeof(err)) == TG_OK;
+    src_plugin_free(&one);
+    free(dirs);
+    return found;
+}
+
+static void catalog_one(json_t *arr, const tg_plugin_src_plugin_t *p, const char *store, int enabled) {
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(p->name));
+    json_object_set_new(o, "kind", json_string(in_store(store, p->handler_file) ? "stored"
+                                               : p->schema_file ? "plugin" : "policy"));
+    json_object_set_new(o, "shipped", json_boolean(!in_store(store, p->handler_file)));
+    json_object_set_new(o, "file", json_string(p->handler_file));
+    json_object_set_new(o, "enabled", json_boolean(enabled));
+    if (p->version)
+        json_object_set_new(o, "version", json_string(p->version));
+    json_array_append_new(arr, o);
+}
+
+char *tg_plugins_catalog_json(void) {
+    tg_plugin_src_t *s = tg__plugins_current_src();
+    const tg_plugins_config_t *cfg = tg__plugins_global_cfg();
+    json_t *arr = json_array();
+    for (size_t i = 0; s && i < s->n; i++)
+        catalog_one(arr, &s->p[i], cfg ? cfg->store : NULL, 1);
+    for (size_t i = 0; s && i < s->ncat; i++)
+        catalog_one(arr, &s->cat[i], cfg ? cfg->store : NULL, 0);
+    tg__plugin_src_unref(s);
+    char *out = json_dumps(arr, JSON_COMPACT);
+    json_decref(arr);
+    return out;
+}
+
+char *tg_plugins_source_json(const char *name) {
+    tg_plugin_src_t *s = tg__plugins_current_src();
+    const tg_plugin_src_plugin_t *p = tg__plugin_src_find(s, name);
+    const tg_plugins_config_t *cfg = tg__plugins_global_cfg();
+    char *out = NULL;
+    if (p) {
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(p->name));
+        json_object_set_new(o, "shipped", json_boolean(!in_store(cfg ? cfg->store : NULL, p->handler_file)));
+        json_object_set_new(o, "file", json_string(p->handler_file));
+        json_object_set_new(o, "source", json_string(p->handler_src));
+        if (p->schema_file) {
+            json_object_set_new(o, "schema_file", json_string(p->schema_file));
+            json_object_set_new(o, "schema_source", json_string(p->schema_src));
+        }
+        out = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+    }
+    tg__plugin_src_unref(s);
+    return out;
 }
