@@ -15,3 +15,5 @@ add_executable(tg_providers_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/providers_be
 target_compile_options(tg_providers_bench PRIVATE ${TG_WARN})
 target_link_libraries(tg_providers_bench PRIVATE tollgate_core)
 set_target_properties(tg_providers_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+tg_services_test(providers_identity ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_identity.test.mjs
+  "providers;integration" 120)

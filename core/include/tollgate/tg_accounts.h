@@ -35,9 +35,11 @@ typedef struct {
     int concurrency;
     int active;
     int64_t cooldown_until_ms;
-    char *provider;       /* "openai" | "anthropic" | "gemini" | "azure" */
+    char *provider;       /* "openai" | "anthropic" | "gemini" | "azure" | "vertex" */
     char *name;
-    char *credential;     /* opened; NULL when none */
+    char *credential;     /* opened; NULL when none, and for an identity (auth not key) */
+    int auth;             /* TG_AUTH_* (tg_identity.h): 0 a key in credential, else a token */
+    char *auth_error;     /* why the last token refresh failed (accounts.auth_error), or NULL */
     int kind_subscription;
     char **models;        /* NULL/0: any */
     int nmodels;
@@ -55,6 +57,11 @@ void tg_accounts_refresh(tg_accounts_t *a);
 /** The current snapshot, retained; NULL before the first load (or without Postgres). */
 tg_snapshot_t *tg_accounts_snapshot(tg_accounts_t *a);
 void tg_snapshot_release(tg_snapshot_t *s);
+/** The worker's upstream client for a base URL (created on first use, kept while the
+ *  worker lives; token endpoints use it too), or NULL for a URL it cannot serve. */
+tg_upstream_t *tg_accounts_upstream(tg_accounts_t *a, const char *url);
+/** The i-th account of the snapshot (by id), i < tg_snapshot_size. */
+const tg_account_t *tg_snapshot_account_at(const tg_snapshot_t *s, size_t i);
 /** Number of accounts in the snapshot, and the generation (1, 2, ...). */
 size_t tg_snapshot_size(const tg_snapshot_t *s);
 uint64_t tg_snapshot_generation(const tg_snapshot_t *s);

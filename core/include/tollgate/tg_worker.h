@@ -16,6 +16,7 @@
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_billing.h"
 #include "tollgate/tg_health.h"
+#include "tollgate/tg_identity.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_policy_store.h"
@@ -33,6 +34,7 @@ struct tg_worker_ctx_s {
     tg_plugins_t *plugins;    /* this worker's plugin runtime, never NULL once built */
     tg_billing_t *billing;    /* metering (billing on, Postgres and Redis), else NULL */
     tg_health_t *health;      /* per-account EWMAs, cooldowns, trials */
+    tg_identity_t *identity;  /* the accounts' access tokens (with accounts), else NULL */
     tg_proxy_worker_t *proxy; /* the pipeline's own: scripts, the key hash, spare requests */
     tg_policy_store_t *policies; /* the workbench's store (plugins.store and Postgres), else NULL */
 };

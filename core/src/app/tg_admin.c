@@ -9,6 +9,7 @@
  */
 #include "tollgate/tg_access_log.h"
 #include "tollgate/tg_admin.h"
+#include "tollgate/tg_identity.h"
 #include "tollgate/tg_admin_accounts.h"
 #include "tollgate/tg_admin_errors.h"
 #include "tollgate/tg_admin_policies.h"
@@ -413,6 +414,21 @@ static void write_row(actx_t *a, const char *id, int create) {
         goto done;
     }
     const resource_t *r = a->res;
+    if (!strcmp(r->name, "accounts")) {
+        /* The identity: its kind against the provider, a service account key that opens,
+         * the settings it needs (tg_identity.h). */
+        json_t *cr = json_object_get(body, "credential"), *st = json_object_get(body, "settings");
+        json_t *none = json_object();
+        const char *why = tg_identity_check(json_string_value(json_object_get(body, "provider")),
+                                            json_string_value(json_object_get(body, "auth")), json_string_value(cr),
+                                            json_string_length(cr), json_is_object(st) ? st : create ? none : NULL,
+                                            msg, sizeof(msg));
+        json_decref(none);
+        if (why) {
+            reply_error(req, 400, "invalid_request", why);
+            goto done;
+        }
+    }
     if (!strcmp(r->name, "accounts")) {
         json_t *groups = json_object_get(body, "groups");
         if (groups) {

@@ -15,6 +15,7 @@
 #include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_health.h"
+#include "tollgate/tg_identity.h"
 #include "tollgate/tg_json.h"
 #include "tollgate/tg_limits.h"
 #include "tollgate/tg_pg.h"
@@ -75,6 +76,7 @@ typedef struct {
     const tg_account_t *account;  /* NULL: the static upstream */
     tg_upstream_t *up;
     const char *credential;
+    uint64_t token_gen;           /* an identity's token: which one was sent (tg_identity_rejected) */
     tg_proto_t up_proto;          /* what the upstream speaks (p->proto: what the client speaks) */
     tg_upcall_t *call;            /* the call in flight */
     tg_health_entry_t *health;    /* of the account, while the call runs */
@@ -93,6 +95,7 @@ typedef struct {
     int paused;                   /* the upstream read is paused for a slow client */
     int deferred;                 /* the error answer is deferred: a retry may replace it */
     int deferred_status;
+    int auth_retry;               /* a 401 with an identity's token: refresh, then this account again */
     char deferred_ctype[128];
     char deferred_extra[1024];
 } attempt_t;
@@ -155,6 +158,8 @@ struct proxy_req_s {
     int64_t sticky_account;       /* bound account (0 none) */
     tg_redis_req_t *sticky_rq;
     char traceparent[56];
+    tg_identity_wait_t *id_wait;  /* waiting for the account's access token (tg_identity.h) */
+    int auth_retried;             /* the one refresh-and-retry after a 401 was used */
     struct models_fetch_s *models_fetch; /* GET /v1/models: the accounts asked (tg_proxy_models.c) */
     struct tg_capture_line_s *cap; /* a sampled request's capture line (tg_proxy_capture.c), else NULL */
     uint32_t cap_seed;
@@ -218,6 +223,13 @@ int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after
 
 /* tg_proxy_upstream.c */
 int tg__phase_upstream(proxy_req_t *p);
+/* A 401 from an account with an identity (tg_identity.h): the token is dropped and the
+ * same account is called again once with a fresh one. Returns 1 when that retry was
+ * scheduled. */
+int tg__auth_retry(proxy_req_t *p);
+static inline int tg__auth_retry_possible(const proxy_req_t *p, int status) {
+    return status == 401 && p->at.account && p->at.account->auth && !p->auth_retried && !p->req->resp_started;
+}
 
 /* tg_proxy_models.c */
 int tg__models_list(proxy_req_t *p);

@@ -86,7 +86,7 @@ static void up_head(void *ud, const tg_uphead_t *head) {
     proxy_req_t *p = ud;
     p->at.upstream_status = head->status;
     tg__quota_learn(p, head->status, head->extra_headers, NULL, 0);
-    if (tg__retryable_status(head->status) && tg__can_retry(p)) {
+    if ((tg__retryable_status(head->status) && tg__can_retry(p)) || tg__auth_retry_possible(p, head->status)) {
         /* Deferred: if a retry follows, the client never sees this attempt. */
         p->at.deferred = 1;
         p->at.deferred_status = head->status;
@@ -189,6 +189,8 @@ static void up_done(void *ud) {
         int status = p->at.deferred_status;
         if (status == 429 && p->deferred_body.len) /* usage_limit_reached ... resets_at */
             tg__quota_learn(p, status, NULL, p->deferred_body.data, p->deferred_body.len);
+        if (status == 401 && tg__auth_retry(p))
+            return;
         if (tg__maybe_retry(p, status, TG_UPFAIL_STATUS, retry_after))
             return;
         /* Giving up: the client gets this attempt's answer (in its own protocol's shape). */

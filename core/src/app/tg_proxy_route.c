@@ -176,9 +176,12 @@ static int was_tried(const proxy_req_t *p, int64_t id) {
 }
 
 /* What the upstream speaks: an Anthropic account speaks Messages, a Gemini one
- * generateContent, an Azure one chat completions (and embeddings); an OpenAI one speaks the client's OpenAI protocol, or chat
+ * generateContent, a Vertex one Messages for a Claude model (rawPredict) and
+ * generateContent for the others, an Azure one chat completions (and embeddings); an OpenAI one speaks the client's OpenAI protocol, or chat
  * completions for an Anthropic client. */
-static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider) {
+static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider, const char *model) {
+    if (!strcmp(provider, "vertex")) /* Claude through rawPredict, else Gemini's generateContent */
+        return model && !strncmp(model, "claude", 6) ? TG_PROTO_ANTHROPIC : TG_PROTO_GEMINI;
     if (!strcmp(provider, "anthropic"))
         return TG_PROTO_ANTHROPIC;
     if (!strcmp(provider, "gemini"))
@@ -219,7 +222,7 @@ int tg__phase_select(proxy_req_t *p) {
     if (!pr || !pr->group_id || !pw->ctx->accounts) {
         p->at.up = pw->ctx->upstream;
         p->at.credential = p->req->worker->gw->cfg->upstream.api_key;
-        p->at.up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider);
+        p->at.up_proto = upstream_proto(p, p->req->worker->gw->cfg->upstream.provider, p->model);
         if (p->proto == TG_PROTO_EMBEDDINGS && p->at.up_proto != TG_PROTO_EMBEDDINGS)
             return tg__proxy_fail(p, 400, "invalid_request_error", "unsupported", "embeddings need an OpenAI upstream");
         if (!p->at.up)
@@ -396,7 +399,7 @@ static void use_account(proxy_req_t *p, const tg_account_t *acc) {
     if (p->attempt == 1 && p->sticky_account == acc->id)
         atomic_fetch_add_explicit(&p->req->worker->metrics.sticky_kept, 1, memory_order_relaxed);
     tg_health_get(p->pw->ctx->health, acc->id)->picks += 1;
-    p->at.up_proto = upstream_proto(p, acc->provider);
+    p->at.up_proto = upstream_proto(p, acc->provider, tg_account_map_model(acc, p->model));
     p->at.up = acc->upstream;
     p->at.credential = acc->credential;
     if (p->parsed) {

@@ -107,9 +107,107 @@ static void output_cap(proxy_req_t *p, json_t *doc, int translated) {
     }
 }
 
+/* ---- identities: the account's access token (tg_identity.h) ----------------------------- */
+
+static void cleanup_id_wait(proxy_req_t *p) {
+    tg_identity_cancel(p->id_wait);
+    p->id_wait = NULL;
+}
+
+/* The account's token could not be renewed: the refresh marked and cooled it for the
+ * fleet; here it cools at once, and the request moves to another account if any. */
+static int identity_failed(proxy_req_t *p, const char *why) {
+    const tg_config_t *cfg = p->req->worker->gw->cfg;
+    tg_health_cool(tg_health_get(p->pw->ctx->health, p->at.account->id), (int64_t)tg_wall_ms(),
+                   cfg->routing.cooldown_auth_ms);
+    tg_log_warn("request %s: account %s: no access token (%s)", p->req->id, p->at.account->name, why);
+    if (tg__maybe_retry(p, 0, TG_UPFAIL_CONNECT, -1))
+        return TG_AGAIN;
+    char msg[256];
+    snprintf(msg, sizeof(msg), "the upstream account's credentials could not be renewed (%s)", why);
+    return tg__proxy_fail(p, 502, "upstream_error", "upstream_auth_failed", msg);
+}
+
+static void identity_cb(void *ud, const char *token, const char *err) {
+    TG_UNUSED(token);
+    proxy_req_t *p = ud;
+    p->id_wait = NULL;
+    if (err) {
+        identity_failed(p, err);
+        return;
+    }
+    p->phase = PH_UPSTREAM;
+    tg__proxy_run(p);
+}
+
+int tg__auth_retry(proxy_req_t *p) {
+    if (!tg__auth_retry_possible(p, 401))
+        return 0;
+    p->auth_retried = 1;
+    tg_identity_rejected(p->pw->ctx->identity, p->at.account->id, p->at.token_gen);
+    if (p->at.health) {
+        tg_health_end(p->at.health, 1, -1); /* a stale token is not the account's failure */
+        p->at.health = NULL;
+    }
+    const tg_account_t *acc = p->at.account;
+    tg_upstream_t *up = p->at.up;
+    tg_proto_t proto = p->at.up_proto;
+    tg__attempt_reset(p);
+    p->at.account = acc;
+    p->at.up = up;
+    p->at.up_proto = proto;
+    p->error = NULL;
+    tg_log_info("request %s: account %s: the upstream refused its access token (401): renewed, calling again",
+                p->req->id, acc->name);
+    tg__run_phase_later(p, PH_UPSTREAM, 0);
+    return 1;
+}
+
+/* Appends s to a URL path as one segment ('@' kept: Vertex's model versions). */
+static int path_segment(char *out, size_t cap, int n, const char *s) {
+    for (const char *c = s ? s : ""; *c && n < (int)cap - 4; c++) {
+        unsigned char ch = (unsigned char)*c;
+        int plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                    ch == '_' || ch == '.' || ch == '@';
+        n += snprintf(out + n, cap - (size_t)n, plain ? "%c" : "%%%02X", ch);
+    }
+    return n;
+}
+
+/* Claude on Vertex AI: the Messages body without "model" (it is in the URL) and with
+ * anthropic_version in the body. `doc` is changed (a translation) or copied (the
+ * client's tree, which a retry on another account still needs). */
+static char *vertex_anthropic_body(json_t *doc, int owned) {
+    json_t *d = owned ? json_incref(doc) : json_copy(doc);
+    json_object_del(d, "model");
+    json_object_set_new(d, "anthropic_version", json_string(TG_VERTEX_ANTHROPIC_VERSION));
+    char *s = tg_json_dumps(d, JSON_COMPACT);
+    json_decref(d);
+    return s;
+}
+
 int tg__phase_upstream(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_upstream_t *u = p->at.up;
+    const tg_account_t *acc = p->at.account;
+    if (acc && acc->auth) {
+        /* The account's access token: this worker's while it is valid, else the wait for
+         * its refresh (which resumes this phase). */
+        const char *tok = NULL;
+        tg_identity_wait_t *w = NULL;
+        int rc = p->pw->ctx->identity ? tg_identity_token(p->pw->ctx->identity, acc, identity_cb, p, &tok,
+                                                           &p->at.token_gen, &w)
+                                      : TG_ERROR;
+        if (rc == TG_AGAIN) {
+            p->id_wait = w;
+            tg__cleanup_add(p, cleanup_id_wait);
+            return TG_AGAIN;
+        }
+        if (rc != TG_OK)
+            return identity_failed(p, tok ? tok : "no identity module");
+        p->at.credential = tok;
+    }
+    int vertex = acc && !strcmp(acc->provider, "vertex");
     /* The credential becomes a header line: one with CR, LF or another control byte is
      * never sent (the admin API, apply, the config and the account loader refuse it
      * first; this is the last line). The URL's parts were checked by tg_upstream_create. */
@@ -148,6 +246,20 @@ int tg__phase_upstream(proxy_req_t *p) {
             snprintf(gpath + n, sizeof(gpath) - (size_t)n, "%s?api-version=%s", suffix,
                      tg_account_setting(p->at.account, "api_version", TG_AZURE_API_VERSION));
             suffix = gpath;
+        } else if (vertex) {
+            /* Vertex AI: the project, the region and the model in the path; Claude through
+             * rawPredict / streamRawPredict, Gemini through generateContent. */
+            int claude = p->at.up_proto == TG_PROTO_ANTHROPIC;
+            int n = snprintf(gpath, sizeof(gpath), "/v1/projects/");
+            n = path_segment(gpath, sizeof(gpath), n, tg_account_setting(acc, "project", ""));
+            n += snprintf(gpath + n, sizeof(gpath) - (size_t)n, "/locations/");
+            n = path_segment(gpath, sizeof(gpath), n, tg_account_setting(acc, "region", "global"));
+            n += snprintf(gpath + n, sizeof(gpath) - (size_t)n, "/publishers/%s/models/", claude ? "anthropic" : "google");
+            n = path_segment(gpath, sizeof(gpath), n, json_string_value(json_object_get(tg__proxy_json(p), "model")));
+            snprintf(gpath + n, sizeof(gpath) - (size_t)n, "%s",
+                     claude ? (p->stream ? ":streamRawPredict" : ":rawPredict")
+                            : (p->stream ? ":streamGenerateContent?alt=sse" : ":generateContent"));
+            suffix = gpath;
         } else if (p->at.up_proto == TG_PROTO_GEMINI) {
             /* Gemini's model and method are in the path (the model mapped already). */
             tg_buf_t gp;
@@ -167,8 +279,13 @@ int tg__phase_upstream(proxy_req_t *p) {
                 TG_OK)
                 return tg__proxy_fail(p, 400, "invalid_request_error", "untranslatable_request", err);
             output_cap(p, out, 1);
-            body = tg_json_dumps(out, JSON_COMPACT);
+            body = vertex && p->at.up_proto == TG_PROTO_ANTHROPIC ? vertex_anthropic_body(out, 1)
+                                                                  : tg_json_dumps(out, JSON_COMPACT);
             json_decref(out);
+        } else if (vertex && p->at.up_proto == TG_PROTO_ANTHROPIC) {
+            body = tg__proxy_json(p) ? vertex_anthropic_body(p->json, 0) : NULL;
+            if (!body)
+                return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_request", "the request body could not be read");
         } else {
             if (p->cap_added)
                 output_cap(p, tg__proxy_json(p), 0);
@@ -188,7 +305,13 @@ int tg__phase_upstream(proxy_req_t *p) {
     tg_buf_appends(b, suffix);
     tg_buf_appends(b, " HTTP/1.1\r\nHost: ");
     tg_buf_appends(b, tg_upstream_host_header(u));
-    if (p->at.credential && p->at.up_proto == TG_PROTO_ANTHROPIC) {
+    if (p->at.credential && acc && acc->auth) {
+        /* An identity's access token; Claude on Vertex has its version in the body. */
+        tg_buf_appends(b, "\r\nAuthorization: Bearer ");
+        tg_buf_appends(b, p->at.credential);
+        if (p->at.up_proto == TG_PROTO_ANTHROPIC && !vertex)
+            tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");
+    } else if (p->at.credential && p->at.up_proto == TG_PROTO_ANTHROPIC) {
         tg_buf_appends(b, "\r\nx-api-key: ");
         tg_buf_appends(b, p->at.credential);
         tg_buf_appends(b, "\r\nanthropic-version: 2023-06-01");

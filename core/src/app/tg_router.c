@@ -123,6 +123,11 @@ static void answer_ops(tg_request_t *req, tg_route_t route) {
     tg_metrics_render(gw->metrics, gw->nworkers, &b);
     if (req->worker->ctx && req->worker->ctx->health)
         quota_gauges(req->worker->ctx->health, &b);
+    if (req->worker->ctx && req->worker->ctx->identity) {
+        tg_snapshot_t *s = tg_accounts_snapshot(req->worker->ctx->accounts);
+        tg_identity_render(req->worker->ctx->identity, s, &b);
+        tg_snapshot_release(s);
+    }
     tg_response_send(req, 200, "text/plain; version=0.0.4", NULL, b.data, b.len);
     tg_buf_free(&b);
 }

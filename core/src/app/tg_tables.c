@@ -18,7 +18,8 @@ static const char *const status_active_suspended[] = {"active", "suspended", NUL
 static const char *const status_active_revoked[] = {"active", "revoked", NULL};
 static const char *const status_active_disabled[] = {"active", "disabled", NULL};
 static const char *const roles[] = {"owner", "admin", "member", NULL};
-static const char *const providers[] = {"openai", "anthropic", "gemini", "azure", NULL};
+static const char *const providers[] = {"openai", "anthropic", "gemini", "azure", "vertex", NULL};
+static const char *const auths[] = {"key", "entra", "service_account", "oauth", NULL};
 static const char *const kinds[] = {"metered", "subscription", NULL};
 
 /* In the order of the admin API's answers; a state file's item is keyed by its first
@@ -94,6 +95,7 @@ static const tg_column_t account_cols[] = {
     {"provider", TG_COL_TEXT, TG_COL_RW, 1, 0, providers, 1, NULL, NULL},
     {"base_url", TG_COL_URL, TG_COL_RW, 1, 0, NULL, 1, NULL, NULL},
     {"credential", TG_COL_SECRET, TG_COL_WO, 0, 1, NULL, 0, NULL, NULL},
+    {"auth", TG_COL_TEXT, TG_COL_RW, 0, 0, auths, 1, "key", NULL},
     {"kind", TG_COL_TEXT, TG_COL_RW, 0, 0, kinds, 1, "metered", NULL},
     {"concurrency", TG_COL_INT, TG_COL_RW, 0, 0, NULL, 1, "16", NULL},
     {"priority", TG_COL_SINT, TG_COL_RW, 0, 0, NULL, 1, "0", NULL},
@@ -105,6 +107,10 @@ static const tg_column_t account_cols[] = {
     {"status", TG_COL_TEXT, TG_COL_RW, 0, 0, status_active_disabled, 1, "active", NULL},
     {"cooldown_until", TG_COL_TIME, TG_COL_RW, 0, 1, NULL, 0, NULL, NULL},
     {"reset_at", TG_COL_TIME, TG_COL_RW, 0, 1, NULL, 0, NULL, NULL},
+    {"token_expires_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
+    {"token_refreshed_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
+    {"auth_error", TG_COL_TEXT, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
+    {"auth_error_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
     {"created_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
     {"updated_at", TG_COL_TIME, TG_COL_RO, 0, 0, NULL, 0, NULL, NULL},
     {NULL, 0, 0, 0, 0, NULL, 0, NULL, NULL},
@@ -221,6 +227,13 @@ static int check_text(const tg_column_t *c, const json_t *v, char *msg, size_t m
     if (c->type == TG_COL_URL && json_is_string(v)) {
         why = tg_valid_base_url(json_string_value(v), json_string_length(v));
         what = "an http:// or https:// URL with a host";
+    } else if (c->type == TG_COL_SECRET && json_is_string(v) && json_string_value(v)[strspn(json_string_value(v), " \t\r\n")] == '{') {
+        /* A service account key file (JSON, newlines and all): it is never a header;
+         * tg_identity_check reads it as the key. */
+        json_t *j = json_loadb(json_string_value(v), json_string_length(v), 0, NULL);
+        if (!json_is_object(j))
+            why = "is not a JSON object (a service account key file's JSON)";
+        json_decref(j);
     } else if ((c->type == TG_COL_TEXT || c->type == TG_COL_SECRET) && json_is_string(v)) {
         why = tg_valid_no_ctl(json_string_value(v), json_string_length(v));
     } else if ((c->type == TG_COL_TEXTARR || c->type == TG_COL_CIDRARR) && json_is_array(v)) {

@@ -34,6 +34,8 @@ static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
         tg_log_error("worker %d: %s", w->index, err);
     if (tg_state_pg(wc->state))
         wc->accounts = tg_accounts_create(&w->loop, wc->state, cfg, w->gw->client_tls);
+    if (wc->accounts)
+        wc->identity = tg_identity_create(&w->loop, wc->state, wc->accounts, cfg);
     tg_admission_config_t ac = {
         .lease_ttl_ms = cfg->limiter.lease_ttl_ms,
         .queue_max = cfg->limiter.queue_max,
@@ -62,6 +64,7 @@ static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     tg_billing_metrics(&w->metrics, wc->billing);
     tg_redis_metrics(&w->metrics, tg_state_redis(wc->state));
     tg_plugins_metrics(&w->metrics, wc->plugins);
+    tg_identity_metrics(&w->metrics, wc->identity);
     wc->proxy = tg_proxy_worker_create(wc);
     wc->policies = tg_policy_store_create(&w->loop, wc->state, cfg, w->index);
     w->ctx = wc;
@@ -82,6 +85,7 @@ static void worker_close(tg_worker_t *w) {
     /* Settlements still queued go to Postgres now (bounded), not to the spool. */
     tg_billing_drain(wc->billing, &w->loop, 3000);
     tg_upstream_destroy(wc->upstream);
+    tg_identity_destroy(wc->identity); /* its calls ride on the accounts' clients */
     tg_accounts_destroy(wc->accounts); /* cancels the account loader's query */
     tg_policy_store_destroy(wc->policies);
     if (wc->plugins)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "tollgate/tg_crypto.h"
+#include "tollgate/tg_identity.h"
 #include "tollgate/tg_money.h"
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_tls.h"
@@ -86,7 +87,7 @@ static const char LOAD_SQL[] =
     "coalesce((extract(epoch FROM a.cooldown_until) * 1000)::bigint, 0), "
     "coalesce((extract(epoch FROM a.reset_at) * 1000)::bigint, 0), "
     "coalesce((SELECT json_agg(ag.group_id) FROM account_groups ag WHERE ag.account_id = a.id), '[]'), "
-    "a.settings::text "
+    "a.settings::text, a.auth, a.auth_error "
     "FROM accounts a ORDER BY a.id";
 
 static void snapshot_free(tg_snapshot_t *s) {
@@ -94,6 +95,7 @@ static void snapshot_free(tg_snapshot_t *s) {
         tg_account_t *a = &s->accounts[i];
         free(a->name);
         free(a->provider);
+        free(a->auth_error);
         if (a->credential) {
             OPENSSL_cleanse(a->credential, strlen(a->credential));
             free(a->credential);
@@ -133,6 +135,10 @@ tg_snapshot_t *tg_accounts_snapshot(tg_accounts_t *a) {
 }
 
 size_t tg_snapshot_size(const tg_snapshot_t *s) { return s ? s->naccounts : 0; }
+
+const tg_account_t *tg_snapshot_account_at(const tg_snapshot_t *s, size_t i) {
+    return s && i < s->naccounts ? &s->accounts[i] : NULL;
+}
 
 uint64_t tg_snapshot_generation(const tg_snapshot_t *s) { return s ? s->generation : 0; }
 
@@ -188,6 +194,8 @@ static tg_upstream_t *upstream_for(tg_accounts_t *a, const char *url) {
     a->upstreams = e;
     return e->up;
 }
+
+tg_upstream_t *tg_accounts_upstream(tg_accounts_t *a, const char *url) { return a ? upstream_for(a, url) : NULL; }
 
 static char **json_string_list(const char *text, int *n) {
     *n = 0;
@@ -380,6 +388,10 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
             continue;
         }
         acc->settings = settings;
+        acc->auth = tg_auth_parse(PQgetvalue(res, r, 17));
+        if (acc->auth < 0)
+            acc->auth = 0;
+        acc->auth_error = PQgetisnull(res, r, 18) ? NULL : strdup(PQgetvalue(res, r, 18));
         acc->name = strdup(PQgetvalue(res, r, 1));
         acc->provider = strdup(PQgetvalue(res, r, 2));
         acc->upstream = upstream_for(a, PQgetvalue(res, r, 3));
@@ -389,8 +401,13 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
             tg_buf_t plain;
             tg_buf_init(&plain);
             int opened = have_key && raw && tg_crypto_open(key, raw, n, &plain) == TG_OK;
-            const char *bad = opened ? tg_valid_no_ctl(plain.data, plain.len) : NULL;
-            if (opened && !bad) {
+            /* An identity's secret (a client secret, a service account key, a refresh
+             * token) is read by tg_identity when it refreshes: never kept here. */
+            const char *bad = opened && !acc->auth ? tg_valid_no_ctl(plain.data, plain.len) : NULL;
+            if (opened && acc->auth) {
+                OPENSSL_cleanse(plain.data ? plain.data : "", plain.len);
+                tg_buf_free(&plain);
+            } else if (opened && !bad) {
                 acc->credential = plain.data;
             } else if (opened) {
                 /* It would be a header of the upstream request: never sent. */
@@ -404,7 +421,9 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
                 tg_buf_free(&plain);
             }
             PQfreemem(raw);
-            if (!acc->credential) {
+            if (!acc->credential && !(opened && acc->auth)) {
+                free(acc->auth_error);
+                acc->auth_error = NULL;
                 free(acc->name);
                 free(acc->provider);
                 json_decref(map);
@@ -647,6 +666,7 @@ tg_snapshot_t *tg_snapshot_build(const tg_account_t *accounts, size_t n, const t
         acc->name = strdup(accounts[i].name ? accounts[i].name : "");
         acc->provider = strdup(accounts[i].provider ? accounts[i].provider : "openai");
         acc->credential = accounts[i].credential ? strdup(accounts[i].credential) : NULL;
+        acc->auth_error = accounts[i].auth_error ? strdup(accounts[i].auth_error) : NULL;
         acc->models = calloc((size_t)acc->nmodels + 1, sizeof(char *));
         for (int k = 0; k < acc->nmodels; k++)
             acc->models[k] = strdup(accounts[i].models[k]);

@@ -21,7 +21,13 @@
  * Google's {"error":{"code","message","status"}}); Azure OpenAI's POST
  * /openai/deployments/<deployment>/chat/completions (and /embeddings) with
  * ?api-version= (404 without) and the key in api-key (401 without), the deployment
- * echoed as the model; 404 elsewhere. Errors
+ * echoed as the model (the key in api-key, or an Entra token as Authorization: Bearer);
+ * Vertex AI's POST /v1/projects/<p>/locations/<r>/publishers/anthropic/models/<m>:rawPredict
+ * and :streamRawPredict (Messages without "model", anthropic_version "vertex-2023-10-16"
+ * in the body, else 400) and .../publishers/google/models/<m>:generateContent (Gemini),
+ * both with a bearer token this mock issued; POST <...>/token and /_mock/identity (the
+ * token endpoints, tg_mock_identity.c: any "mt-" token it issued gets 401 once expired
+ * or unknown on every route); 404 elsewhere. Errors
  * are {"error":{"message","type","param","code"}}, or on /v1/messages
  * {"type":"error","error":{"type","message"}}. Answers echo the request's "model"
  * (default mock-gpt, mock-claude, mock-embed) and always end normally ("stop",
@@ -105,6 +111,7 @@
  * get 413, heads over 64 KiB 431, unparsable HTTP 400; each then closes the connection.
  */
 #include "tollgate/tg_mock.h"
+#include "tg_mock_internal.h"
 #include "tollgate/tg_common.h"
 #include "tollgate/tg_json.h"
 
@@ -1323,6 +1330,17 @@ static void handle_control(conn_t *c, const char *path, size_t plen) {
     int install = PATH_IS("/_mock/faults") && m == HTTP_POST;
     if (install && (err = fault_install(c->body.data ? c->body.data : "", c->body.len)))
         status = 400;
+    if (PATH_IS("/_mock/identity") && m == HTTP_POST) {
+        install = 1;
+        if ((err = tg_mock_id_config(c->body.data ? c->body.data : "", c->body.len)))
+            status = 400;
+    }
+    if (PATH_IS("/_mock/identity") && m == HTTP_GET) {
+        install = 1;
+        tg_mock_id_stats(b);
+    }
+    if (PATH_IS("/_mock/reset") && m == HTTP_POST)
+        tg_mock_id_reset();
     if (PATH_IS("/_mock/quota") && m == HTTP_POST) {
         install = 1;
         if ((err = quota_install(c->body.data ? c->body.data : "", c->body.len)))
@@ -1391,9 +1409,59 @@ static int route_azure(const char *path, size_t n, const char **dep, size_t *dle
     return 1;
 }
 
+/* Vertex AI's /v1/projects/<p>/locations/<r>/publishers/<publisher>/models/<m>:<method>:
+ * 1 with the publisher's span and the rest ("/models/<m>:<method>"), else 0. */
+static int route_vertex(const char *path, size_t n, const char **pub, size_t *publen, const char **rest, size_t *rlen) {
+    static const char pre[] = "/v1/projects/";
+    if (n <= sizeof(pre) - 1 || memcmp(path, pre, sizeof(pre) - 1) != 0)
+        return 0;
+    const char *p = memmem(path, n, "/publishers/", 12);
+    if (!p)
+        return 0;
+    p += 12;
+    const char *slash = memchr(p, '/', (size_t)(path + n - p));
+    if (!slash)
+        return 0;
+    *pub = p;
+    *publen = (size_t)(slash - p);
+    *rest = slash;
+    *rlen = (size_t)(path + n - slash);
+    return 1;
+}
+
+/* Claude on Vertex: /models/<m>:rawPredict or :streamRawPredict (the rest of the path). */
+static int route_vertex_claude(const char *rest, size_t n, const char **model, size_t *mlen, int *stream) {
+    if (n < 9 || memcmp(rest, "/models/", 8) != 0)
+        return 0;
+    const char *colon = memchr(rest + 8, ':', n - 8);
+    if (!colon || colon == rest + 8)
+        return 0;
+    size_t tail = (size_t)(rest + n - colon);
+    *model = rest + 8;
+    *mlen = (size_t)(colon - *model);
+    if (tail == 11 && !memcmp(colon, ":rawPredict", 11))
+        *stream = 0;
+    else if (tail == 17 && !memcmp(colon, ":streamRawPredict", 17))
+        *stream = 1;
+    else
+        return 0;
+    return 1;
+}
+
 static int route(const char *path, size_t n, int method, int *bad_method) {
     const char *dep, *rest;
     size_t dlen, rlen;
+    if (route_vertex(path, n, &dep, &dlen, &rest, &rlen)) {
+        const char *m;
+        size_t ml;
+        int st;
+        *bad_method = method != HTTP_POST;
+        if (dlen == 9 && !memcmp(dep, "anthropic", 9))
+            return route_vertex_claude(rest, rlen, &m, &ml, &st) ? API_MESSAGES : API_NONE;
+        if (dlen == 6 && !memcmp(dep, "google", 6))
+            return route_gemini(rest, rlen, &m, &ml, &st) == API_GEMINI ? API_GEMINI : API_NONE;
+        return API_NONE;
+    }
     if (route_azure(path, n, &dep, &dlen, &rest, &rlen)) {
         path = rest;
         n = rlen;
@@ -1481,6 +1549,15 @@ static void handle_request(conn_t *c) {
         handle_control(c, url, plen);
         return;
     }
+    if (c->method == HTTP_POST && tg_mock_id_is_token_path(url, plen)) {
+        /* A token endpoint (tg_mock_identity.c): answered at once, not counted. */
+        c->scratch.len = 0;
+        int st = tg_mock_id_token(url, plen, c->body.data ? c->body.data : "", c->body.len, &c->scratch);
+        put_response(c, &c->out, st, -1, c->r.keepalive);
+        if (!c->r.keepalive)
+            c->want_close = 1;
+        return;
+    }
 
     int bad_method, err_status = 0;
     const char *err_msg = NULL;
@@ -1540,10 +1617,28 @@ static void handle_request(conn_t *c) {
                 n_inputs = (int)TG_MIN(json_array_size(in), (size_t)4096);
         }
     }
+    const char *vx_pub, *vx_rest;
+    size_t vx_publen, vx_rlen;
+    int vertex = route_vertex(url, plen, &vx_pub, &vx_publen, &vx_rest, &vx_rlen);
+    if (vertex && api == API_MESSAGES && !err_status) {
+        /* Claude on Vertex: the model in the path, none in the body, the version in it. */
+        route_vertex_claude(vx_rest, vx_rlen, &model, &model_len, &stream);
+        json_error_t jerr;
+        json_t *vb = tg_json_loadb(c->body.data ? c->body.data : "", c->body.len, 0, &jerr);
+        const char *av = json_string_value(json_object_get(vb, "anthropic_version"));
+        if (json_object_get(vb, "model"))
+            err_status = 400, err_msg = "mock: model: Extra inputs are not permitted (Vertex: the model is in the URL)";
+        else if (!av || strcmp(av, "vertex-2023-10-16") != 0)
+            err_status = 400, err_msg = "mock: anthropic_version: must be vertex-2023-10-16 (in the body on Vertex)";
+        else if (stream != json_is_true(json_object_get(vb, "stream")))
+            err_status = 400, err_msg = "mock: streamRawPredict streams (stream: true), rawPredict does not";
+        json_decref(vb);
+        model_len = TG_MIN(model_len, (size_t)256);
+    }
     if (api == API_GEMINI) {
         /* The model and the method are in the path. */
-        const char *gp = url;
-        size_t gn = plen;
+        const char *gp = vertex ? vx_rest : url;
+        size_t gn = vertex ? vx_rlen : plen;
         if (gn >= 8 && memcmp(gp, "/v1beta/", 8) == 0)
             gp += 7, gn -= 7;
         else if (gn >= 4 && memcmp(gp, "/v1/", 4) == 0)
@@ -1569,7 +1664,7 @@ static void handle_request(conn_t *c) {
         char ver[64];
         query_get(url, c->url.len, "api-version", ver, sizeof(ver));
         az_key = hdr_get(c, "api-key");
-        if (!err_status && (!az_key || !*az_key)) {
+        if (!err_status && (!az_key || !*az_key) && !c->auth_len) {
             err_status = 401;
             err_msg = "mock: Access denied due to a missing api-key header (Azure OpenAI)";
         } else if (!err_status && !ver[0]) {
@@ -1582,7 +1677,7 @@ static void handle_request(conn_t *c) {
             BUF_LIT(&c->model, "");
         }
     }
-    if (api == API_GEMINI && !err_status && (!goog_key || !*goog_key)) {
+    if (api == API_GEMINI && !vertex && !err_status && (!goog_key || !*goog_key)) {
         err_status = 403;
         err_msg = "mock: Method doesn't allow unregistered callers (send the API key in x-goog-api-key)";
     }
@@ -1617,6 +1712,15 @@ static void handle_request(conn_t *c) {
         cred_len = strlen(az_key);
     }
     cred_len = TG_MIN(cred_len, (size_t)256);
+    if (!err_status && api != API_NONE) {
+        /* An access token this mock issued (tg_mock_identity.c) must be live; Vertex
+         * takes nothing else. */
+        const char *why = tg_mock_id_check(cred, cred_len);
+        if (!why && vertex && (cred_len < 3 || memcmp(cred, "mt-", 3) != 0))
+            why = "mock: Vertex AI needs an OAuth access token (Authorization: Bearer)";
+        if (why)
+            err_status = 401, err_msg = why;
+    }
 
     knobs_clear(&rk);
     pthread_mutex_lock(&g_st.mu);
