@@ -17,3 +17,5 @@ target_link_libraries(tg_providers_bench PRIVATE tollgate_core)
 set_target_properties(tg_providers_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 tg_services_test(providers_identity ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_identity.test.mjs
   "providers;integration" 120)
+tg_services_test(providers_identity_fleet ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_identity_fleet.test.mjs
+  "providers;integration" 120)

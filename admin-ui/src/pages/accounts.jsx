@@ -13,6 +13,7 @@ import { countdown, quotaLines } from '../quota.js';
 export function health(a, now = Date.now()) {
   if (a.problem) return { kind: 'bad', text: 'broken', why: a.problem };
   if (a.status !== 'active') return { kind: 'neutral', text: 'disabled' };
+  if (a.auth_error) return { kind: 'bad', text: 'token refresh failed', why: `${a.auth_error} (${ago(a.auth_error_at)}); cooled down, fix the credential or settings` };
   if (a.cooldown_until && Date.parse(a.cooldown_until) > now) {
     const left = Math.ceil((Date.parse(a.cooldown_until) - now) / 1000);
     const text = left < 120 ? `${left} s` : left < 7200 ? `${Math.round(left / 60)} min` : `${Math.round(left / 3600)} h`;
@@ -48,6 +49,17 @@ function QuotaCell({ q }) {
   );
 }
 
+/** An identity's token: its kind, when it expires and when it was last renewed. */
+function Token({ a }) {
+  const left = a.token_expires_at ? Date.parse(a.token_expires_at) - Date.now() : null;
+  return (
+    <div class="muted small-text" data-testid="account-token">
+      {a.auth} · {left == null ? 'no token yet' : left > 0 ? `token expires in ${countdown(left)}` : 'token expired'}
+      {a.token_refreshed_at && <> · renewed {ago(a.token_refreshed_at)}</>}
+    </div>
+  );
+}
+
 function AccountForm({ account, groups, onDone, onCancel }) {
   const inGroups = new Set(account?.groups || []);
   return (
@@ -58,15 +70,22 @@ function AccountForm({ account, groups, onDone, onCancel }) {
       onSubmit={async (v) => {
         if (!v.name.trim()) throw { field: 'name', plain: 'Give the account a name.' };
         if (!/^https?:\/\/[^/\s]/.test(v.base_url.trim())) throw { field: 'base_url', plain: 'The base URL is http:// or https:// and a host, e.g. https://api.openai.com/v1.' };
-        let modelMap;
+        let modelMap, settings;
         try {
           modelMap = v.model_map.trim() ? JSON.parse(v.model_map) : {};
         } catch (e) {
           throw { field: 'model_map', plain: `The model map must be a JSON object: ${e.message}` };
         }
+        try {
+          settings = v.settings.trim() ? JSON.parse(v.settings) : {};
+        } catch (e) {
+          throw { field: 'settings', plain: `The settings must be a JSON object of strings: ${e.message}` };
+        }
         const body = {
           name: v.name.trim(),
           provider: v.provider,
+          auth: v.auth,
+          settings,
           base_url: v.base_url.trim(),
           kind: v.kind,
           models: splitList(v.models),
@@ -81,6 +100,7 @@ function AccountForm({ account, groups, onDone, onCancel }) {
         }
         if (v.cost_multiplier.trim()) body.cost_multiplier = v.cost_multiplier.trim();
         if (v.credential) body.credential = v.credential;
+        if (v.credential_json.trim()) body.credential = v.credential_json;
         if (account) await api.patch(`/accounts/${account.id}`, body);
         else await api.post('/accounts', body);
         onDone();
@@ -90,7 +110,19 @@ function AccountForm({ account, groups, onDone, onCancel }) {
         <input name="name" defaultValue={account?.name ?? ''} placeholder="openai-main" />
       </Field>
       <Field label="Provider">
-        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini'], ['azure', 'azure']]} />
+        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini'], ['azure', 'azure'], ['vertex', 'vertex']]} />
+      </Field>
+      <Field label="Authentication" hint="An API key, or an identity the gateway exchanges for a token and renews.">
+        <Select
+          name="auth"
+          initial={account?.auth ?? 'key'}
+          options={[
+            ['key', 'API key'],
+            ['entra', 'Microsoft Entra ID app (azure)'],
+            ['service_account', 'Google service account (vertex)'],
+            ['oauth', 'OAuth refresh token'],
+          ]}
+        />
       </Field>
       <Field label="Base URL" hint="e.g. https://api.openai.com/v1" wide>
         <input name="base_url" defaultValue={account?.base_url ?? ''} placeholder="https://api.openai.com/v1" />
@@ -101,6 +133,16 @@ function AccountForm({ account, groups, onDone, onCancel }) {
         wide
       >
         <input name="credential" type="password" autocomplete="off" placeholder={account?.has_credential ? '••••••• (unchanged)' : 'sk-…'} />
+      </Field>
+      <Field label="Service account key (JSON)" hint="Vertex: paste the key file; it replaces the credential, stored sealed, never shown." wide>
+        <textarea name="credential_json" rows={2} class="mono" autocomplete="off" placeholder='{"type": "service_account", ...}' />
+      </Field>
+      <Field
+        label="Settings (JSON)"
+        hint='azure: {"api_version"}; entra: {"tenant_id", "client_id"}; vertex: {"project", "region"}; oauth: {"token_url", "client_id"}'
+        wide
+      >
+        <textarea name="settings" rows={2} class="mono" defaultValue={JSON.stringify(account?.settings ?? {})} />
       </Field>
       <Field label="Kind">
         <Select name="kind" initial={account?.kind ?? 'metered'} options={[['metered', 'metered'], ['subscription', 'subscription']]} />
@@ -299,7 +341,16 @@ export function Accounts() {
         </>
       ),
     },
-    { key: 'provider', label: 'provider', render: (a) => `${a.provider} · ${a.kind}` },
+    {
+      key: 'provider',
+      label: 'provider',
+      render: (a) => (
+        <>
+          {a.provider} · {a.kind}
+          {a.auth && a.auth !== 'key' && <Token a={a} />}
+        </>
+      ),
+    },
     { key: 'status', label: 'status', render: (a) => <Badge kind={a.status === 'active' ? 'ok' : 'neutral'}>{a.status}</Badge> },
     {
       key: 'health',
