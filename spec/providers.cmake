@@ -9,6 +9,8 @@ tg_services_test(providers_gemini ${CMAKE_CURRENT_SOURCE_DIR}/integration/provid
   "providers;integration" 120)
 tg_services_test(providers_azure ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_azure.test.mjs
   "providers;integration" 120)
+tg_services_test(providers_bedrock ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_bedrock.test.mjs
+  "providers;integration" 120)
 
 # The provider translation benchmark (spec/bench/providers_bench.sh runs it).
 add_executable(tg_providers_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/providers_bench.c)

@@ -20,10 +20,24 @@
  *                 usageMetadata per chunk, as Gemini sends it) in 4 KiB reads through the
  *                 SSE parser and tg_xlate_event, per chunk; passthrough = the SSE parser
  *                 and the usage read per chunk.
+ * AWS Bedrock (Anthropic models), against an Anthropic account serving the same client:
+ *        bedrock_request   the client's body to Anthropic Messages (translated, or as it
+ *                 is for a Messages client), then InvokeModel's body (tg_bedrock_body) and
+ *                 its SigV4 signature (tg_bedrock_sign); anthropic_request: the same
+ *                 translation (or none) and json_dumps.
+ *        bedrock_chunk     a 1,000-delta Anthropic stream framed as Bedrock sends it (AWS
+ *                 event-stream messages, each event base64 in {"bytes"}) in 4 KiB reads
+ *                 through tg_bedrock_stream_t (both CRCs, base64, the event's type), the
+ *                 relay's usage read, and the client's translator (or, for a Messages
+ *                 client, the event written as SSE); anthropic_chunk: the same events as
+ *                 Anthropic's SSE through the SSE parser, the usage read and the
+ *                 translator (or, for a Messages client, the bytes as they came).
  */
+#include "tollgate/tg_aws.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_translate.h"
 
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -71,6 +85,57 @@ static void gemini_stream(tg_buf_t *b) {
                       "\"gemini-2.5-flash\",\"responseId\": \"bench\"}\r\n\r\n");
 }
 
+/* The Anthropic events of a 1,000-delta answer: as SSE (anth) and as Bedrock's event
+ * stream (aws), the same JSON in each. */
+static void anthropic_events(tg_buf_t *anth, tg_buf_t *aws) {
+    static const char *const cn[] = {":event-type", ":content-type", ":message-type"};
+    static const char *const cv[] = {"chunk", "application/json", "event"};
+    tg_buf_t ev, pay;
+    tg_buf_init(&ev);
+    tg_buf_init(&pay);
+    for (int i = 0; i <= CHUNKS + 4; i++) {
+        const char *type;
+        tg_buf_reset(&ev);
+        if (i == 0) {
+            type = "message_start";
+            tg_buf_appends(&ev, "{\"type\":\"message_start\",\"message\":{\"id\":\"msg_bench\",\"type\":\"message\","
+                                "\"role\":\"assistant\",\"model\":\"claude-3-5-sonnet-20240620\",\"content\":[],"
+                                "\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":412,"
+                                "\"output_tokens\":1}}}");
+        } else if (i == 1) {
+            type = "content_block_start";
+            tg_buf_appends(&ev, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\","
+                                "\"text\":\"\"}}");
+        } else if (i <= CHUNKS + 1) {
+            type = "content_block_delta";
+            tg_buf_printf(&ev, "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\","
+                               "\"text\":\"tok%d \"}}", i - 1);
+        } else if (i == CHUNKS + 2) {
+            type = "content_block_stop";
+            tg_buf_appends(&ev, "{\"type\":\"content_block_stop\",\"index\":0}");
+        } else if (i == CHUNKS + 3) {
+            type = "message_delta";
+            tg_buf_appends(&ev, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\","
+                                "\"stop_sequence\":null},\"usage\":{\"output_tokens\":1000}}");
+        } else {
+            type = "message_stop";
+            tg_buf_appends(&ev, "{\"type\":\"message_stop\",\"amazon-bedrock-invocationMetrics\":{"
+                                "\"inputTokenCount\":412,\"outputTokenCount\":1000,\"invocationLatency\":2000,"
+                                "\"firstByteLatency\":300}}");
+        }
+        tg_buf_printf(anth, "event: %s\ndata: %s\n\n", type, ev.data);
+        tg_buf_reset(&pay);
+        tg_buf_reserve(&pay, 4 * (ev.len / 3 + 1) + 16);
+        tg_buf_appends(&pay, "{\"bytes\":\"");
+        pay.len += (size_t)EVP_EncodeBlock((unsigned char *)pay.data + pay.len, (const unsigned char *)ev.data,
+                                           (int)ev.len);
+        tg_buf_appends(&pay, "\"}");
+        tg_es_encode(aws, cn, cv, 3, pay.data, pay.len);
+    }
+    tg_buf_free(&ev);
+    tg_buf_free(&pay);
+}
+
 static double now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -85,6 +150,7 @@ typedef struct {
     tg_proto_t client;
     json_t *body;
     tg_buf_t stream, out;
+    tg_buf_t anth, aws; /* the Anthropic answer as SSE and as Bedrock's event stream */
     tg_usage_t usage;
     tg_xlate_t *x;
 } op_t;
@@ -154,6 +220,102 @@ static void op_stream(op_t *o) {
 
 static void op_stream_pass(op_t *o) { feed(o, pass_cb); }
 
+/* ---- Bedrock against an Anthropic account -------------------------------------------- */
+
+static json_t *to_messages(op_t *o) {
+    if (o->client == TG_PROTO_ANTHROPIC)
+        return json_incref(o->body);
+    json_t *out = NULL;
+    char err[256];
+    if (tg_translate_request(o->client, TG_PROTO_ANTHROPIC, o->body, "anthropic.claude-3-5-sonnet-20240620-v1:0", &out,
+                             err, sizeof(err)) != TG_OK)
+        abort();
+    return out;
+}
+
+static void op_bedrock_request(op_t *o) {
+    json_t *m = to_messages(o);
+    char *s = tg_bedrock_body(m);
+    tg_aws_creds_t c;
+    tg_aws_creds_split("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", &c);
+    c.region = "us-east-1";
+    c.access_key = "AKIDEXAMPLE";
+    tg_buf_t path;
+    tg_buf_init(&path);
+    tg_bedrock_path(&path, "anthropic.claude-3-5-sonnet-20240620-v1:0", 1);
+    tg_buf_reset(&o->out);
+    tg_bedrock_sign(&o->out, &c, "bedrock-runtime.us-east-1.amazonaws.com", path.data, s, strlen(s), 1764633600);
+    tg_buf_free(&path);
+    sink += strlen(s) + o->out.len;
+    free(s);
+    json_decref(m);
+}
+
+static void op_anthropic_request(op_t *o) {
+    json_t *m = to_messages(o);
+    char *s = json_dumps(m, JSON_COMPACT);
+    sink += strlen(s);
+    free(s);
+    json_decref(m);
+}
+
+/* What the relay does with one upstream event (sse_event in tg_proxy_relay.c). */
+static void relay_cb(void *ud, const char *ev, size_t el, const char *d, size_t dl) {
+    op_t *o = ud;
+    if (memmem(d, dl, "usage", 5))
+        tg_usage_merge_json(&o->usage, TG_PROTO_ANTHROPIC, d, dl);
+    if (o->x)
+        tg_xlate_event(o->x, ev, el, d, dl, &o->out);
+}
+
+static void aws_cb(void *ud, const char *ev, size_t el, const char *d, size_t dl) {
+    op_t *o = ud;
+    relay_cb(o, ev, el, d, dl);
+    if (el == 12 && !memcmp(ev, "message_stop", 12))
+        tg_bedrock_metrics_usage(&o->usage, d, dl);
+    if (!o->x) { /* a Messages client gets the event as SSE (aws_event in tg_proxy_relay.c) */
+        tg_buf_appends(&o->out, "event: ");
+        tg_buf_append(&o->out, ev, el);
+        tg_buf_appends(&o->out, "\ndata: ");
+        tg_buf_append(&o->out, d, dl);
+        tg_buf_appends(&o->out, "\n\n");
+    }
+}
+
+static void op_bedrock_stream(op_t *o) {
+    tg_buf_reset(&o->out);
+    memset(&o->usage, 0, sizeof(o->usage));
+    o->x = o->client == TG_PROTO_ANTHROPIC ? NULL : tg_xlate_create(TG_PROTO_ANTHROPIC, o->client, "client-model", "bench");
+    tg_bedrock_stream_t s;
+    tg_bedrock_stream_init(&s, 1 << 20, aws_cb, o);
+    for (size_t at = 0; at < o->aws.len; at += 4096)
+        tg_bedrock_stream_feed(&s, o->aws.data + at, TG_MIN((size_t)4096, o->aws.len - at));
+    tg_bedrock_stream_free(&s);
+    if (o->x)
+        tg_xlate_finish(o->x, &o->out);
+    tg_xlate_destroy(o->x);
+    sink += o->out.len + (size_t)o->usage.output;
+}
+
+static void op_anthropic_stream(op_t *o) {
+    tg_buf_reset(&o->out);
+    memset(&o->usage, 0, sizeof(o->usage));
+    o->x = o->client == TG_PROTO_ANTHROPIC ? NULL : tg_xlate_create(TG_PROTO_ANTHROPIC, o->client, "client-model", "bench");
+    tg_sse_parser_t p;
+    tg_sse_init(&p, 1 << 20, relay_cb, o);
+    for (size_t at = 0; at < o->anth.len; at += 4096) {
+        size_t n = TG_MIN((size_t)4096, o->anth.len - at);
+        tg_sse_feed(&p, o->anth.data + at, n);
+        if (!o->x) /* passed through as it came */
+            tg_buf_append(&o->out, o->anth.data + at, n);
+    }
+    tg_sse_free(&p);
+    if (o->x)
+        tg_xlate_finish(o->x, &o->out);
+    tg_xlate_destroy(o->x);
+    sink += o->out.len + (size_t)o->usage.output;
+}
+
 static double best_of(int iters, void (*fn)(op_t *), op_t *o) {
     double best = 1e300;
     for (int r = 0; r < RUNS; r++) {
@@ -179,6 +341,8 @@ static const struct {
 } cases[] = {
     {"request", op_request},   {"request_pass", op_request_pass}, {"answer", op_answer},
     {"answer_pass", op_answer_pass}, {"chunk", op_stream},       {"chunk_pass", op_stream_pass},
+    {"bedrock_request", op_bedrock_request}, {"anthropic_request", op_anthropic_request},
+    {"bedrock_chunk", op_bedrock_stream},    {"anthropic_chunk", op_anthropic_stream},
 };
 
 int main(int argc, char **argv) {
@@ -196,6 +360,9 @@ int main(int argc, char **argv) {
     memset(&o, 0, sizeof(o));
     tg_buf_init(&o.stream);
     gemini_stream(&o.stream);
+    tg_buf_init(&o.anth);
+    tg_buf_init(&o.aws);
+    anthropic_events(&o.anth, &o.aws);
     if (argc > 3 && !strcmp(argv[1], "--one")) {
         /* CASE is NAME or NAME:CLIENT (chat, anthropic, responses). */
         char name[64];
@@ -233,8 +400,23 @@ int main(int argc, char **argv) {
         double t = best_of(siters, op_stream, &o) / (CHUNKS + 1), p = best_of(siters, op_stream_pass, &o) / (CHUNKS + 1);
         printf("| stream chunk | %s <- gemini | %.0f | %.0f | %.0f |\n", short_name(clients[i]), t, p, t - p);
     }
+    for (int i = 0; i < 3; i++) {
+        o.client = clients[i];
+        o.body = bodies[i];
+        double t = best_of(iters, op_bedrock_request, &o), p = best_of(iters, op_anthropic_request, &o);
+        printf("| request | %s -> bedrock (vs anthropic) | %.0f | %.0f | %.0f |\n", short_name(clients[i]), t, p, t - p);
+    }
+    for (int i = 0; i < 3; i++) {
+        o.client = clients[i];
+        double t = best_of(siters, op_bedrock_stream, &o) / (CHUNKS + 5),
+               p = best_of(siters, op_anthropic_stream, &o) / (CHUNKS + 5);
+        printf("| stream chunk | %s <- bedrock (vs anthropic) | %.0f | %.0f | %.0f |\n", short_name(clients[i]), t, p,
+               t - p);
+    }
     for (int i = 0; i < 3; i++)
         json_decref(bodies[i]);
+    tg_buf_free(&o.anth);
+    tg_buf_free(&o.aws);
     tg_buf_free(&o.stream);
     tg_buf_free(&o.out);
     return sink == 42 ? 1 : 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cost of the provider translations (issue #19): builds tg_providers_bench, prints
 # the CPU-time table (translated vs passthrough, per request, per answer, per streamed
-# chunk, for each client protocol served by a Gemini account) and the instructions per
+# chunk, for each client protocol served by a Gemini account; per request and per
+# streamed chunk for a Bedrock account against an Anthropic one) and the instructions per
 # operation counted by callgrind (--toggle-collect=measured, N operations, divided).
 #
 #   spec/bench/providers_bench.sh [BUILD_DIR] [ITERATIONS]
@@ -31,6 +32,19 @@ for what in request answer chunk; do
         [ "$what" = chunk ] && reps=2 && per=1001
         t=$(ir "$what:$client" "$reps")
         p=$(ir "${what}_pass:$client" "$reps")
+        echo "| $what | $client | $((t / per)) | $((p / per)) | $(((t - p) / per)) |"
+    done
+done
+echo
+echo "| Bedrock (vs an Anthropic account) | client | bedrock Ir/op | anthropic Ir/op | extra Ir/op |"
+echo "|---|---|---:|---:|---:|"
+for what in request chunk; do
+    for client in chat anthropic responses; do
+        reps=200
+        per=1
+        [ "$what" = chunk ] && reps=2 && per=1005
+        t=$(ir "bedrock_$what:$client" "$reps")
+        p=$(ir "anthropic_$what:$client" "$reps")
         echo "| $what | $client | $((t / per)) | $((p / per)) | $(((t - p) / per)) |"
     done
 done

@@ -194,3 +194,18 @@ test('quotaLines: windows and limits with the share used and the countdown to th
   assert.deepEqual(quotaLines({ known: false }, now), []);
   assert.deepEqual(quotaLines(null, now), []);
 });
+
+test('bedrockFields: the accounts form\'s AWS fields become settings and a write-only credential (providers #19)', async () => {
+  const { bedrockFields } = await import('../../admin-ui/src/bedrock.js');
+  const v = { aws_region: ' us-east-1 ', aws_access_key_id: 'AKIDEXAMPLE', aws_secret: 'wJalr/K7+KEY', aws_session_token: '' };
+  assert.deepEqual(bedrockFields(v, null), { settings: { region: 'us-east-1', access_key_id: 'AKIDEXAMPLE' }, credential: 'wJalr/K7+KEY' });
+  assert.deepEqual(bedrockFields({ ...v, aws_session_token: 'TOK/1=' }, null).credential, 'wJalr/K7+KEY:TOK/1=');
+  // Editing: a blank secret keeps the stored one; other settings are kept.
+  const acc = { has_credential: true, settings: { region: 'eu-west-1', access_key_id: 'OLD', other: 'x' } };
+  assert.deepEqual(bedrockFields({ ...v, aws_secret: '' }, acc), { settings: { region: 'us-east-1', access_key_id: 'AKIDEXAMPLE', other: 'x' } });
+  const field = (f) => (e) => e.field === f;
+  assert.throws(() => bedrockFields({ ...v, aws_region: 'US East' }, null), field('aws_region'));
+  assert.throws(() => bedrockFields({ ...v, aws_access_key_id: 'akid' }, null), field('aws_access_key_id'));
+  assert.throws(() => bedrockFields({ ...v, aws_secret: '' }, null), field('aws_secret'));
+  assert.throws(() => bedrockFields({ ...v, aws_secret: '', aws_session_token: 'T' }, acc), field('aws_secret'));
+});

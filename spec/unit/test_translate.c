@@ -21,11 +21,13 @@
  * used when the upstream gives no time) is compared as 0. TG_GOLDEN_UPDATE=1 rewrites the
  * expected outputs from what the code produces (then review the diff).
  */
+#include "tollgate/tg_aws.h"
 #include "tollgate/tg_json.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_translate.h"
 
 #include <dirent.h>
+#include <openssl/evp.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -37,6 +39,7 @@
 #define FIDELITY_DIR TG_SOURCE_DIR "/spec/golden/fidelity"
 /* The cases of issue #19 (label providers): Gemini, the same format. */
 #define GEMINI_DIR TG_SOURCE_DIR "/spec/golden/gemini"
+#define BEDROCK_DIR TG_SOURCE_DIR "/spec/golden/bedrock"
 
 /* ---- files -------------------------------------------------------------------------- */
 
@@ -508,6 +511,143 @@ TG_TEST(fidelity, golden_streams) { run_dir_kind(FIDELITY_DIR, "stream", NULL, r
 TG_TEST(providers, gemini_requests) { run_dir_kind(GEMINI_DIR, "request", NULL, run_request, 5); }
 TG_TEST(providers, gemini_responses) { run_dir_kind(GEMINI_DIR, "response", NULL, run_response, 5); }
 TG_TEST(providers, gemini_streams) { run_dir_kind(GEMINI_DIR, "stream", NULL, run_stream_case, 5); }
+
+/* ---- Bedrock streams (spec/golden/bedrock) ------------------------------------------
+ * A case's in.jsonl is the AWS event stream written readably, one message a line:
+ * {"chunk": <Anthropic event>} (its payload {"bytes": base64 of the event}),
+ * {"exception": "<type>", "message": "..."}, or {"corrupt": <Anthropic event>} (a chunk
+ * whose last byte, the message CRC, is wrong). The runner encodes it, decodes it as the
+ * gateway does (tg_bedrock_stream_t) split at every byte and byte by byte, and gives
+ * the events to the client's translator — or, for a Messages client, writes them as the
+ * SSE the gateway passes on. out.sse is what the client receives. */
+
+static void bedrock_encode(const tg_buf_t *jsonl, tg_buf_t *out) {
+    static const char *const cn[] = {":event-type", ":content-type", ":message-type"};
+    static const char *const cv[] = {"chunk", "application/json", "event"};
+    static const char *const xn[] = {":exception-type", ":content-type", ":message-type"};
+    const char *p = jsonl->data, *end = p + jsonl->len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
+        if (e > p) {
+            json_error_t je;
+            json_t *line = json_loadb(p, (size_t)(e - p), 0, &je);
+            ASSERT(json_is_object(line));
+            json_t *ev = json_object_get(line, "chunk");
+            if (!ev)
+                ev = json_object_get(line, "corrupt");
+            if (ev) {
+                char *text = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
+                size_t tl = strlen(text);
+                tg_buf_t pay;
+                tg_buf_init(&pay);
+                tg_buf_reserve(&pay, 4 * (tl / 3 + 1) + 16);
+                tg_buf_appends(&pay, "{\"bytes\":\"");
+                pay.len += (size_t)EVP_EncodeBlock((unsigned char *)pay.data + pay.len, (const unsigned char *)text,
+                                                   (int)tl);
+                tg_buf_appends(&pay, "\"}");
+                tg_es_encode(out, cn, cv, 3, pay.data, pay.len);
+                if (json_object_get(line, "corrupt"))
+                    out->data[out->len - 1] ^= 0x5a;
+                tg_buf_free(&pay);
+                free(text);
+            } else {
+                const char *xv[] = {json_string_value(json_object_get(line, "exception")), "application/json",
+                                    "exception"};
+                ASSERT(xv[0]);
+                json_t *m = json_pack("{s:O}", "message", json_object_get(line, "message"));
+                char *msg = json_dumps(m, JSON_COMPACT);
+                json_decref(m);
+                tg_es_encode(out, xn, xv, 3, msg, strlen(msg));
+                free(msg);
+            }
+            json_decref(line);
+        }
+        p = e + 1;
+    }
+}
+
+typedef struct {
+    tg_xlate_t *x;
+    tg_buf_t out;
+} bedrock_run_t;
+
+static void bedrock_cb(void *ud, const char *event, size_t elen, const char *data, size_t dlen) {
+    bedrock_run_t *r = ud;
+    if (r->x) {
+        tg_xlate_event(r->x, event, elen, data, dlen, &r->out);
+        return;
+    }
+    tg_buf_appends(&r->out, "event: ");
+    tg_buf_append(&r->out, event, elen);
+    tg_buf_appends(&r->out, "\ndata: ");
+    tg_buf_append(&r->out, data, dlen);
+    tg_buf_appends(&r->out, "\n\n");
+}
+
+static tg_buf_t bedrock_run(const gcase_t *c, const tg_buf_t *in, size_t cut_every, size_t cut) {
+    bedrock_run_t r;
+    tg_proto_t to = proto_of(meta_str(c, "to"));
+    r.x = to == TG_PROTO_ANTHROPIC ? NULL : tg_xlate_create(TG_PROTO_ANTHROPIC, to, meta_str(c, "client_model"), "req1");
+    tg_buf_init(&r.out);
+    tg_buf_reserve(&r.out, 0);
+    tg_bedrock_stream_t s;
+    tg_bedrock_stream_init(&s, 1 << 20, bedrock_cb, &r);
+    if (cut_every) {
+        for (size_t at = 0; at < in->len; at += cut_every)
+            tg_bedrock_stream_feed(&s, in->data + at, TG_MIN(cut_every, in->len - at));
+    } else {
+        tg_bedrock_stream_feed(&s, in->data, cut);
+        tg_bedrock_stream_feed(&s, in->data + cut, in->len - cut);
+    }
+    if (r.x)
+        tg_xlate_finish(r.x, &r.out);
+    tg_bedrock_stream_free(&s);
+    tg_xlate_destroy(r.x);
+    return r.out;
+}
+
+static int run_bedrock_case(const gcase_t *c) {
+    tg_buf_t jsonl, in;
+    ASSERT(read_file(c->dir, "in.jsonl", &jsonl));
+    tg_buf_init(&in);
+    bedrock_encode(&jsonl, &in);
+    tg_buf_t whole = bedrock_run(c, &in, 0, in.len);
+    int ok = 1;
+    for (size_t cut = 0; cut <= in.len && ok; cut++) {
+        tg_buf_t split = bedrock_run(c, &in, 0, cut);
+        if (!same_stream(&split, &whole)) {
+            fprintf(stderr, "FAIL %s: output differs when the input is split at byte %zu\n", c->name, cut);
+            ok = 0;
+        }
+        tg_buf_free(&split);
+    }
+    tg_buf_t bytes = bedrock_run(c, &in, 1, 0);
+    if (!same_stream(&bytes, &whole)) {
+        fprintf(stderr, "FAIL %s: output differs when the input is fed byte by byte\n", c->name);
+        ok = 0;
+    }
+    tg_buf_free(&bytes);
+    normalize_clock(&whole);
+    ok &= check_contains(c, whole.data, whole.len);
+    if (update_mode()) {
+        write_file(c->dir, "out.sse", whole.data, whole.len);
+    } else {
+        tg_buf_t want;
+        ASSERT(read_file(c->dir, "out.sse", &want));
+        if (want.len != whole.len || memcmp(want.data, whole.data, want.len)) {
+            fprintf(stderr, "FAIL %s: stream differs\n--- got\n%s\n--- want\n%s\n", c->name, whole.data, want.data);
+            ok = 0;
+        }
+        tg_buf_free(&want);
+    }
+    tg_buf_free(&whole);
+    tg_buf_free(&in);
+    tg_buf_free(&jsonl);
+    return ok;
+}
+
+TG_TEST(providers, bedrock_streams) { run_dir_kind(BEDROCK_DIR, "bedrock-stream", NULL, run_bedrock_case, 6); }
 
 /* Gemini is an upstream protocol only; its path carries the model and the method. */
 TG_TEST(providers, gemini_pairs_and_path) {

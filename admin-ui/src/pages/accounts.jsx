@@ -9,6 +9,7 @@ import { Badge, Confirm, Empty, ErrorBox, Field, Form, Modal, Notice, PageHead, 
 import { ago, ms, num, splitList, when } from '../format.js';
 import { navigate } from '../router.js';
 import { countdown, quotaLines } from '../quota.js';
+import { bedrockFields } from '../bedrock.js';
 
 export function health(a, now = Date.now()) {
   if (a.problem) return { kind: 'bad', text: 'broken', why: a.problem };
@@ -62,6 +63,8 @@ function Token({ a }) {
 
 function AccountForm({ account, groups, onDone, onCancel }) {
   const inGroups = new Set(account?.groups || []);
+  const [provider, setProvider] = useState(account?.provider ?? 'openai');
+  const bedrock = provider === 'bedrock';
   return (
     <Form
       submitLabel={account ? 'Save account' : 'Create account'}
@@ -77,14 +80,14 @@ function AccountForm({ account, groups, onDone, onCancel }) {
           throw { field: 'model_map', plain: `The model map must be a JSON object: ${e.message}` };
         }
         try {
-          settings = v.settings.trim() ? JSON.parse(v.settings) : {};
+          settings = (v.settings || '').trim() ? JSON.parse(v.settings) : {};
         } catch (e) {
           throw { field: 'settings', plain: `The settings must be a JSON object of strings: ${e.message}` };
         }
         const body = {
           name: v.name.trim(),
           provider: v.provider,
-          auth: v.auth,
+          auth: v.auth ?? 'key',
           settings,
           base_url: v.base_url.trim(),
           kind: v.kind,
@@ -99,8 +102,11 @@ function AccountForm({ account, groups, onDone, onCancel }) {
           body[k] = n;
         }
         if (v.cost_multiplier.trim()) body.cost_multiplier = v.cost_multiplier.trim();
-        if (v.credential) body.credential = v.credential;
-        if (v.credential_json.trim()) body.credential = v.credential_json;
+        if (v.provider === 'bedrock') Object.assign(body, bedrockFields(v, account));
+        else {
+          if (v.credential) body.credential = v.credential;
+          if (v.credential_json.trim()) body.credential = v.credential_json;
+        }
         if (account) await api.patch(`/accounts/${account.id}`, body);
         else await api.post('/accounts', body);
         onDone();
@@ -109,41 +115,66 @@ function AccountForm({ account, groups, onDone, onCancel }) {
       <Field label="Name">
         <input name="name" defaultValue={account?.name ?? ''} placeholder="openai-main" />
       </Field>
-      <Field label="Provider">
-        <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini'], ['azure', 'azure'], ['vertex', 'vertex']]} />
+      <div style="display: contents" onChange={(e) => e.target.name === 'provider' && setProvider(e.target.value)}>
+        <Field label="Provider">
+          <Select name="provider" initial={account?.provider ?? 'openai'} options={[['openai', 'openai'], ['anthropic', 'anthropic'], ['gemini', 'gemini'], ['azure', 'azure'], ['bedrock', 'bedrock (AWS)'], ['vertex', 'vertex']]} />
+        </Field>
+      </div>
+      {!bedrock && (
+        <>
+          <Field label="Authentication" hint="An API key, or an identity the gateway exchanges for a token and renews.">
+            <Select
+              name="auth"
+              initial={account?.auth ?? 'key'}
+              options={[
+                ['key', 'API key'],
+                ['entra', 'Microsoft Entra ID app (azure)'],
+                ['service_account', 'Google service account (vertex)'],
+                ['oauth', 'OAuth refresh token'],
+              ]}
+            />
+          </Field>
+        </>
+      )}
+      <Field label="Base URL" hint={bedrock ? 'e.g. https://bedrock-runtime.us-east-1.amazonaws.com' : 'e.g. https://api.openai.com/v1'} wide>
+        <input name="base_url" defaultValue={account?.base_url ?? ''} placeholder={bedrock ? 'https://bedrock-runtime.us-east-1.amazonaws.com' : 'https://api.openai.com/v1'} />
       </Field>
-      <Field label="Authentication" hint="An API key, or an identity the gateway exchanges for a token and renews.">
-        <Select
-          name="auth"
-          initial={account?.auth ?? 'key'}
-          options={[
-            ['key', 'API key'],
-            ['entra', 'Microsoft Entra ID app (azure)'],
-            ['service_account', 'Google service account (vertex)'],
-            ['oauth', 'OAuth refresh token'],
-          ]}
-        />
-      </Field>
-      <Field label="Base URL" hint="e.g. https://api.openai.com/v1" wide>
-        <input name="base_url" defaultValue={account?.base_url ?? ''} placeholder="https://api.openai.com/v1" />
-      </Field>
-      <Field
-        label="Credential"
-        hint={account ? (account.has_credential ? 'Stored sealed; blank keeps it.' : 'None stored yet.') : 'The provider API key; stored sealed (AES-256-GCM), never shown again.'}
-        wide
-      >
-        <input name="credential" type="password" autocomplete="off" placeholder={account?.has_credential ? '••••••• (unchanged)' : 'sk-…'} />
-      </Field>
-      <Field label="Service account key (JSON)" hint="Vertex: paste the key file; it replaces the credential, stored sealed, never shown." wide>
-        <textarea name="credential_json" rows={2} class="mono" autocomplete="off" placeholder='{"type": "service_account", ...}' />
-      </Field>
-      <Field
-        label="Settings (JSON)"
-        hint='azure: {"api_version"}; entra: {"tenant_id", "client_id"}; vertex: {"project", "region"}; oauth: {"token_url", "client_id"}'
-        wide
-      >
-        <textarea name="settings" rows={2} class="mono" defaultValue={JSON.stringify(account?.settings ?? {})} />
-      </Field>
+      {bedrock ? (
+        <>
+          <Field label="AWS region" hint="Signed into every request (SigV4).">
+            <input name="aws_region" defaultValue={account?.settings?.region ?? ''} placeholder="us-east-1" />
+          </Field>
+          <Field label="Access key id">
+            <input name="aws_access_key_id" defaultValue={account?.settings?.access_key_id ?? ''} placeholder="AKIA…" autocomplete="off" />
+          </Field>
+          <Field label="Secret access key" hint={account?.has_credential ? 'Stored sealed; blank keeps it.' : 'Stored sealed (AES-256-GCM), never shown again.'}>
+            <input name="aws_secret" type="password" autocomplete="off" placeholder={account?.has_credential ? '••••••• (unchanged)' : ''} />
+          </Field>
+          <Field label="Session token" hint="Optional (temporary credentials); sealed with the secret.">
+            <input name="aws_session_token" type="password" autocomplete="off" />
+          </Field>
+        </>
+      ) : (
+        <>
+          <Field
+            label="Credential"
+            hint={account ? (account.has_credential ? 'Stored sealed; blank keeps it.' : 'None stored yet.') : 'The provider API key; stored sealed (AES-256-GCM), never shown again.'}
+            wide
+          >
+            <input name="credential" type="password" autocomplete="off" placeholder={account?.has_credential ? '••••••• (unchanged)' : 'sk-…'} />
+          </Field>
+          <Field label="Service account key (JSON)" hint="Vertex: paste the key file; it replaces the credential, stored sealed, never shown." wide>
+            <textarea name="credential_json" rows={2} class="mono" autocomplete="off" placeholder='{"type": "service_account", ...}' />
+          </Field>
+          <Field
+            label="Settings (JSON)"
+            hint='azure: {"api_version"}; entra: {"tenant_id", "client_id"}; vertex: {"project", "region"}; oauth: {"token_url", "client_id"}'
+            wide
+          >
+            <textarea name="settings" rows={2} class="mono" defaultValue={JSON.stringify(account?.settings ?? {})} />
+          </Field>
+        </>
+      )}
       <Field label="Kind">
         <Select name="kind" initial={account?.kind ?? 'metered'} options={[['metered', 'metered'], ['subscription', 'subscription']]} />
       </Field>
@@ -162,7 +193,7 @@ function AccountForm({ account, groups, onDone, onCancel }) {
       <Field label="Models" hint="Comma-separated; blank: any model." wide>
         <input name="models" defaultValue={(account?.models || []).join(', ')} placeholder="gpt-4o-mini, gpt-4o" />
       </Field>
-      <Field label="Model map (JSON)" hint='Client model → upstream model, e.g. {"gpt-4o-mini": "gpt-4o-mini-2024-07-18"}' wide>
+      <Field label="Model map (JSON)" hint={bedrock ? 'Client model → Bedrock modelId, e.g. {"claude-sonnet": "anthropic.claude-3-5-sonnet-20240620-v1:0"}' : 'Client model → upstream model, e.g. {"gpt-4o-mini": "gpt-4o-mini-2024-07-18"}'} wide>
         <textarea name="model_map" rows={2} class="mono" defaultValue={JSON.stringify(account?.model_map ?? {})} />
       </Field>
       <fieldset class="field wide">

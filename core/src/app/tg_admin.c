@@ -10,6 +10,7 @@
 #include "tollgate/tg_access_log.h"
 #include "tollgate/tg_admin.h"
 #include "tollgate/tg_identity.h"
+#include "tollgate/tg_aws.h"
 #include "tollgate/tg_admin_accounts.h"
 #include "tollgate/tg_admin_errors.h"
 #include "tollgate/tg_admin_policies.h"
@@ -393,6 +394,14 @@ static int validate(actx_t *a, json_t *body, int create, tg_buf_t *cols, char *m
                 tg_column_missing(c, msg, msglen);
                 return -1;
             }
+    /* A Bedrock account signs with its settings: a new one names them. */
+    const char *why = NULL;
+    if (create && !strcmp(r->name, "accounts") &&
+        !strcmp(json_string_value(json_object_get(body, "provider")) ?: "", "bedrock") &&
+        (why = tg_bedrock_check(json_object_get(body, "settings"))) != NULL) {
+        snprintf(msg, msglen, "field \"settings\": %s", why);
+        return -1;
+    }
     return 0;
 }
 

@@ -15,8 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tollgate/tg_accounts.h"
+#include "tollgate/tg_aws.h"
 #include "tollgate/tg_translate.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_valid.h"
@@ -205,6 +207,8 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
     int anthropic = acc->provider && !strcmp(acc->provider, "anthropic");
     int gemini = acc->provider && !strcmp(acc->provider, "gemini");
     int azure = acc->provider && !strcmp(acc->provider, "azure");
+    int bedrock = acc->provider && !strcmp(acc->provider, "bedrock");
+    anthropic |= bedrock; /* Bedrock's InvokeModel takes the Messages body */
     json_t *body = json_object();
     if (gemini) {
         json_object_set_new(body, "contents",
@@ -217,7 +221,7 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
         json_object_set_new(body, "messages", msgs);
         json_object_set_new(body, anthropic ? "max_tokens" : "max_completion_tokens", json_integer(8));
     }
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = bedrock ? tg_bedrock_body(body) : json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (gemini) {
         tg_buf_t gp;
@@ -225,6 +229,12 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
         tg_translate_gemini_path(t->upstream_model, 0, &gp);
         snprintf(t->path, sizeof(t->path), "%.*s", (int)gp.len, gp.data ? gp.data : "");
         tg_buf_free(&gp);
+    } else if (bedrock) {
+        tg_buf_t bp;
+        tg_buf_init(&bp);
+        tg_bedrock_path(&bp, t->upstream_model, 0);
+        snprintf(t->path, sizeof(t->path), "%.*s", (int)bp.len, bp.data ? bp.data : "");
+        tg_buf_free(&bp);
     } else if (azure) {
         snprintf(t->path, sizeof(t->path), "/deployments/%s/chat/completions?api-version=%s", t->upstream_model,
                  tg_account_setting(acc, "api_version", TG_AZURE_API_VERSION));
@@ -235,7 +245,15 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
     tg_buf_init(&b);
     tg_buf_printf(&b, "POST %s%s HTTP/1.1\r\nHost: %s", tg_upstream_path_prefix(acc->upstream), t->path,
                   tg_upstream_host_header(acc->upstream));
-    if (acc->credential && anthropic)
+    if (bedrock) {
+        tg_aws_creds_t cr;
+        tg_aws_creds_split(acc->credential, &cr);
+        cr.region = tg_account_setting(acc, "region", "");
+        cr.access_key = tg_account_setting(acc, "access_key_id", "");
+        char path[1024];
+        snprintf(path, sizeof(path), "%s%s", tg_upstream_path_prefix(acc->upstream), t->path);
+        tg_bedrock_sign(&b, &cr, tg_upstream_host_header(acc->upstream), path, text, strlen(text), time(NULL));
+    } else if (acc->credential && anthropic)
         tg_buf_printf(&b, "\r\nx-api-key: %s\r\nanthropic-version: 2023-06-01", acc->credential);
     else if (acc->credential && gemini)
         tg_buf_printf(&b, "\r\nx-goog-api-key: %s", acc->credential);

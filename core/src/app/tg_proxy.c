@@ -135,6 +135,8 @@ static void preq_recycle(proxy_req_t *p) {
 void tg__attempt_free(attempt_t *at) {
     if (at->sse_on)
         tg_sse_free(&at->sse);
+    if (at->aws_on)
+        tg_bedrock_stream_free(&at->aws);
     tg_xlate_destroy(at->xlate);
 }
 

@@ -12,6 +12,7 @@
 #include "tollgate/tg_proxy.h"
 
 #include "tollgate/tg_accounts.h"
+#include "tollgate/tg_aws.h"
 #include "tollgate/tg_billing.h"
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_health.h"
@@ -89,6 +90,8 @@ typedef struct {
     int strip_usage_chunk;        /* the client did not ask for the usage chunk we requested */
     tg_sse_parser_t sse;          /* owned while sse_on */
     int sse_on;
+    tg_bedrock_stream_t aws;      /* a Bedrock event stream's decoder, owned while aws_on */
+    int aws_on;
     tg_xlate_t *xlate;            /* stream translator when the protocols differ (owned) */
     int buffer_whole;             /* a translated non-stream or error answer: sent at the end */
     int body_copy_over;           /* the answer outgrew body_copy */

@@ -552,9 +552,10 @@ int tg__models_list(proxy_req_t *p) {
             const tg_account_t *acc = order[i];
             if (!acc->active)
                 continue;
-            /* Azure lists base models, not the deployments a request names: an Azure
+            /* Azure lists base models, not the deployments a request names, and
+             * Bedrock's list is another service's (ListFoundationModels): such an
              * account contributes its model map (and models) only. */
-            if (acc->nmodels == 0 && strcmp(acc->provider, "azure") != 0)
+            if (acc->nmodels == 0 && strcmp(acc->provider, "azure") != 0 && strcmp(acc->provider, "bedrock") != 0)
                 add_source(f, acc->upstream, acc->credential, acc->provider);
             for (int k = 0; k < acc->nmodels; k++)
                 add_extra(f, acc->models[k], acc->provider);

@@ -72,6 +72,28 @@ static void sse_event(void *ud, const char *event, size_t event_len, const char 
     tg_buf_free(&b);
 }
 
+/* A Bedrock stream's Anthropic event (tg_bedrock_stream_t): read like an upstream SSE
+ * event, its invocation metrics filling only the usage the events left unknown, and
+ * written as one for a client that gets the events as they are. */
+static void aws_event(void *ud, const char *event, size_t event_len, const char *data, size_t data_len) {
+    proxy_req_t *p = ud;
+    sse_event(p, event, event_len, data, data_len);
+    if (event_len == 12 && !memcmp(event, "message_stop", 12))
+        tg_bedrock_metrics_usage(&p->at.usage, data, data_len);
+    if (p->at.xlate || p->at.strip_usage_chunk)
+        return;
+    tg_buf_t b;
+    tg_buf_init(&b);
+    tg_buf_reserve(&b, event_len + data_len + 16);
+    tg_buf_appends(&b, "event: ");
+    tg_buf_append(&b, event, event_len);
+    tg_buf_appends(&b, "\ndata: ");
+    tg_buf_append(&b, data, data_len);
+    tg_buf_appends(&b, "\n\n");
+    tg_response_body(p->req, b.data, b.len);
+    tg_buf_free(&b);
+}
+
 static int64_t parse_retry_after_ms(const char *v) {
     if (!v || !*v)
         return -1;
@@ -97,10 +119,20 @@ static void up_head(void *ud, const tg_uphead_t *head) {
         return;
     }
     int is_sse = head->content_type && strncasecmp(head->content_type, "text/event-stream", 17) == 0;
+    /* Bedrock's InvokeModelWithResponseStream: AWS's binary event stream, decoded into
+     * the Anthropic events it carries (and sent to the client as SSE). */
+    int aws = head->status == 200 && head->content_type && p->at.account &&
+              strncasecmp(head->content_type, "application/vnd.amazon.eventstream", 34) == 0 &&
+              !strcmp(p->at.account->provider, "bedrock");
+    is_sse |= aws;
     int translating = p->at.up_proto != p->proto;
     if (is_sse && head->status == 200) {
         tg_sse_init(&p->at.sse, SSE_EVENT_MAX, sse_event, p);
         p->at.sse_on = 1;
+        if (aws) {
+            tg_bedrock_stream_init(&p->at.aws, SSE_EVENT_MAX, aws_event, p);
+            p->at.aws_on = 1;
+        }
         if (translating) {
             p->at.xlate = tg_xlate_create(p->at.up_proto, p->proto, p->model, p->req->id);
             if (p->at.xlate && p->proto == TG_PROTO_OPENAI_CHAT)
@@ -135,7 +167,7 @@ static void up_head(void *ud, const tg_uphead_t *head) {
      * chunk framing); streams and translated answers are chunked. */
     int64_t length = !is_sse && !translating ? head->content_length : -1;
     tg_response_start(p->req, head->status,
-                      p->at.xlate ? "text/event-stream" : head->content_type ? head->content_type : "application/json",
+                      p->at.xlate || aws ? "text/event-stream" : head->content_type ? head->content_type : "application/json",
                       extra, length);
 }
 
@@ -155,7 +187,9 @@ static void up_body(void *ud, const char *data, size_t n) {
             p->at.body_copy_over = 1;
         return;
     }
-    if (p->at.sse_on) {
+    if (p->at.aws_on) {
+        tg_bedrock_stream_feed(&p->at.aws, data, n);
+    } else if (p->at.sse_on) {
         tg_sse_feed(&p->at.sse, data, n);
         if (!p->at.strip_usage_chunk && !p->at.xlate)
             tg_response_body(p->req, data, n);

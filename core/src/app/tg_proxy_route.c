@@ -182,7 +182,7 @@ static int was_tried(const proxy_req_t *p, int64_t id) {
 static tg_proto_t upstream_proto(const proxy_req_t *p, const char *provider, const char *model) {
     if (!strcmp(provider, "vertex")) /* Claude through rawPredict, else Gemini's generateContent */
         return model && !strncmp(model, "claude", 6) ? TG_PROTO_ANTHROPIC : TG_PROTO_GEMINI;
-    if (!strcmp(provider, "anthropic"))
+    if (!strcmp(provider, "anthropic") || !strcmp(provider, "bedrock")) /* Bedrock: Anthropic models */
         return TG_PROTO_ANTHROPIC;
     if (!strcmp(provider, "gemini"))
         return TG_PROTO_GEMINI;

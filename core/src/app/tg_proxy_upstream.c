@@ -8,6 +8,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "tg_proxy_internal.h"
 
@@ -208,6 +209,7 @@ int tg__phase_upstream(proxy_req_t *p) {
         p->at.credential = tok;
     }
     int vertex = acc && !strcmp(acc->provider, "vertex");
+    int bedrock = acc && !strcmp(acc->provider, "bedrock");
     /* The credential becomes a header line: one with CR, LF or another control byte is
      * never sent (the admin API, apply, the config and the account loader refuse it
      * first; this is the last line). The URL's parts were checked by tg_upstream_create. */
@@ -232,7 +234,15 @@ int tg__phase_upstream(proxy_req_t *p) {
     if (tg__is_model_route(req->route)) {
         method = "POST";
         suffix = tg_translate_path(p->at.up_proto);
-        if (p->at.account && !strcmp(p->at.account->provider, "azure")) {
+        if (bedrock) {
+            /* Bedrock: the modelId (the model as mapped) and the operation in the path. */
+            tg_buf_t bp;
+            tg_buf_init(&bp);
+            tg_bedrock_path(&bp, json_string_value(json_object_get(tg__proxy_json(p), "model")), p->stream);
+            snprintf(gpath, sizeof(gpath), "%.*s", (int)bp.len, bp.data ? bp.data : "");
+            tg_buf_free(&bp);
+            suffix = gpath;
+        } else if (p->at.account && !strcmp(p->at.account->provider, "azure")) {
             /* Azure OpenAI: the deployment (the model as mapped) and the api-version in
              * the URL; the path prefix is the resource's (".../openai"). */
             const char *dep = json_string_value(json_object_get(tg__proxy_json(p), "model"));
@@ -279,9 +289,15 @@ int tg__phase_upstream(proxy_req_t *p) {
                 TG_OK)
                 return tg__proxy_fail(p, 400, "invalid_request_error", "untranslatable_request", err);
             output_cap(p, out, 1);
-            body = vertex && p->at.up_proto == TG_PROTO_ANTHROPIC ? vertex_anthropic_body(out, 1)
+            body = bedrock                                      ? tg_bedrock_body(out)
+                   : vertex && p->at.up_proto == TG_PROTO_ANTHROPIC ? vertex_anthropic_body(out, 1)
                                                                   : tg_json_dumps(out, JSON_COMPACT);
             json_decref(out);
+        } else if (bedrock) {
+            /* InvokeModel's body: the Messages body without model and stream. */
+            body = tg__proxy_json(p) ? tg_bedrock_body(p->json) : NULL;
+            if (!body)
+                return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_request", "the request body could not be read");
         } else if (vertex && p->at.up_proto == TG_PROTO_ANTHROPIC) {
             body = tg__proxy_json(p) ? vertex_anthropic_body(p->json, 0) : NULL;
             if (!body)
@@ -305,7 +321,17 @@ int tg__phase_upstream(proxy_req_t *p) {
     tg_buf_appends(b, suffix);
     tg_buf_appends(b, " HTTP/1.1\r\nHost: ");
     tg_buf_appends(b, tg_upstream_host_header(u));
-    if (p->at.credential && acc && acc->auth) {
+    if (bedrock) {
+        /* Signature Version 4 over the path, host, content type, date and body. */
+        tg_aws_creds_t cr;
+        tg_aws_creds_split(p->at.credential, &cr);
+        cr.region = tg_account_setting(acc, "region", "");
+        cr.access_key = tg_account_setting(acc, "access_key_id", "");
+        char path[1024];
+        snprintf(path, sizeof(path), "%s%s", tg_upstream_path_prefix(u), suffix);
+        tg_bedrock_sign(b, &cr, tg_upstream_host_header(u), path, body ? body : req->body.data,
+                        body ? body_len : req->body.len, time(NULL));
+    } else if (p->at.credential && acc && acc->auth) {
         /* An identity's access token; Claude on Vertex has its version in the body. */
         tg_buf_appends(b, "\r\nAuthorization: Bearer ");
         tg_buf_appends(b, p->at.credential);
@@ -334,8 +360,10 @@ int tg__phase_upstream(proxy_req_t *p) {
     if (method[0] == 'P') {
         const char *src = body ? body : req->body.data;
         size_t len = body ? body_len : req->body.len;
-        tg_buf_appends(b, p->stream ? "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: "
-                                    : "\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: ");
+        tg_buf_appends(b, !p->stream ? "\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: "
+                          : bedrock  ? "\r\nContent-Type: application/json\r\nAccept: application/vnd.amazon.eventstream"
+                                       "\r\nContent-Length: "
+                                     : "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: ");
         tg_buf_append_u64(b, len);
         tg_buf_appends(b, "\r\n\r\n");
         tg_buf_append(b, src, len);

@@ -18,7 +18,7 @@ static const char *const status_active_suspended[] = {"active", "suspended", NUL
 static const char *const status_active_revoked[] = {"active", "revoked", NULL};
 static const char *const status_active_disabled[] = {"active", "disabled", NULL};
 static const char *const roles[] = {"owner", "admin", "member", NULL};
-static const char *const providers[] = {"openai", "anthropic", "gemini", "azure", "vertex", NULL};
+static const char *const providers[] = {"openai", "anthropic", "gemini", "azure", "bedrock", "vertex", NULL};
 static const char *const auths[] = {"key", "entra", "service_account", "oauth", NULL};
 static const char *const kinds[] = {"metered", "subscription", NULL};
 

@@ -2,6 +2,7 @@
  * The account snapshot (see tg_accounts.h).
  */
 #include "tollgate/tg_accounts.h"
+#include "tollgate/tg_aws.h"
 
 #include <libpq-fe.h>
 #include <openssl/crypto.h>
@@ -381,6 +382,11 @@ static void load_cb(void *ud, const PGresult *res, const char *err) {
                 why = "settings holds a value that is not a plain string";
                 break;
             }
+        if (!why && !strcmp(PQgetvalue(res, r, 2), "bedrock")) {
+            why = tg_bedrock_check(settings);
+            if (!why && PQgetisnull(res, r, 4))
+                why = "a bedrock account needs its secret access key as the credential";
+        }
         if (why) {
             snapshot_skip(s, acc->id, "%s", why);
             json_decref(map);

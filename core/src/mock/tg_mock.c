@@ -27,7 +27,17 @@
  * in the body, else 400) and .../publishers/google/models/<m>:generateContent (Gemini),
  * both with a bearer token this mock issued; POST <...>/token and /_mock/identity (the
  * token endpoints, tg_mock_identity.c: any "mt-" token it issued gets 401 once expired
- * or unknown on every route); 404 elsewhere. Errors
+ * or unknown on every route); AWS Bedrock's POST /model/<modelId>/invoke and
+ * /model/<modelId>/invoke-with-response-stream (an Anthropic Messages body without
+ * model and stream, anthropic_version bedrock-2023-05-31, else 400): the SigV4
+ * signature recomputed from the request as received with the mock's key pair
+ * (--aws-key ID:SECRET[:TOKEN], default AKIDEXAMPLE and the AWS docs' example secret;
+ * the access key id is the request's credential here) — 403 with AWS's message on a
+ * wrong signature, an unknown key, a missing or wrong session token, or an X-Amz-Date
+ * more than 5 minutes off; errors {"message"} with x-amzn-ErrorType; the modelId echoed
+ * as the model; a stream is application/vnd.amazon.eventstream, each Anthropic event a
+ * chunk {"bytes": base64}, message_stop with amazon-bedrock-invocationMetrics; 404
+ * elsewhere. Errors
  * are {"error":{"message","type","param","code"}}, or on /v1/messages
  * {"type":"error","error":{"type","message"}}. Answers echo the request's "model"
  * (default mock-gpt, mock-claude, mock-embed) and always end normally ("stop",
@@ -69,6 +79,9 @@
  *                  connection after the body (HTTP/1.1 allows it: the close ends it)
  *   cached=N       Gemini: cachedContentTokenCount N of the prompt's tokens (at most all)
  *   thoughts=N     Gemini: thoughtsTokenCount N (thinking tokens, billed as output)
+ *   aws_exception=K  Bedrock stream: after K content chunks, a throttlingException
+ *                  message ends the stream
+ *   aws_metrics=0  Bedrock stream: no amazon-bedrock-invocationMetrics in message_stop
  *   page=N         GET /models in Anthropic's shape: at most N models per page, whatever
  *                  limit the request asks for (so a client must follow has_more)
  *
@@ -111,13 +124,17 @@
  * get 413, heads over 64 KiB 431, unparsable HTTP 400; each then closes the connection.
  */
 #include "tollgate/tg_mock.h"
+#include "tollgate/tg_aws.h"
 #include "tg_mock_internal.h"
 #include "tollgate/tg_common.h"
+#include "tollgate/tg_crypto.h"
 #include "tollgate/tg_json.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <llhttp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -144,10 +161,12 @@
 /* ---- knobs ---------------------------------------------------------------------- */
 
 enum { K_STATUS, K_RETRY_AFTER, K_DELAY_MS, K_TTFT_MS, K_CHUNKS, K_INTERVAL_MS,
-       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K_PAGE, K_CACHED, K_THOUGHTS, K__COUNT };
+       K_CLOSE_AFTER, K_HANG, K_USAGE, K_CLOSE_DELIMITED, K_PAGE, K_CACHED, K_THOUGHTS, K_AWS_EXCEPTION,
+       K_AWS_METRICS, K__COUNT };
 static const char *const knob_names[K__COUNT] = {
     "status", "retry_after", "delay_ms", "ttft_ms", "chunks",
-    "interval_ms", "close_after", "hang", "usage", "close_delimited", "page", "cached", "thoughts"};
+    "interval_ms", "close_after", "hang", "usage", "close_delimited", "page", "cached", "thoughts",
+    "aws_exception", "aws_metrics"};
 
 /** Knob values; -1 means "not set here". */
 typedef struct {
@@ -369,6 +388,7 @@ typedef struct {
     uint64_t gen;
     int models_anth, models_limit;    /* GET /models: Anthropic's shape, its page size */
     int models_gemini;                /* GET /models: Gemini's shape (x-goog-api-key) */
+    int bedrock;                      /* Bedrock's InvokeModel: AWS errors, an event stream */
     char models_after[128], models_before[128]; /* its cursors ("" none) */
     char qhdr[640]; /* the credential's quota headers ("Name: value\r\n" lines), or "" */
 } resp_t;
@@ -561,8 +581,53 @@ static void put_response(conn_t *c, tg_buf_t *dst, int status, int retry_after, 
     c->scratch.len = 0;
 }
 
+static const char *const ES_NAMES[] = {":event-type", ":content-type", ":message-type"};
+
+/* Bedrock: the Anthropic events rendered in c->scratch ("event: ...\ndata: ...\n\n")
+ * become event-stream messages, each a chunk {"bytes": base64 of the event's data}; the
+ * message_stop event carries amazon-bedrock-invocationMetrics (knob aws_metrics=0: not). */
+static void scratch_to_eventstream(conn_t *c) {
+    static const char *const values[] = {"chunk", "application/json", "event"};
+    tg_buf_t frames, json, b64;
+    tg_buf_init(&frames);
+    tg_buf_init(&json);
+    tg_buf_init(&b64);
+    const char *p = c->scratch.data, *end = p + c->scratch.len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
+        if (e - p > 6 && !memcmp(p, "data: ", 6)) {
+            json.len = 0;
+            tg_buf_append(&json, p + 6, (size_t)(e - p - 6));
+            static const char stop[] = "{\"type\":\"message_stop\"";
+            if (c->r.k.v[K_AWS_METRICS] > 0 && json.len >= sizeof(stop) - 1 && !memcmp(json.data, stop, sizeof(stop) - 1)) {
+                json.len = 0;
+                tg_buf_printf(&json, "{\"type\":\"message_stop\",\"amazon-bedrock-invocationMetrics\":{"
+                                     "\"inputTokenCount\":%lld,\"outputTokenCount\":%d,\"invocationLatency\":1,"
+                                     "\"firstByteLatency\":1}}",
+                              (long long)c->r.in_tok, c->r.out_n);
+            }
+            b64.len = 0;
+            tg_buf_reserve(&b64, 4 * (json.len / 3 + 1) + 16);
+            BUF_LIT(&b64, "{\"bytes\":\"");
+            b64.len += (size_t)EVP_EncodeBlock((unsigned char *)b64.data + b64.len, (const unsigned char *)json.data,
+                                               (int)json.len);
+            BUF_LIT(&b64, "\"}");
+            tg_es_encode(&frames, ES_NAMES, values, 3, b64.data, b64.len);
+        }
+        p = e + 1;
+    }
+    tg_buf_t t = c->scratch;
+    c->scratch = frames;
+    tg_buf_free(&t);
+    tg_buf_free(&json);
+    tg_buf_free(&b64);
+}
+
 /* Appends c->scratch to c->out as one HTTP chunk; resets scratch. */
 static void put_chunk(conn_t *c) {
+    if (c->r.bedrock)
+        scratch_to_eventstream(c);
     if (c->r.raw) {
         tg_buf_append(&c->out, c->scratch.data, c->scratch.len);
         c->scratch.len = 0;
@@ -594,6 +659,26 @@ static void render_error(conn_t *c, int api, int status, const char *msg) {
     }
     tg_buf_t *b = &c->scratch;
     b->len = 0;
+    if (c->r.bedrock) {
+        /* AWS's shape: {"message"} and the exception's name in x-amzn-ErrorType. */
+        const char *ex = status == 400   ? "ValidationException"
+                         : status == 403 ? (strstr(msg, "security token") ? "UnrecognizedClientException"
+                                            : strstr(msg, "ignature")     ? "InvalidSignatureException"
+                                                                          : "AccessDeniedException")
+                         : status == 404 ? "ResourceNotFoundException"
+                         : status == 408 ? "ModelTimeoutException"
+                         : status == 424 ? "ModelErrorException"
+                         : status == 429 ? "ThrottlingException"
+                         : status == 503 ? "ServiceUnavailableException"
+                         : status >= 500 ? "InternalServerException"
+                                         : "ValidationException";
+        size_t ql = strlen(c->r.qhdr);
+        snprintf(c->r.qhdr + ql, sizeof(c->r.qhdr) - ql, "x-amzn-ErrorType: %s:http://internal.amazon.com/coral/com.amazon.bedrock/\r\n", ex);
+        BUF_LIT(b, "{\"message\":\"");
+        tg_buf_append_json_escaped(b, msg, strlen(msg));
+        BUF_LIT(b, "\"}");
+        return;
+    }
     if (api == API_GEMINI) {
         const char *gs = status == 400 ? "INVALID_ARGUMENT" : status == 401 ? "UNAUTHENTICATED"
                          : status == 403 ? "PERMISSION_DENIED" : status == 404 ? "NOT_FOUND"
@@ -888,7 +973,11 @@ static void put_chat_chunk_head(conn_t *c, tg_buf_t *b) {
 static void stream_start(conn_t *c) {
     resp_t *r = &c->r;
     tg_buf_t *b = &c->scratch;
-    BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
+    if (r->bedrock)
+        BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.amazon.eventstream\r\n"
+                         "x-amzn-bedrock-content-type: application/json\r\n");
+    else
+        BUF_LIT(&c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n");
     tg_buf_appends(&c->out, r->qhdr);
     if (!r->raw)
         BUF_LIT(&c->out, "Transfer-Encoding: chunked\r\n");
@@ -1027,6 +1116,21 @@ static void stream_step(conn_t *c) {
     resp_t *r = &c->r;
     int close_after = r->k.v[K_CLOSE_AFTER], interval = r->k.v[K_INTERVAL_MS];
     while (r->sent < r->out_n && !c->closing) {
+        if (r->bedrock && r->k.v[K_AWS_EXCEPTION] >= 0 && r->sent >= r->k.v[K_AWS_EXCEPTION]) {
+            /* aws_exception=K: after K chunks, a throttlingException message ends the stream. */
+            static const char *const xv[] = {"throttlingException", "application/json", "exception"};
+            static const char *const xn[] = {":exception-type", ":content-type", ":message-type"};
+            static const char msg[] = "{\"message\":\"mock: Too many requests, please wait before trying again.\"}";
+            tg_es_encode(&c->scratch, xn, xv, 3, msg, sizeof(msg) - 1);
+            c->r.bedrock = 0; /* the frame as it is */
+            put_chunk(c);
+            c->r.bedrock = 1;
+            if (!r->raw)
+                BUF_LIT(&c->out, "0\r\n\r\n");
+            conn_flush(c);
+            resp_finished(c);
+            return;
+        }
         stream_content(c, ++r->sent);
         if (close_after >= 0 && r->sent >= close_after) {
             stream_drop(c);
@@ -1392,18 +1496,18 @@ static int route_gemini(const char *path, size_t n, const char **model, size_t *
     return API_GEMINI;
 }
 
-/* Azure OpenAI's /openai/deployments/<deployment>/<operation>: the deployment's span
- * and the rest ("/chat/completions"); 0 if the path is not one. */
-static int route_azure(const char *path, size_t n, const char **dep, size_t *dlen, const char **rest, size_t *rlen) {
-    static const char pre[] = "/openai/deployments/";
-    size_t pl = sizeof(pre) - 1;
+/* A path "<pre><segment><rest>" with a non-empty segment and rest starting at its '/':
+ * the segment's span and the rest; 0 if the path is not one. */
+static int path_segment(const char *path, size_t n, const char *pre, const char **seg, size_t *slen, const char **rest,
+                        size_t *rlen) {
+    size_t pl = strlen(pre);
     if (n <= pl || memcmp(path, pre, pl) != 0)
         return 0;
     const char *slash = memchr(path + pl, '/', n - pl);
     if (!slash || slash == path + pl)
         return 0;
-    *dep = path + pl;
-    *dlen = (size_t)(slash - *dep);
+    *seg = path + pl;
+    *slen = (size_t)(slash - *seg);
     *rest = slash;
     *rlen = (size_t)(path + n - slash);
     return 1;
@@ -1448,9 +1552,37 @@ static int route_vertex_claude(const char *rest, size_t n, const char **model, s
     return 1;
 }
 
+/* Azure OpenAI's /openai/deployments/<deployment>/<operation>: the deployment's span
+ * and the rest ("/chat/completions"); 0 if the path is not one. */
+static int route_azure(const char *path, size_t n, const char **dep, size_t *dlen, const char **rest, size_t *rlen) {
+    return path_segment(path, n, "/openai/deployments/", dep, dlen, rest, rlen);
+}
+
+/* Bedrock's /model/<modelId>/invoke and /model/<modelId>/invoke-with-response-stream:
+ * the modelId's span (as sent, percent-encoded) and whether it streams; 0 if not one. */
+static int route_bedrock(const char *path, size_t n, const char **id, size_t *idlen, int *stream) {
+    const char *rest;
+    size_t rl;
+    if (!path_segment(path, n, "/model/", id, idlen, &rest, &rl))
+        return 0;
+    static const char inv[] = "/invoke", invs[] = "/invoke-with-response-stream";
+    if (rl == sizeof(inv) - 1 && !memcmp(rest, inv, rl))
+        *stream = 0;
+    else if (rl == sizeof(invs) - 1 && !memcmp(rest, invs, rl))
+        *stream = 1;
+    else
+        return 0;
+    return 1;
+}
+
 static int route(const char *path, size_t n, int method, int *bad_method) {
     const char *dep, *rest;
     size_t dlen, rlen;
+    int bst;
+    if (route_bedrock(path, n, &dep, &dlen, &bst)) {
+        *bad_method = method != HTTP_POST;
+        return API_MESSAGES;
+    }
     if (route_vertex(path, n, &dep, &dlen, &rest, &rlen)) {
         const char *m;
         size_t ml;
@@ -1532,6 +1664,138 @@ static void query_get(const char *url, size_t n, const char *name, char *out, si
         }
         q = e + 1;
     }
+}
+
+/* Bedrock's signer: the AWS documentation's example key pair unless --aws-key names
+ * another (and a session token the requests must carry). */
+static const char *g_aws_id = "AKIDEXAMPLE";
+static const char *g_aws_secret = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
+static const char *g_aws_token = "";
+
+/* The value of `key=` in an Authorization header's list, up to ',' (or the end). */
+static size_t auth_param(const char *auth, const char *key, const char **v) {
+    const char *p = strstr(auth, key);
+    if (!p)
+        return 0;
+    *v = p + strlen(key);
+    size_t n = strcspn(*v, ", ");
+    return n;
+}
+
+/* Verifies the request's Signature Version 4 for real: recomputed from the request as
+ * received (the canonical URI of its path, its query, the signed headers' values, the
+ * body's hash) with the configured secret. NULL when good, else AWS's 403 message; the
+ * access key id goes to akid (the request's credential at the mock). */
+static const char *sigv4_check(conn_t *c, const char *url, size_t ulen, size_t plen, char *akid, size_t akcap) {
+    static __thread char msg[320];
+    const char *auth = hdr_get(c, "authorization");
+    if (!auth || strncmp(auth, "AWS4-HMAC-SHA256 ", 17) != 0)
+        return "mock: Missing Authentication Token (Bedrock takes AWS Signature Version 4)";
+    const char *cred = NULL, *sh = NULL, *sg = NULL;
+    size_t credn = auth_param(auth, "Credential=", &cred), shn = auth_param(auth, "SignedHeaders=", &sh),
+           sgn = auth_param(auth, "Signature=", &sg);
+    /* Credential=AKID/YYYYMMDD/region/service/aws4_request */
+    char cb[256];
+    if (!credn || credn >= sizeof(cb) || !shn || sgn != 64)
+        return "mock: Authorization header requires Credential, SignedHeaders and Signature";
+    memcpy(cb, cred, credn);
+    cb[credn] = '\0';
+    char *parts[5], *save = NULL;
+    int np = 0;
+    for (char *t = strtok_r(cb, "/", &save); t && np < 5; t = strtok_r(NULL, "/", &save))
+        parts[np++] = t;
+    if (np != 5 || strcmp(parts[4], "aws4_request") != 0)
+        return "mock: Credential must be AKID/date/region/service/aws4_request";
+    snprintf(akid, akcap, "%s", parts[0]);
+    if (strcmp(parts[0], g_aws_id) != 0)
+        return "mock: The security token included in the request is invalid.";
+    if (strcmp(parts[3], "bedrock") != 0)
+        return "mock: Credential should be scoped to correct service: 'bedrock'.";
+    const char *date = hdr_get(c, "x-amz-date");
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    if (!date || strlen(date) != 16 ||
+        sscanf(date, "%4d%2d%2dT%2d%2d%2dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+               &tm.tm_sec) != 6)
+        return "mock: Authorization requires an X-Amz-Date header (YYYYMMDDTHHMMSSZ) in the signature";
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    time_t t = timegm(&tm), now = time(NULL);
+    if (t < now - 300 || t > now + 300) {
+        char nowd[17], edge[17];
+        tg_aws_amz_date(now, nowd);
+        tg_aws_amz_date(t < now ? now - 300 : now + 300, edge);
+        snprintf(msg, sizeof(msg), "mock: Signature expired: %s is now %s than %s (%s %c 5 min.)", date,
+                 t < now ? "earlier" : "later", edge, nowd, t < now ? '-' : '+');
+        return msg;
+    }
+    if (strncmp(parts[1], date, 8) != 0)
+        return "mock: Date in Credential scope does not match YYYYMMDD from ISO-8601 version of date from HTTP";
+    const char *tok = hdr_get(c, "x-amz-security-token");
+    if (g_aws_token[0] && (!tok || strcmp(tok, g_aws_token) != 0))
+        return "mock: The security token included in the request is invalid.";
+    /* The signed headers, their values trimmed and inner runs of spaces made one. */
+    char names[512];
+    if (shn >= sizeof(names))
+        return "mock: SignedHeaders too long";
+    memcpy(names, sh, shn);
+    names[shn] = '\0';
+    tg_aws_header_t h[16];
+    tg_buf_t vals;
+    tg_buf_init(&vals);
+    tg_buf_reserve(&vals, 4096);
+    size_t offs[16], nh = 0;
+    int have_host = 0, have_date = 0, have_tok = 0;
+    save = NULL;
+    for (char *nm = strtok_r(names, ";", &save); nm && nh < 16; nm = strtok_r(NULL, ";", &save)) {
+        const char *v = hdr_get(c, nm);
+        if (!v) {
+            tg_buf_free(&vals);
+            return "mock: The request signature we calculated does not match the signature you provided "
+                   "(a signed header is missing)";
+        }
+        have_host |= !strcmp(nm, "host");
+        have_date |= !strcmp(nm, "x-amz-date");
+        have_tok |= !strcmp(nm, "x-amz-security-token");
+        offs[nh] = vals.len;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        for (int sp = 0; *v; v++) {
+            if (*v == ' ' || *v == '\t') {
+                sp = 1;
+                continue;
+            }
+            if (sp && vals.len > offs[nh])
+                tg_buf_append(&vals, " ", 1);
+            sp = 0;
+            tg_buf_append(&vals, v, 1);
+        }
+        tg_buf_append(&vals, "", 1);
+        h[nh].name = nm;
+        nh++;
+    }
+    for (size_t i = 0; i < nh; i++)
+        h[i].value = vals.data + offs[i];
+    if (!have_host || !have_date || (tok && !have_tok)) {
+        tg_buf_free(&vals);
+        return "mock: The request signature we calculated does not match the signature you provided "
+               "(host, x-amz-date and x-amz-security-token must be signed)";
+    }
+    tg_buf_t uri;
+    tg_buf_init(&uri);
+    tg_aws_canonical_uri(&uri, url, plen);
+    char query[1024];
+    snprintf(query, sizeof(query), "%.*s", plen < ulen ? (int)(ulen - plen - 1) : 0, plen < ulen ? url + plen + 1 : "");
+    char phash[65], sig[65];
+    tg_sha256_hex(c->body.data ? c->body.data : "", c->body.len, phash);
+    tg_sigv4_t r = {"POST", uri.data, query, h, nh, phash, date, parts[2], "bedrock", g_aws_secret};
+    tg_sigv4_signature(&r, sig, NULL, NULL);
+    tg_buf_free(&uri);
+    tg_buf_free(&vals);
+    if (CRYPTO_memcmp(sig, sg, 64) != 0)
+        return "mock: The request signature we calculated does not match the signature you provided. Check your "
+               "AWS Secret Access Key and signing method. Consult the service documentation for details.";
+    return NULL;
 }
 
 /* Handles the request just read: counts it, then answers it now or arms a timer. */
@@ -1646,6 +1910,45 @@ static void handle_request(conn_t *c) {
         route_gemini(gp, gn, &model, &model_len, &stream);
         model_len = TG_MIN(model_len, (size_t)256);
     }
+    /* Bedrock: the modelId (percent-decoded) and the operation in the path; an
+     * InvokeModel body without model and stream, with Bedrock's anthropic_version; the
+     * request signed with SigV4. */
+    const char *bd_id;
+    size_t bd_len;
+    int bd_stream = 0;
+    char bd_model[257], bd_key[129] = "";
+    r->bedrock = route_bedrock(url, plen, &bd_id, &bd_len, &bd_stream);
+    if (r->bedrock) {
+        stream = bd_stream;
+        size_t o = 0;
+        for (size_t i = 0; i < bd_len && o < 256; i++) {
+            unsigned hx;
+            if (bd_id[i] == '%' && i + 2 < bd_len && sscanf(bd_id + i + 1, "%2x", &hx) == 1) {
+                bd_model[o++] = (char)hx;
+                i += 2;
+            } else
+                bd_model[o++] = bd_id[i];
+        }
+        bd_model[o] = '\0';
+        model = bd_model;
+        model_len = o;
+        const char *av = json_string_value(json_object_get(root, "anthropic_version"));
+        if (!err_status && json_object_get(root, "model")) {
+            err_status = 400;
+            err_msg = "mock: extraneous key [model] is not permitted";
+        } else if (!err_status && json_object_get(root, "stream")) {
+            err_status = 400;
+            err_msg = "mock: extraneous key [stream] is not permitted";
+        } else if (!err_status && (!av || strcmp(av, "bedrock-2023-05-31") != 0)) {
+            err_status = 400;
+            err_msg = "mock: anthropic_version: must be bedrock-2023-05-31";
+        }
+        const char *why = sigv4_check(c, url, c->url.len, plen, bd_key, sizeof(bd_key));
+        if (why && (!err_status || err_status == 400)) { /* AWS checks the signature first */
+            err_status = 403;
+            err_msg = why;
+        }
+    }
     c->model.len = 0;
     if (!model) {
         model = api == API_MESSAGES ? "mock-claude" : api == API_EMBEDDINGS ? "mock-embed" : "mock-gpt";
@@ -1696,7 +1999,10 @@ static void handle_request(conn_t *c) {
     /* The credential: Bearer token, else x-api-key, else "-". */
     const char *cred = "-";
     size_t cred_len = 1;
-    if (c->auth_len > 7 && strncasecmp(c->hdrs.data + c->auth_off, "bearer ", 7) == 0) {
+    if (r->bedrock && bd_key[0]) {
+        cred = bd_key; /* the access key id */
+        cred_len = strlen(bd_key);
+    } else if (c->auth_len > 7 && strncasecmp(c->hdrs.data + c->auth_off, "bearer ", 7) == 0) {
         cred = c->hdrs.data + c->auth_off + 7;
         cred_len = c->auth_len - 7;
         while (cred_len && *cred == ' ')
@@ -1759,7 +2065,7 @@ static void handle_request(conn_t *c) {
     g_st.have_last = 1;
     pthread_mutex_unlock(&g_st.mu);
 
-    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0, -1, 0, 0}};
+    static const knobs_t defaults = {{-1, -1, 0, 0, 8, 0, -1, 0, 1, 0, -1, 0, 0, -1, 1}};
     k = defaults;
     knobs_merge(&k, &rk);
     knobs_merge(&k, &c->hk);
@@ -2129,7 +2435,7 @@ static int workers_close(int n, int rc) {
 
 static int usage_error(const char *msg) {
     fprintf(stderr, "mock-upstream: %s\nusage: tollgate mock-upstream --listen HOST:PORT [--threads N] "
-                    "[--models id,id,...]\n",
+                    "[--models id,id,...] [--aws-key ID:SECRET[:TOKEN]]\n",
             msg);
     return 2;
 }
@@ -2153,6 +2459,20 @@ int tg_mock_main(int argc, char **argv) {
                 return usage_error("--threads must be 1..64");
         } else if (strcmp(a, "--models") == 0)
             g_models = argv[++i];
+        else if (strcmp(a, "--aws-key") == 0) {
+            /* ID:SECRET[:SESSION_TOKEN], the key pair Bedrock requests are verified with */
+            char *v = argv[++i], *c1 = strchr(v, ':');
+            if (!c1 || c1 == v || !c1[1])
+                return usage_error("--aws-key wants ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]");
+            *c1 = '\0';
+            char *c2 = strchr(c1 + 1, ':');
+            if (c2) {
+                *c2 = '\0';
+                g_aws_token = c2 + 1;
+            }
+            g_aws_id = v;
+            g_aws_secret = c1 + 1;
+        }
         else
             return usage_error("unknown option");
     }
