@@ -41,8 +41,10 @@ return {
   postgres_pool = 4,            -- Postgres connections per worker
   postgres_timeout_ms = 5000,   -- a Postgres query slower than this fails
   -- Redis (redis://[[user]:password@]host[:port][/db] or unix:///path): limits,
-  -- balances, leases, cache invalidation. Default: none (limits then follow `limiter`'s
-  -- Redis-down policies).
+  -- balances, leases, cache invalidation. A Redis Cluster: its seed nodes,
+  -- redis-cluster://[[user]:password@]host:port[,host:port...] (examples/README.md).
+  -- No TLS (rediss://). Default: none (limits then follow `limiter`'s Redis-down
+  -- policies).
   redis = os.getenv("TOLLGATE_REDIS"),
   redis_timeout_ms = 250,       -- a Redis command slower than this counts as Redis down
 

@@ -54,17 +54,24 @@ typedef struct {
     uint64_t connects;    /* connections established (either connection) */
     uint64_t script_loads; /* NOSCRIPT answered by loading the script */
     uint64_t resends;      /* idempotent scripts sent again after a lost answer */
+    uint64_t redirects;    /* cluster: MOVED and ASK followed */
+    uint64_t cluster_retries; /* cluster: TRYAGAIN, CLUSTERDOWN or READONLY, sent again */
+    uint64_t map_reads;    /* cluster: CLUSTER SHARDS (or SLOTS) sent */
 } tg_redis_stats_t;
 
 /** A Redis URL taken apart: "redis://[[user]:password@]host[:port][/db]" (host may be a
- *  bracketed IPv6 literal; "redis://secret@host" is a password alone) or
- *  "unix:///path/to.sock". The strings are owned by the struct (tg_redis_url_free). */
+ *  bracketed IPv6 literal; "redis://secret@host" is a password alone),
+ *  "unix:///path/to.sock", or a Redis Cluster's seed nodes
+ *  "redis-cluster://[[user]:password@]host[:port][,host[:port]...]" (database 0 only).
+ *  The strings are owned by the struct (tg_redis_url_free). */
 typedef struct {
     char *host;        /* NULL for a socket */
     char *path;        /* the socket's path, NULL for TCP */
     char *user, *pass; /* NULL when not given */
     int port;          /* 6379 when not given */
     int db;            /* 0 when not given */
+    int cluster;       /* redis-cluster://: host and port are the first seed */
+    char *seeds;       /* redis-cluster://: "host:port,host:port..." as given */
 } tg_redis_url_t;
 
 /** The one parser of Redis URLs (the client, `tollgate ledger`). TG_OK, or TG_ERROR for
@@ -80,8 +87,32 @@ void tg_redis_url_free(tg_redis_url_t *u);
  */
 redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, size_t errlen);
 
+/** tg_redis_connect_sync to node host:port with the URL's credentials; host NULL: the
+ *  URL's own node (a cluster's: the first seed that answers). */
+redisContext *tg_redis_connect_sync_node(const char *url, const char *host, int port, int timeout_ms, char *err,
+                                         size_t errlen);
+
+/** 1 for a redis-cluster:// URL. */
+int tg_redis_url_is_cluster(const char *url);
+
+/** redisCommandArgv on *c following MOVED (*c is replaced by a connection to the named
+ *  node) and ASK, 5 times at most; the reply (the caller frees it) or NULL. */
+redisReply *tg_redis_sync_argv(redisContext **c, const char *url, int timeout_ms, int argc, const char **argv,
+                               const size_t *argvlen);
+
+struct tg_redis_slotmap_s;
+/** The slot map as node c tells it (CLUSTER SHARDS, else CLUSTER SLOTS); an empty host
+ *  becomes c's. TG_OK or TG_ERROR. */
+int tg_redis_sync_map(redisContext *c, struct tg_redis_slotmap_s *m);
+
 /**
- * Creates the client and starts connecting. `url` is "redis://[[user]:password@]host
+ * Creates the client and starts connecting. A redis-cluster:// URL makes it
+ * cluster-aware: it reads the slot map from a seed (CLUSTER SHARDS, or CLUSTER SLOTS
+ * before Redis 7), keeps one command connection per primary, sends each command to the
+ * primary of its first key's slot (a script's keys must share a hash tag), follows
+ * MOVED and ASK, sends again on TRYAGAIN / CLUSTERDOWN within the command's timeout,
+ * and reads the map again after a redirection, a lost primary and every 5 s. Pub/Sub
+ * uses classic SUBSCRIBE on any one node (a cluster broadcasts PUBLISH to every node). `url` is "redis://[[user]:password@]host
  * [:port][/db]" or "unix:///path/to.sock". Each connection starts with AUTH (when a
  * password is given), SELECT (db > 0) and CLIENT SETNAME tollgate:<pid>:cmd|sub, and is
  * up once they have succeeded. `timeout_ms` bounds each command from submission to
@@ -143,8 +174,20 @@ int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, 
  *  has run (inside its own callback it does nothing). NULL is ignored. */
 void tg_redis_cancel(tg_redis_req_t *req);
 
-/** 1 when the command connection is up, else 0. */
+/** 1 when the command connection is up (cluster: a map is known and every primary's
+ *  connection is up), else 0. */
 int tg_redis_connected(const tg_redis_t *r);
+
+/** The number of primaries commands go to: 1 for a single node; for a cluster, the
+ *  map's (0 before it is known). */
+int tg_redis_primaries(const tg_redis_t *r);
+
+/** tg_redis_command sent to primary `primary` (0 <= primary < tg_redis_primaries)
+ *  rather than by its key: for what reads one node's keyspace (SCAN). NULL for a
+ *  primary out of range. Indexes follow the current map, which may change between
+ *  calls: a scan over all of them may visit a node twice or miss one that joined. */
+tg_redis_req_t *tg_redis_command_at(tg_redis_t *r, int primary, tg_redis_cb cb, void *ud, int argc, const char **argv,
+                                    const size_t *argvlen);
 
 /**
  * Subscribes `cb` to `channel` on the Pub/Sub connection (opened on first use, and

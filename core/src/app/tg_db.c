@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "tollgate/tg_crypto.h"
+#include "tollgate/tg_redis.h"
 #include "tollgate/tg_embed.h"
 #include "tollgate/tg_tables.h"
 
@@ -912,18 +913,10 @@ static int price_section(apply_t *a) {
 static void publish_invalidation(const tg_config_t *cfg) {
     if (!cfg->redis_url)
         return;
-    redisContext *rc = NULL;
-    struct timeval tv = {1, 0};
-    if (strncmp(cfg->redis_url, "unix://", 7) == 0) {
-        rc = redisConnectUnixWithTimeout(cfg->redis_url + 7, tv);
-    } else if (strncmp(cfg->redis_url, "redis://", 8) == 0) {
-        char *host = NULL;
-        int port = 6379;
-        if (tg_config_parse_hostport(cfg->redis_url + 8, &host, &port) == TG_OK) {
-            rc = redisConnectWithTimeout(host, port, tv);
-            free(host);
-        }
-    }
+    /* The workers' own setup (password, ACL user); on a cluster any node will do:
+     * PUBLISH reaches every node's subscribers. */
+    char err[400];
+    redisContext *rc = tg_redis_connect_sync(cfg->redis_url, 1000, err, sizeof(err));
     if (rc && !rc->err) {
         redisReply *r = redisCommand(rc, "PUBLISH tollgate:invalidate *");
         if (r)

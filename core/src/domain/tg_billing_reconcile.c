@@ -148,6 +148,7 @@ typedef struct {
     char cursor[32];
     char **keys; /* this SCAN page's {t:T}:holds keys */
     size_t nkeys, next;
+    int node; /* the primary being scanned (a Redis Cluster has several: each is scanned) */
 } hold_scan_t;
 
 static void scan_free(hold_scan_t *s) {
@@ -260,12 +261,20 @@ static void scan_step(hold_scan_t *s) {
             scan_free(s);
         return;
     }
-    if (s->keys && !strcmp(s->cursor, "0")) {
+    if (s->keys && !strcmp(s->cursor, "0")) { /* this primary is done: the next one */
+        for (size_t i = 0; i < s->nkeys; i++)
+            free(s->keys[i]);
+        free(s->keys);
+        s->keys = NULL;
+        s->nkeys = s->next = 0;
+        s->node++;
+    }
+    if (s->node >= tg_redis_primaries(redis)) {
         scan_free(s);
         return;
     }
     const char *argv[6] = {"SCAN", s->cursor, "MATCH", "{t:*}:holds", "COUNT", "1000"};
-    if (!tg_redis_command(redis, scan_cb, s, 6, argv, NULL))
+    if (!tg_redis_command_at(redis, s->node, scan_cb, s, 6, argv, NULL))
         scan_free(s);
 }
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "tollgate/tg_redis.h"
+#include "tollgate/tg_redis_cluster.h"
 #include "tollgate/tg_scripts.h"
 
 /* The Redis of `url` set up like the workers' (password, database), or NULL with the
@@ -116,7 +117,10 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
                                 "GROUP BY t.id");
         int bad = 0;
         for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
-            redisReply *rep = redisCommand(rc, "HMGET {t:%s}:money avail reserved", PQgetvalue(r, i, 0));
+            char mkey[64];
+            snprintf(mkey, sizeof(mkey), "{t:%s}:money", PQgetvalue(r, i, 0));
+            const char *argv[4] = {"HMGET", mkey, "avail", "reserved"};
+            redisReply *rep = tg_redis_sync_argv(&rc, redis_url, 2000, 4, argv, NULL); /* a cluster: MOVED */
             if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->str) {
                 long long avail = atoll(rep->element[0]->str);
                 long long reserved = rep->element[1]->str ? atoll(rep->element[1]->str) : 0;
@@ -150,6 +154,7 @@ static void ledger_hold_return(redisContext *rc, int64_t tenant, int64_t key, co
     char keys[4][128], field[96], amt[24];
     tg__billing_hold_keys(keys, field, tenant, key, rid, att);
     snprintf(amt, sizeof(amt), "%lld", (long long)actual);
+    /* rc is the node that holds the tenant's keys (its holds index was found there). */
     /* settle.lua's layout: money, holds, then the hold's reservation and key budget
      * (tg__billing_hold_keys writes money, reservation, key budget, holds). */
     redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0], keys[3],
@@ -248,8 +253,26 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
     redisContext *rc = ledger_redis(redis_url, rerr);
     if (redis_url && !rc)
         fprintf(stderr, "ledger reconcile: Redis: %s: the holds of the requests settled here stay there\n", rerr);
-    if (rc)
+    if (rc && tg_redis_url_is_cluster(redis_url)) { /* every primary's holds */
+        tg_redis_slotmap_t *m = malloc(sizeof(*m));
+        if (!m || tg_redis_sync_map(rc, m) != TG_OK) {
+            fprintf(stderr, "ledger reconcile: Redis: could not read the cluster's slot map\n");
+        } else {
+            for (int i = 0; i < m->nnodes; i++) {
+                redisContext *n = tg_redis_connect_sync_node(redis_url, m->nodes[i].host, m->nodes[i].port, 2000, rerr,
+                                                             sizeof(rerr));
+                if (!n) {
+                    fprintf(stderr, "ledger reconcile: Redis: %s: its holds are not scanned\n", rerr);
+                    continue;
+                }
+                ledger_orphaned_holds(c, n, older_than_ms);
+                redisFree(n);
+            }
+        }
+        free(m);
+    } else if (rc) {
         ledger_orphaned_holds(c, rc, older_than_ms);
+    }
     char ms[16];
     snprintf(ms, sizeof(ms), "%d", older_than_ms);
     /* An operator's explicit pass: every instance counts as gone (run it when the
@@ -284,8 +307,9 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
                 tg__billing_hold_keys(keys, field, s.tenant_id, s.key_id, s.request_id, a);
                 snprintf(actual, sizeof(actual), "%lld", (long long)(a == TG_MAX(s.attempts, 1) ? s.cost : 0));
                 /* settle.lua's layout: money, holds, then the hold's reservation and key budget. */
-                redisReply *rep = redisCommand(rc, "EVAL %s 4 %s %s %s %s %s %s", tg_scripts_source("settle"), keys[0],
-                                               keys[3], keys[1], keys[2], actual, field);
+                const char *argv[9] = {"EVAL", tg_scripts_source("settle"), "4", keys[0], keys[3], keys[1], keys[2],
+                                       actual, field};
+                redisReply *rep = tg_redis_sync_argv(&rc, redis_url, 2000, 9, argv, NULL);
                 if (rep)
                     freeReplyObject(rep);
             }

@@ -23,6 +23,7 @@
 #include "tollgate/tg_redis.h"
 
 #include <assert.h>
+#include "tollgate/tg_redis_cluster.h"
 #include <hiredis/async.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -39,7 +40,15 @@ const char tg_redis_err_shutdown[] = "shutdown";
 #define REDIS_STALL_MIN_MS 5000
 
 enum { S_DOWN, S_CONNECTING, S_UP };
-enum { R_SENT, R_ORPHAN, R_DEFERRED, R_DONE };
+enum { R_SENT, R_ORPHAN, R_DEFERRED, R_DONE, R_PARKED };
+
+/* Cluster mode: command connections, one per node (seeds, then the map's primaries). */
+#define REDIS_CONNS_MAX (2 * TG_REDIS_NODES_MAX)
+#define REDIS_HOPS_MAX 5            /* MOVED / ASK followed per command */
+#define REDIS_RETRY_MS 20           /* TRYAGAIN / CLUSTERDOWN: sent again after this */
+#define REDIS_MAP_EVERY_MS 5000     /* the slot map read again, at least this often */
+#define REDIS_MAP_DEGRADED_MS 250   /* ... while a primary's connection is down */
+#define REDIS_MAP_SOON_MS 50        /* ... after a redirection or CLUSTERDOWN */
 
 typedef struct {
     tg_redis_t *r;
@@ -54,6 +63,11 @@ typedef struct {
     int freeing;       /* we called redisAsyncFree on ac */
     int inflight;      /* commands whose reply callback hiredis still owes */
     uint64_t last_io;  /* when a reply last arrived (or inflight became non-zero) */
+    const char *host;  /* where it connects: the URL's; in cluster mode the node's */
+    const char *path;
+    int port;
+    int wanted;        /* cluster: a seed, or a primary of the map; else not reconnected */
+    char *own_host;    /* cluster: the node's address, freed with the client */
 } tg__redis_conn_t;
 
 struct tg_redis_req_s {
@@ -66,6 +80,9 @@ struct tg_redis_req_s {
     int state;
     int script; /* -1, or the script id: argv below is kept for a NOSCRIPT retry */
     int retried;
+    int hops;                /* cluster: redirections followed */
+    tg__redis_conn_t *at;    /* cluster: the node it must go to (ASK, tg_redis_command_at) */
+    int asking;              /* cluster: ASKING goes first */
     int argc;
     const char **argv;
     size_t *argvlen;
@@ -127,6 +144,22 @@ struct tg_redis_s {
     int handles; /* open handles; freed when closing and 0 */
     uint64_t rng;
     tg_redis_stats_t stats;
+    /* Cluster mode (a redis-cluster:// URL): a command connection per node, the slot
+     * map (each slot's index in conns, -1 unknown), and its refresh. */
+    int cluster;
+    tg__redis_conn_t *conns[REDIS_CONNS_MAX];
+    int nconns;
+    int16_t slots[TG_REDIS_SLOTS];
+    int have_map;
+    int primaries[TG_REDIS_NODES_MAX]; /* indexes in conns */
+    int nprimaries;
+    int refreshing;   /* a CLUSTER SHARDS (or SLOTS) in flight */
+    int use_slots;    /* the cluster does not know CLUSTER SHARDS (before Redis 7) */
+    int nparked;      /* requests waiting for a map or a TRYAGAIN retry */
+    int pick;         /* round robin: which node reads the map, which the subscriber uses */
+    uv_timer_t topo;  /* the map's refresh */
+    uv_timer_t retry; /* parked requests sent again */
+    tg_redis_slotmap_t *map; /* a parse's scratch */
 };
 
 /* ---- lists and small helpers ---------------------------------------------------- */
@@ -170,6 +203,12 @@ static void redis_free(tg_redis_t *r) {
         free(r->subs[i].channel);
     free(r->scripts);
     free(r->subs);
+    for (int i = 0; i < r->nconns; i++)
+        if (r->conns[i] != &r->cmd) {
+            free(r->conns[i]->own_host);
+            free(r->conns[i]);
+        }
+    free(r->map);
     tg_redis_url_free(&r->url);
     free(r);
 }
@@ -200,6 +239,14 @@ static void redis_on_idle(uv_idle_t *h);
 static void redis_on_timer(uv_timer_t *t);
 static void redis_on_flush(uv_prepare_t *h);
 static void conn_connect(tg__redis_conn_t *c);
+static void cluster_refresh(tg_redis_t *r);
+static void cluster_refresh_soon(tg_redis_t *r);
+static int cluster_all_up(const tg_redis_t *r);
+static void sub_pick_node(tg_redis_t *r);
+static int cluster_on_error(tg_redis_t *r, tg__redis_conn_t *c, tg_redis_req_t *q, const redisReply *reply);
+static void conn_init(tg_redis_t *r, tg__redis_conn_t *c, const char *name, int is_sub);
+static int conn_send(tg__redis_conn_t *c, tg_redis_req_t *q, int argc, const char **argv, const size_t *argvlen);
+static int hostport_parse(const char *p, const char *end, char **host, int *port);
 
 static void redis_defer(tg_redis_t *r, tg_redis_req_t *q, const char *err) {
     q->state = R_DEFERRED;
@@ -232,8 +279,11 @@ static void redis_arm(tg_redis_t *r) {
     uint64_t now = uv_now(r->loop), next = UINT64_MAX;
     if (r->pending.head)
         next = r->pending.head->deadline;
-    if (r->cmd.state == S_UP && r->cmd.inflight > 0)
-        next = TG_MIN(next, r->cmd.last_io + (uint64_t)r->stall_ms);
+    for (int i = 0; i < r->nconns; i++) {
+        const tg__redis_conn_t *c = r->conns[i];
+        if (c->state == S_UP && c->inflight > 0)
+            next = TG_MIN(next, c->last_io + (uint64_t)r->stall_ms);
+    }
     if (next == UINT64_MAX)
         uv_timer_stop(&r->timer);
     else
@@ -256,6 +306,11 @@ static void conn_on_timer(uv_timer_t *t);
  * been missed once their channel is subscribed again. */
 static void conn_retry(tg__redis_conn_t *c) {
     tg_redis_t *r = c->r;
+    if (r->cluster && !c->is_sub && !c->wanted) {
+        c->state = S_DOWN; /* a node the map no longer uses */
+        c->backoff_ms = 0;
+        return;
+    }
     if (c->is_sub)
         for (int i = 0; i < r->nsubs; i++)
             r->subs[i].gap = 1;
@@ -391,7 +446,8 @@ static void redis_on_flush(uv_prepare_t *h) {
 
 void tg_redis_flush(tg_redis_t *r) {
     uv_prepare_stop(&r->flush);
-    conn_flush(&r->cmd);
+    for (int i = 0; i < r->nconns; i++)
+        conn_flush(r->conns[i]);
     conn_flush(&r->sub);
 }
 
@@ -415,8 +471,13 @@ static void conn_gone(tg__redis_conn_t *c) {
     }
     if (was_up) {
         r->stats.disconnects++;
-        tg_log_warn("redis: %s connection lost; reconnecting", c->name);
+        if (!r->cluster)
+            tg_log_warn("redis: %s connection lost; reconnecting", c->name);
+        else if (c->wanted || c->is_sub)
+            tg_log_warn("redis: %s connection to %s:%d lost; reconnecting", c->name, c->host, c->port);
     }
+    if (r->cluster && !c->is_sub && c->wanted)
+        cluster_refresh_soon(r); /* a primary gone: its replica may be taking over */
     conn_retry(c);
 }
 
@@ -483,6 +544,8 @@ static void conn_ready(tg__redis_conn_t *c) {
     r->stats.connects++;
     if (!c->is_sub)
         redis_arm(r);
+    if (r->cluster && !c->is_sub && !r->have_map)
+        cluster_refresh(r);
 }
 
 static void conn_on_setup_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
@@ -512,7 +575,9 @@ static void conn_subscribe(tg__redis_conn_t *c, const char *channel) {
 static void conn_connect(tg__redis_conn_t *c) {
     tg_redis_t *r = c->r;
     char why[128];
-    redisAsyncContext *ac = r->url.path ? redisAsyncConnectUnix(r->url.path) : redisAsyncConnect(r->url.host, r->url.port);
+    if (c->is_sub && r->cluster)
+        sub_pick_node(r); /* classic Pub/Sub: any node hears every PUBLISH */
+    redisAsyncContext *ac = c->path ? redisAsyncConnectUnix(c->path) : redisAsyncConnect(c->host, c->port);
     if (!ac) {
         conn_log_failure(c, "out of memory");
         c->tried = 1;
@@ -534,7 +599,7 @@ static void conn_connect(tg__redis_conn_t *c) {
         conn_retry(c);
         return;
     }
-    if (!r->url.path)
+    if (!c->path)
         redisEnableKeepAlive(&ac->c);
     ac->data = c;
     ac->ev.cleanup = conn_on_cleanup;
@@ -622,6 +687,8 @@ static void conn_on_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
         req_finish(q, NULL, tg_redis_err_disconnected);
         return;
     }
+    if (r->cluster && reply->type == REDIS_REPLY_ERROR && cluster_on_error(r, c, q, reply))
+        return;
     l_remove(&r->pending, q);
     req_finish(q, reply, reply->type == REDIS_REPLY_ERROR ? reply->str : NULL);
 }
@@ -657,6 +724,311 @@ static void conn_on_sub_reply(redisAsyncContext *ac, void *reply_, void *privdat
     }
 }
 
+
+/* ---- Redis Cluster ----------------------------------------------------------------
+ *
+ * A command goes to the primary of its first key's slot, by the map read with CLUSTER
+ * SHARDS (CLUSTER SLOTS before Redis 7) from any node. A request keeps its arguments
+ * and stays on r->pending (its deadline) until its callback: MOVED sends it on to the
+ * named node (and fixes that slot in the map at once), ASK sends ASKING and it to the
+ * named node, TRYAGAIN, CLUSTERDOWN and READONLY park it for REDIS_RETRY_MS, within its
+ * deadline. The map is read again after a redirection, a primary's lost connection or
+ * CLUSTERDOWN (REDIS_MAP_SOON_MS), every REDIS_MAP_DEGRADED_MS while a primary is
+ * unreachable, and every REDIS_MAP_EVERY_MS otherwise. Only primaries get commands; a
+ * node that stops being one is closed once idle and not reconnected.
+ */
+
+static int cluster_all_up(const tg_redis_t *r) {
+    if (!r->have_map || r->nprimaries == 0)
+        return 0;
+    for (int i = 0; i < r->nprimaries; i++) {
+        const tg__redis_conn_t *c = r->conns[r->primaries[i]];
+        if (c->state != S_UP || c->broken || c->freeing)
+            return 0;
+    }
+    return 1;
+}
+
+/* The index in r->conns of node host:port, its connection opened when new; -1 when
+ * there are too many. */
+static int cluster_node(tg_redis_t *r, const char *host, int port) {
+    for (int i = 0; i < r->nconns; i++)
+        if (r->conns[i]->port == port && strcmp(r->conns[i]->host, host) == 0)
+            return i;
+    if (r->nconns == REDIS_CONNS_MAX)
+        return -1;
+    tg__redis_conn_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        abort();
+    conn_init(r, c, "command", 0);
+    c->own_host = strdup(host);
+    if (!c->own_host)
+        abort();
+    c->host = c->own_host;
+    c->port = port;
+    c->wanted = 1;
+    r->conns[r->nconns] = c;
+    conn_connect(c);
+    return r->nconns++;
+}
+
+static void park(tg_redis_t *r, tg_redis_req_t *q) {
+    q->state = R_PARKED;
+    r->nparked++;
+}
+
+/* A node is still being tried for the first time: a request without a map can wait. */
+static int cluster_starting(const tg_redis_t *r) {
+    if (r->refreshing)
+        return 1;
+    for (int i = 0; i < r->nconns; i++)
+        if (!r->conns[i]->tried)
+            return 1;
+    return 0;
+}
+
+/* ASKING's reply: nothing to do but count it (a refusal shows in the command's own). */
+static void conn_on_asking(redisAsyncContext *ac, void *reply, void *privdata) {
+    tg__redis_conn_t *c = ac->data;
+    TG_UNUSED(privdata);
+    c->inflight--;
+    if (reply)
+        c->last_io = uv_now(c->r->loop);
+    else
+        c->broken = 1;
+}
+
+/* Sends q (on r->pending, not owed by hiredis) to its node, or parks it, or fails it
+ * on the next loop turn. */
+static void cluster_dispatch(tg_redis_t *r, tg_redis_req_t *q) {
+    tg__redis_conn_t *c = q->at;
+    if (!c) {
+        if (!r->have_map) {
+            if (cluster_starting(r)) {
+                park(r, q);
+                return;
+            }
+        } else {
+            const char *key;
+            size_t klen;
+            int idx = tg_redis_command_key(q->argc, q->argv, q->argvlen, &key, &klen) == 0
+                          ? r->slots[tg_redis_key_slot(key, klen)]
+                          : r->primaries[(r->pick++) % r->nprimaries];
+            c = idx >= 0 ? r->conns[idx] : NULL;
+        }
+    }
+    if (!c || !conn_accepts(c)) {
+        r->stats.failed_fast++;
+        l_remove(&r->pending, q);
+        redis_defer(r, q, tg_redis_err_disconnected);
+        cluster_refresh_soon(r); /* an unserved slot, or its primary unreachable */
+        return;
+    }
+    if (q->asking) {
+        q->asking = 0;
+        if (redisAsyncCommand(c->ac, conn_on_asking, NULL, "ASKING") == REDIS_OK)
+            c->inflight++;
+    }
+    if (conn_send(c, q, q->argc, q->argv, q->argvlen) != REDIS_OK) {
+        r->stats.failed_fast++;
+        l_remove(&r->pending, q);
+        redis_defer(r, q, tg_redis_err_disconnected);
+        return;
+    }
+    if (c->inflight++ == 0)
+        c->last_io = uv_now(r->loop);
+    q->state = R_SENT;
+}
+
+/* Parked requests go out again (a map arrived, or the retry delay passed). */
+static void cluster_resume(tg_redis_t *r) {
+    tg_redis_req_t *q = r->pending.head, *next;
+    for (; q && r->nparked > 0; q = next) {
+        next = q->next; /* dispatch may move q to the deferred list */
+        if (q->state != R_PARKED)
+            continue;
+        r->nparked--;
+        cluster_dispatch(r, q);
+    }
+}
+
+static void cluster_on_retry(uv_timer_t *t) { cluster_resume(t->data); }
+
+/* A Redis error that is the cluster's: handled (q sent on or parked, still on
+ * r->pending) or 0 for the caller to report it. */
+static int cluster_on_error(tg_redis_t *r, tg__redis_conn_t *c, tg_redis_req_t *q, const redisReply *reply) {
+    char host[TG_REDIS_HOST_MAX];
+    int slot, port;
+    int kind = tg_redis_parse_redirect(reply->str, reply->len, &slot, host, &port);
+    if (kind != TG_REDIS_REDIRECT_NONE) {
+        if (q->hops >= REDIS_HOPS_MAX || c->freeing)
+            return 0;
+        int idx = cluster_node(r, host[0] ? host : c->host, port);
+        if (idx < 0)
+            return 0;
+        q->hops++;
+        r->stats.redirects++;
+        tg__redis_conn_t *to = r->conns[idx];
+        if (kind == TG_REDIS_REDIRECT_MOVED) {
+            to->wanted = 1;
+            if (to->state == S_DOWN && !uv_is_active((uv_handle_t *)&to->timer))
+                conn_connect(to);
+            r->slots[slot] = (int16_t)idx;
+            q->at = NULL;
+            cluster_refresh_soon(r);
+        } else {
+            q->at = to;
+            q->asking = 1;
+        }
+        if (q->at && q->at->state == S_DOWN && !q->at->ac)
+            conn_connect(q->at); /* an ASK target the map does not use */
+        cluster_dispatch(r, q);
+        return 1;
+    }
+    int clusterdown = strncmp(reply->str, "CLUSTERDOWN", 11) == 0;
+    if (!clusterdown && strncmp(reply->str, "TRYAGAIN", 8) != 0 && strncmp(reply->str, "READONLY", 8) != 0)
+        return 0;
+    /* Within the deadline: a slot being migrated, a failover in progress. */
+    r->stats.cluster_retries++;
+    if (clusterdown || reply->str[0] == 'R')
+        cluster_refresh_soon(r);
+    park(r, q);
+    if (!uv_is_active((uv_handle_t *)&r->retry))
+        uv_timer_start(&r->retry, cluster_on_retry, REDIS_RETRY_MS, 0);
+    return 1;
+}
+
+/* The map just read (r->map, from node `from`) becomes the client's. */
+static void cluster_apply(tg_redis_t *r, const tg__redis_conn_t *from) {
+    const tg_redis_slotmap_t *m = r->map;
+    int idx[TG_REDIS_NODES_MAX];
+    for (int i = 0; i < r->nconns; i++)
+        r->conns[i]->wanted = 0;
+    r->nprimaries = 0;
+    for (int i = 0; i < m->nnodes; i++) {
+        idx[i] = cluster_node(r, m->nodes[i].host[0] ? m->nodes[i].host : from->host, m->nodes[i].port);
+        if (idx[i] < 0)
+            continue;
+        r->conns[idx[i]]->wanted = 1;
+        r->primaries[r->nprimaries++] = idx[i];
+    }
+    for (int s = 0; s < TG_REDIS_SLOTS; s++)
+        r->slots[s] = (int16_t)(m->slot[s] >= 0 ? idx[m->slot[s]] : -1);
+    if (!r->have_map)
+        tg_log_info("redis: cluster map: %d primaries, %d of %d slots served", r->nprimaries, m->covered,
+                    TG_REDIS_SLOTS);
+    r->have_map = 1;
+    for (int i = 0; i < r->nconns; i++) {
+        tg__redis_conn_t *c = r->conns[i];
+        if (c->wanted && c->state == S_DOWN && !c->ac && !uv_is_active((uv_handle_t *)&c->timer)) {
+            conn_connect(c);
+        } else if (!c->wanted && c->ac && !c->freeing && c->inflight == 0) {
+            uv_timer_stop(&c->timer);
+            c->freeing = 1;
+            redisAsyncFree(c->ac); /* no longer a primary: closed while idle */
+        } else if (!c->wanted && !c->ac) {
+            uv_timer_stop(&c->timer); /* no reconnect */
+        }
+    }
+    if (r->nparked)
+        cluster_resume(r);
+}
+
+static void cluster_on_map(redisAsyncContext *ac, void *reply_, void *privdata) {
+    tg__redis_conn_t *c = ac->data;
+    tg_redis_t *r = c->r;
+    redisReply *reply = reply_;
+    TG_UNUSED(privdata);
+    c->inflight--;
+    r->refreshing = 0;
+    if (!reply) {
+        c->broken = 1;
+        return;
+    }
+    c->last_io = uv_now(r->loop);
+    if (r->closing)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+        if (!r->use_slots && strcasestr(reply->str, "unknown subcommand")) {
+            r->use_slots = 1; /* before Redis 7 */
+            cluster_refresh(r);
+            return;
+        }
+        tg_log_warn("redis: cluster map from %s:%d: %s", c->host, c->port, reply->str);
+        return;
+    }
+    if (!r->map && !(r->map = malloc(sizeof(*r->map))))
+        abort();
+    if (tg_redis_slotmap_parse(reply, !r->use_slots, r->map) < 0) {
+        tg_log_warn("redis: cluster map from %s:%d: not a map of slots (is it a cluster node?)", c->host, c->port);
+        return;
+    }
+    cluster_apply(r, c);
+}
+
+/* Reads the map from a node that is up: a primary of the map first (round robin), else
+ * any. With none up, every known node is tried again. */
+static void cluster_refresh(tg_redis_t *r) {
+    if (r->refreshing || r->closing)
+        return;
+    tg__redis_conn_t *c = NULL;
+    for (int pass = 0; pass < 2 && !c; pass++)
+        for (int k = 0; k < r->nconns && !c; k++) {
+            tg__redis_conn_t *x = r->conns[(r->pick + k) % r->nconns];
+            if ((pass || x->wanted) && x->state == S_UP && !x->freeing && !x->broken)
+                c = x;
+        }
+    r->pick++;
+    if (!c) {
+        for (int i = 0; i < r->nconns; i++) {
+            tg__redis_conn_t *x = r->conns[i];
+            x->wanted = 1;
+            if (x->state == S_DOWN && !x->ac && !uv_is_active((uv_handle_t *)&x->timer))
+                conn_connect(x);
+        }
+        return;
+    }
+    const char *argv[2] = {"CLUSTER", r->use_slots ? "SLOTS" : "SHARDS"};
+    if (redisAsyncCommandArgv(c->ac, cluster_on_map, NULL, 2, argv, NULL) != REDIS_OK)
+        return;
+    if (c->inflight++ == 0)
+        c->last_io = uv_now(r->loop);
+    r->refreshing = 1;
+    r->stats.map_reads++;
+    redis_arm(r);
+}
+
+static void cluster_on_topo(uv_timer_t *t) {
+    tg_redis_t *r = t->data;
+    cluster_refresh(r);
+    uv_timer_start(&r->topo, cluster_on_topo, cluster_all_up(r) ? REDIS_MAP_EVERY_MS : REDIS_MAP_DEGRADED_MS, 0);
+}
+
+static void cluster_refresh_soon(tg_redis_t *r) {
+    if (r->closing || !r->cluster)
+        return;
+    if (uv_is_active((uv_handle_t *)&r->topo) && uv_timer_get_due_in(&r->topo) <= REDIS_MAP_SOON_MS)
+        return;
+    uv_timer_start(&r->topo, cluster_on_topo, REDIS_MAP_SOON_MS, 0);
+}
+
+/* Where the subscriber connects: classic PUBLISH reaches every node of a cluster, so
+ * any node that is up (a primary of the map first), else the next known one. */
+static void sub_pick_node(tg_redis_t *r) {
+    tg__redis_conn_t *best = NULL;
+    for (int pass = 0; pass < 2 && !best; pass++)
+        for (int k = 0; k < r->nconns && !best; k++) {
+            tg__redis_conn_t *x = r->conns[(r->pick + k) % r->nconns];
+            if ((pass || x->wanted) && x->state == S_UP)
+                best = x;
+        }
+    if (!best)
+        best = r->conns[r->pick % r->nconns];
+    r->pick++;
+    r->sub.host = best->host;
+    r->sub.port = best->port;
+}
+
 /* ---- timers --------------------------------------------------------------------- */
 
 static void redis_on_timer(uv_timer_t *t) {
@@ -666,17 +1038,25 @@ static void redis_on_timer(uv_timer_t *t) {
     while ((q = r->pending.head) != NULL && q->deadline <= now) {
         l_remove(&r->pending, q);
         r->stats.timeouts++;
-        if (req_abandon(q, tg_redis_err_timeout))
+        if (q->state == R_PARKED) {
+            r->nparked--;
+            if (req_finish(q, NULL, tg_redis_err_timeout))
+                return;
+        } else if (req_abandon(q, tg_redis_err_timeout)) {
             return;
+        }
     }
-    tg__redis_conn_t *c = &r->cmd;
-    if (c->state == S_UP && c->inflight > 0 && !c->freeing && now - c->last_io >= (uint64_t)r->stall_ms) {
-        tg_log_warn("redis: command connection: no reply for %d ms with %d command(s) outstanding; reconnecting",
-                    r->stall_ms, c->inflight);
-        c->freeing = 1;
-        redisAsyncFree(c->ac);
-        if (r->closing)
-            return;
+    for (int i = 0; i < r->nconns; i++) {
+        tg__redis_conn_t *c = r->conns[i];
+        if (c->state == S_UP && c->inflight > 0 && !c->freeing && now - c->last_io >= (uint64_t)r->stall_ms) {
+            tg_log_warn("redis: command connection%s%s: no reply for %d ms with %d command(s) outstanding; "
+                        "reconnecting",
+                        r->cluster ? " to " : "", r->cluster ? c->host : "", r->stall_ms, c->inflight);
+            c->freeing = 1;
+            redisAsyncFree(c->ac);
+            if (r->closing)
+                return;
+        }
     }
     redis_arm(r);
 }
@@ -696,6 +1076,78 @@ static void redis_on_idle(uv_idle_t *h) {
 
 /* ---- the client ----------------------------------------------------------------- */
 
+/* "host[:port]" or "[v6]:port" from p to end: *host allocated, *port 6379 when not
+ * given. 0, or -1 (and *host may need freeing). */
+static int hostport_parse(const char *p, const char *end, char **host, int *port) {
+    const char *hend;
+    *port = 6379;
+    if (p < end && *p == '[') {
+        const char *rb = memchr(p, ']', (size_t)(end - p));
+        if (!rb)
+            return -1;
+        *host = strndup(p + 1, (size_t)(rb - p - 1));
+        hend = rb + 1;
+    } else {
+        hend = memchr(p, ':', (size_t)(end - p));
+        if (!hend)
+            hend = end;
+        *host = strndup(p, (size_t)(hend - p));
+    }
+    if (hend < end) {
+        if (*hend != ':' || hend + 1 == end || end - hend > 6)
+            return -1;
+        long v = 0;
+        for (const char *d = hend + 1; d < end; d++) {
+            if (*d < '0' || *d > '9')
+                return -1;
+            v = v * 10 + (*d - '0');
+        }
+        if (v <= 0 || v > 65535)
+            return -1;
+        *port = (int)v;
+    }
+    return *host && **host ? 0 : -1;
+}
+
+/* "redis-cluster://[[user]:password@]host:port[,host:port...]": the seeds are kept as
+ * written (checked here), the first one is host and port. */
+static int url_parse_cluster(tg_redis_url_t *u, const char *p) {
+    const char *at = strrchr(p, '@');
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon) {
+            if (colon > p)
+                u->user = strndup(p, (size_t)(colon - p));
+            u->pass = strndup(colon + 1, (size_t)(at - colon - 1));
+        } else {
+            u->pass = strndup(p, (size_t)(at - p));
+        }
+        p = at + 1;
+    }
+    if (!*p || strchr(p, '/'))
+        return -1; /* a cluster has database 0 only */
+    for (const char *s = p; *s;) {
+        const char *end = s + strcspn(s, ",");
+        char *host = NULL;
+        int port;
+        int bad = hostport_parse(s, end, &host, &port);
+        if (!bad && !u->host) {
+            u->host = host;
+            u->port = port;
+            host = NULL;
+        }
+        free(host);
+        if (bad)
+            return -1;
+        s = *end ? end + 1 : end;
+        if (*end && !*s)
+            return -1; /* a trailing comma */
+    }
+    u->seeds = strdup(p);
+    u->cluster = 1;
+    return 0;
+}
+
 static int url_parse(tg_redis_url_t *u, const char *url) {
     if (strncmp(url, "unix://", 7) == 0) {
         if (url[7] != '/')
@@ -703,6 +1155,8 @@ static int url_parse(tg_redis_url_t *u, const char *url) {
         u->path = strdup(url + 7);
         return 0;
     }
+    if (strncmp(url, "redis-cluster://", 16) == 0)
+        return url_parse_cluster(u, url + 16);
     if (strncmp(url, "redis://", 8) != 0)
         return -1;
     const char *p = url + 8;
@@ -764,6 +1218,7 @@ int tg_redis_url_parse(const char *url, tg_redis_url_t *u) {
 }
 
 void tg_redis_url_free(tg_redis_url_t *u) {
+    free(u->seeds);
     free(u->host);
     free(u->path);
     free(u->user);
@@ -771,27 +1226,24 @@ void tg_redis_url_free(tg_redis_url_t *u) {
     memset(u, 0, sizeof(*u));
 }
 
-redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, size_t errlen) {
-    tg_redis_url_t u;
-    if (tg_redis_url_parse(url, &u) != TG_OK) {
-        snprintf(err, errlen, "bad URL (expected redis://[[user]:password@]host[:port][/db] or unix:///path/to.sock)");
-        return NULL;
-    }
+/* A blocking connection to host:port (or u's socket when host is NULL) with u's setup. */
+static redisContext *sync_connect(const tg_redis_url_t *u, const char *host, int port, int timeout_ms, char *err,
+                                  size_t errlen) {
     /* Where, for the messages: never the password. */
     char where[300];
-    if (u.path)
-        snprintf(where, sizeof(where), "%.280s", u.path);
+    if (!host)
+        snprintf(where, sizeof(where), "%.280s", u->path);
     else
-        snprintf(where, sizeof(where), "%.256s:%d/%d", u.host, u.port, u.db);
+        snprintf(where, sizeof(where), "%.256s:%d/%d", host, port, u->db);
     struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    redisContext *c = u.path ? redisConnectUnixWithTimeout(u.path, tv) : redisConnectWithTimeout(u.host, u.port, tv);
+    redisContext *c = !host ? redisConnectUnixWithTimeout(u->path, tv) : redisConnectWithTimeout(host, port, tv);
     if (!c || c->err) {
         snprintf(err, errlen, "%s: %s", where, c ? c->errstr : "out of memory");
         goto fail;
     }
     redisSetTimeout(c, tv);
     setup_cmd_t setup[2];
-    int n = setup_cmds(&u, 1, setup);
+    int n = setup_cmds(u, 1, setup);
     for (int i = 0; i < n; i++) {
         redisReply *rep = redisCommandArgv(c, setup[i].argc, setup[i].argv, NULL);
         int ok = rep && rep->type != REDIS_REPLY_ERROR;
@@ -802,13 +1254,89 @@ redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, 
         if (!ok)
             goto fail;
     }
-    tg_redis_url_free(&u);
     return c;
 fail:
     if (c)
         redisFree(c);
-    tg_redis_url_free(&u);
     return NULL;
+}
+
+redisContext *tg_redis_connect_sync_node(const char *url, const char *host, int port, int timeout_ms, char *err,
+                                         size_t errlen) {
+    tg_redis_url_t u;
+    if (tg_redis_url_parse(url, &u) != TG_OK) {
+        snprintf(err, errlen,
+                 "bad URL (expected redis://[[user]:password@]host[:port][/db], "
+                 "redis-cluster://[[user]:password@]host:port[,host:port...] or unix:///path/to.sock)");
+        return NULL;
+    }
+    redisContext *c = NULL;
+    if (host || !u.cluster) {
+        c = sync_connect(&u, host ? host : u.path ? NULL : u.host, host ? port : u.port, timeout_ms, err, errlen);
+    } else { /* a cluster: the first seed that answers */
+        for (const char *p = u.seeds; *p && !c;) {
+            const char *end = p + strcspn(p, ",");
+            char *h = NULL;
+            int hp;
+            if (hostport_parse(p, end, &h, &hp) == 0)
+                c = sync_connect(&u, h, hp, timeout_ms, err, errlen);
+            free(h);
+            p = *end ? end + 1 : end;
+        }
+    }
+    tg_redis_url_free(&u);
+    return c;
+}
+
+redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, size_t errlen) {
+    return tg_redis_connect_sync_node(url, NULL, 0, timeout_ms, err, errlen);
+}
+
+int tg_redis_url_is_cluster(const char *url) { return url && strncmp(url, "redis-cluster://", 16) == 0; }
+
+redisReply *tg_redis_sync_argv(redisContext **c, const char *url, int timeout_ms, int argc, const char **argv,
+                               const size_t *argvlen) {
+    redisReply *rep = redisCommandArgv(*c, argc, argv, argvlen);
+    for (int hop = 0; rep && rep->type == REDIS_REPLY_ERROR && hop < REDIS_HOPS_MAX; hop++) {
+        char host[TG_REDIS_HOST_MAX], err[400];
+        int slot, port;
+        int kind = tg_redis_parse_redirect(rep->str, rep->len, &slot, host, &port);
+        if (kind == TG_REDIS_REDIRECT_NONE)
+            break;
+        redisContext *n = tg_redis_connect_sync_node(url, host[0] ? host : (*c)->tcp.host, port, timeout_ms, err,
+                                                     sizeof(err));
+        if (!n)
+            break; /* the redirection is the answer */
+        freeReplyObject(rep);
+        if (kind == TG_REDIS_REDIRECT_ASK) {
+            redisReply *a = redisCommand(n, "ASKING");
+            if (a)
+                freeReplyObject(a);
+            rep = redisCommandArgv(n, argc, argv, argvlen);
+            redisFree(n);
+        } else {
+            redisFree(*c);
+            *c = n;
+            rep = redisCommandArgv(*c, argc, argv, argvlen);
+        }
+    }
+    return rep;
+}
+
+int tg_redis_sync_map(redisContext *c, tg_redis_slotmap_t *m) {
+    for (int shards = 1; shards >= 0; shards--) {
+        redisReply *rep = redisCommand(c, shards ? "CLUSTER SHARDS" : "CLUSTER SLOTS");
+        int ok = rep && tg_redis_slotmap_parse(rep, shards, m) > 0;
+        if (rep)
+            freeReplyObject(rep);
+        if (ok) {
+            for (int i = 0; i < m->nnodes; i++)
+                if (!m->nodes[i].host[0])
+                    snprintf(m->nodes[i].host, sizeof(m->nodes[i].host), "%s", c->tcp.host);
+            return TG_OK;
+        }
+    }
+    return TG_ERROR;
 }
 
 static void conn_init(tg_redis_t *r, tg__redis_conn_t *c, const char *name, int is_sub) {
@@ -828,9 +1356,13 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     if (!r)
         abort();
     if (tg_redis_url_parse(url, &r->url) != TG_OK) {
-        tg_log_error("redis: bad URL \"%s\": expected redis://[[user]:password@]host[:port][/db] or "
-                     "unix:///path/to.sock",
-                     url);
+        if (strncmp(url, "rediss", 6) == 0)
+            tg_log_error("redis: TLS (rediss://) is not supported: hiredis 0.14, Debian 12's, has no TLS; "
+                         "reach a TLS Redis through a local TLS proxy (stunnel, a sidecar) on loopback");
+        else
+            tg_log_error("redis: bad URL \"%s\": expected redis://[[user]:password@]host[:port][/db], "
+                         "redis-cluster://[[user]:password@]host:port[,host:port...] or unix:///path/to.sock",
+                         url);
         redis_free(r);
         return NULL;
     }
@@ -847,8 +1379,35 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     uv_prepare_init(loop, &r->flush);
     r->flush.data = r;
     r->handles = 3;
-    conn_init(r, &r->cmd, "command", 0);
     conn_init(r, &r->sub, "pubsub", 1);
+    if (r->url.cluster) {
+        r->cluster = 1;
+        for (int s = 0; s < TG_REDIS_SLOTS; s++)
+            r->slots[s] = -1;
+        uv_timer_init(loop, &r->topo);
+        r->topo.data = r;
+        uv_timer_init(loop, &r->retry);
+        r->retry.data = r;
+        r->handles += 2;
+        uv_timer_start(&r->topo, cluster_on_topo, REDIS_MAP_EVERY_MS, 0);
+        /* The seeds: each connects, and the first one up reads the map. */
+        for (const char *p = r->url.seeds; *p;) {
+            const char *end = p + strcspn(p, ",");
+            char *host = NULL;
+            int port = 0;
+            if (hostport_parse(p, end, &host, &port) == 0)
+                cluster_node(r, host, port);
+            free(host);
+            p = *end ? end + 1 : end;
+        }
+        return r;
+    }
+    conn_init(r, &r->cmd, "command", 0);
+    r->cmd.host = r->sub.host = r->url.host;
+    r->cmd.path = r->sub.path = r->url.path;
+    r->cmd.port = r->sub.port = r->url.port;
+    r->conns[0] = &r->cmd;
+    r->nconns = 1;
     conn_connect(&r->cmd);
     return r;
 }
@@ -971,8 +1530,12 @@ void tg_redis_destroy(tg_redis_t *r) {
     tg_redis_req_t *q;
     while ((q = r->pending.head) != NULL) {
         l_remove(&r->pending, q);
-        req_abandon(q, tg_redis_err_shutdown);
+        if (q->state == R_PARKED)
+            req_finish(q, NULL, tg_redis_err_shutdown);
+        else
+            req_abandon(q, tg_redis_err_shutdown);
     }
+    r->nparked = 0;
     while ((q = r->deferred.head) != NULL) {
         l_remove(&r->deferred, q);
         req_finish(q, NULL, tg_redis_err_shutdown);
@@ -981,11 +1544,15 @@ void tg_redis_destroy(tg_redis_t *r) {
         resend_finish(r->resends, NULL, tg_redis_err_shutdown);
     uv_idle_stop(&r->idle);
     uv_close((uv_handle_t *)&r->timer, redis_on_handle_close);
-    uv_close((uv_handle_t *)&r->cmd.timer, conn_on_timer_close);
+    for (int i = 0; i < r->nconns; i++)
+        uv_close((uv_handle_t *)&r->conns[i]->timer, conn_on_timer_close);
     uv_close((uv_handle_t *)&r->sub.timer, conn_on_timer_close);
-    tg__redis_conn_t *conns[2] = {&r->cmd, &r->sub};
-    for (int i = 0; i < 2; i++) {
-        tg__redis_conn_t *c = conns[i];
+    if (r->cluster) {
+        uv_close((uv_handle_t *)&r->topo, redis_on_handle_close);
+        uv_close((uv_handle_t *)&r->retry, redis_on_handle_close);
+    }
+    for (int i = 0; i <= r->nconns; i++) {
+        tg__redis_conn_t *c = i < r->nconns ? r->conns[i] : &r->sub;
         if (c->ac && !c->freeing) {
             c->freeing = 1;
             redisAsyncFree(c->ac); /* deferred by hiredis when inside its callback */
@@ -1047,6 +1614,14 @@ static tg_redis_req_t *redis_send(tg_redis_t *r, tg_redis_req_t *q, int argc, co
                                   const size_t *argvlen) {
     tg__redis_conn_t *c = &r->cmd;
     r->stats.commands++;
+    if (r->cluster) { /* q->argv holds the command: it may have to go out again */
+        q->deadline = uv_now(r->loop) + (uint64_t)r->timeout_ms;
+        l_push(&r->pending, q);
+        if (r->pending.head == q)
+            redis_arm(r);
+        cluster_dispatch(r, q);
+        return q;
+    }
     if (!conn_accepts(c) || conn_send(c, q, argc, argv, argvlen) != REDIS_OK) {
         r->stats.failed_fast++;
         redis_defer(r, q, tg_redis_err_disconnected);
@@ -1063,10 +1638,46 @@ static tg_redis_req_t *redis_send(tg_redis_t *r, tg_redis_req_t *q, int argc, co
     return q;
 }
 
+/* Cluster mode: a request that keeps a copy of its command, for a redirection. */
+static tg_redis_req_t *cluster_command(tg_redis_t *r, tg__redis_conn_t *at, tg_redis_cb cb, void *ud, int argc,
+                                       const char **argv, const size_t *argvlen) {
+    size_t size = sizeof(tg_redis_req_t) + (size_t)argc * (sizeof(char *) + sizeof(size_t));
+    tg_redis_req_t *q = calloc(1, size + args_size(argc, argv, argvlen));
+    if (!q)
+        abort();
+    q->r = r;
+    q->cb = cb;
+    q->ud = ud;
+    q->script = -1;
+    q->at = at;
+    q->argc = argc;
+    q->argv = (const char **)(q + 1);
+    q->argvlen = (size_t *)(q->argv + argc);
+    args_copy((char *)(q->argvlen + argc), argc, argv, argvlen, q->argv, q->argvlen);
+    return redis_send(r, q, argc, q->argv, q->argvlen);
+}
+
+int tg_redis_primaries(const tg_redis_t *r) {
+    if (!r)
+        return 0;
+    return r->cluster ? r->nprimaries : 1;
+}
+
+tg_redis_req_t *tg_redis_command_at(tg_redis_t *r, int primary, tg_redis_cb cb, void *ud, int argc, const char **argv,
+                                    const size_t *argvlen) {
+    if (!r || r->closing || argc <= 0 || !argv || primary < 0 || primary >= tg_redis_primaries(r))
+        return NULL;
+    if (!r->cluster)
+        return tg_redis_command(r, cb, ud, argc, argv, argvlen);
+    return cluster_command(r, r->conns[r->primaries[primary]], cb, ud, argc, argv, argvlen);
+}
+
 tg_redis_req_t *tg_redis_command(tg_redis_t *r, tg_redis_cb cb, void *ud, int argc, const char **argv,
                                  const size_t *argvlen) {
     if (!r || r->closing || argc <= 0 || !argv)
         return NULL;
+    if (r->cluster)
+        return cluster_command(r, NULL, cb, ud, argc, argv, argvlen);
     tg_redis_req_t *q = calloc(1, sizeof(*q));
     if (!q)
         abort();
@@ -1146,11 +1757,19 @@ void tg_redis_cancel(tg_redis_req_t *q) {
     } else if (q->state == R_DEFERRED) {
         l_remove(&r->deferred, q);
         free(q);
+    } else if (q->state == R_PARKED) {
+        l_remove(&r->pending, q);
+        r->nparked--;
+        free(q);
     }
 }
 
 int tg_redis_connected(const tg_redis_t *r) {
-    return r && r->cmd.state == S_UP && !r->cmd.broken && !r->cmd.freeing;
+    if (!r)
+        return 0;
+    if (r->cluster) /* a map, and its primaries reachable */
+        return r->have_map && cluster_all_up(r);
+    return r->cmd.state == S_UP && !r->cmd.broken && !r->cmd.freeing;
 }
 
 int tg_redis_subscribe(tg_redis_t *r, const char *channel, tg_redis_msg_cb cb, void *ud) {
@@ -1208,10 +1827,14 @@ static void redis_collect(const void *const *stats, int n, tg_buf_t *out) {
                   "tollgate_redis_total{event=\"disconnect\"} %llu\n"
                   "tollgate_redis_total{event=\"connect\"} %llu\n"
                   "tollgate_redis_total{event=\"script_load\"} %llu\n"
-                  "tollgate_redis_total{event=\"resend\"} %llu\n",
+                  "tollgate_redis_total{event=\"resend\"} %llu\n"
+                  "tollgate_redis_total{event=\"redirect\"} %llu\n"
+                  "tollgate_redis_total{event=\"cluster_retry\"} %llu\n"
+                  "tollgate_redis_total{event=\"map_read\"} %llu\n",
                   (unsigned long long)s.commands, (unsigned long long)s.failed_fast, (unsigned long long)s.timeouts,
                   (unsigned long long)s.disconnects, (unsigned long long)s.connects,
-                  (unsigned long long)s.script_loads, (unsigned long long)s.resends);
+                  (unsigned long long)s.script_loads, (unsigned long long)s.resends, (unsigned long long)s.redirects,
+                  (unsigned long long)s.cluster_retries, (unsigned long long)s.map_reads);
 }
 
 void tg_redis_metrics(tg_metrics_t *m, const tg_redis_t *r) {
