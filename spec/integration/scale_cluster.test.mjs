@@ -201,6 +201,37 @@ async function failoverUnderLoad(what, act, bound) {
   return t;
 }
 
+test("the tenant's slot migrated to another primary under load: ASK, TRYAGAIN and MOVED followed", async () => {
+  const owner = await ownerOf(`{t:${bill.tenantId}}:money`);
+  const ns = await nodes();
+  const from = ns.find((n) => n.port === owner.primary);
+  const to = ns.find((n) => n.role === 'master' && !n.failed && n.port !== owner.primary);
+  const before = await Promise.all(gws.map((gw) => metrics(gw)));
+  await failoverUnderLoad('slot migration', async () => {
+    const slot = String(owner.slot);
+    await cli(to.port, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', from.id);
+    await cli(from.port, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', to.id);
+    let moved = 0;
+    for (let round = 0; round < 3; round++) { // the load keeps making keys: move what is there, thrice
+      await sleep(300);
+      const keys = (await cli(from.port, 'CLUSTER', 'GETKEYSINSLOT', slot, '1000')).split('\n').filter(Boolean);
+      if (keys.length) await cli(from.port, 'MIGRATE', '127.0.0.1', String(to.port), '', '0', '5000', 'KEYS', ...keys);
+      moved += keys.length;
+    }
+    for (const n of (await nodes()).filter((x) => x.role === 'master' && !x.failed)) {
+      await cli(n.port, 'CLUSTER', 'SETSLOT', slot, 'NODE', to.id);
+    }
+    assert.equal(await cli(from.port, 'CLUSTER', 'COUNTKEYSINSLOT', slot), '0');
+    return `slot ${slot} (${moved} keys) moved from ${from.port} to ${to.port}`;
+  }, C);
+  const after = await Promise.all(gws.map((gw) => metrics(gw)));
+  const grew = (k) => after.reduce((a, m, i) => a + (m[k] ?? 0) - (before[i][k] ?? 0), 0);
+  console.log(`redirects followed ${grew('tollgate_redis_total{event="redirect"}')}, retries ${grew('tollgate_redis_total{event="cluster_retry"}')}`);
+  assert.ok(grew('tollgate_redis_total{event="redirect"}') > 0, 'ASK / MOVED followed');
+  assert.equal((await ownerOf(`{t:${bill.tenantId}}:money`)).primary, to.port, 'the new owner serves the tenant');
+  await verifyLedger(bill);
+});
+
 test('a manual CLUSTER FAILOVER under load: at most C at once, leases return, the ledger verifies', async () => {
   const owner = await ownerOf(`{t:${bill.tenantId}}:money`);
   await failoverUnderLoad('manual failover', async () => {

@@ -103,8 +103,8 @@ TG_TEST(redis_cluster, the_map_from_cluster_shards) {
      * third one's primary failed with no replica promoted yet (unserved). */
     const char *shards =
         "*3\r\n"
-        "*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:5460\r\n$5\r\nnodes\r\n*2\r\n" NODE("1\r\na", "7000", "127.0.0.1", MASTER, ONLINE)
-            NODE("1\r\nb", "7003", "127.0.0.1", REPLICA, ONLINE)
+        "*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:5460\r\n$5\r\nnodes\r\n*2\r\n"
+            NODE("1\r\na", "7000", "127.0.0.1", MASTER, ONLINE) NODE("1\r\nb", "7003", "127.0.0.1", REPLICA, ONLINE)
         "*4\r\n$5\r\nslots\r\n*4\r\n:5461\r\n:10000\r\n:10001\r\n:10922\r\n$5\r\nnodes\r\n*2\r\n"
             NODE("1\r\nc", "7001", "127.0.0.1", MASTER, FAILED) NODE("1\r\nd", "7004", "127.0.0.1", MASTER, ONLINE)
         "*4\r\n$5\r\nslots\r\n*2\r\n:10923\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n"
@@ -160,7 +160,8 @@ TG_TEST(redis_cluster, seed_urls) {
     ASSERT(u.port == 6379);
     tg_redis_url_free(&u);
     const char *bad[] = {"redis-cluster://", "redis-cluster://h:1,", "redis-cluster://h:1,,h:2",
-                         "redis-cluster://h:1/2", "redis-cluster://h:0", "redis-cluster://h:x",
+                         "redis-cluster://h:1/2", "redis-cluster://h:0",
+                         "redis-cluster://h:x",
                          "rediss-cluster://h:1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         if (tg_redis_url_parse(bad[i], &u) != TG_ERROR) {

@@ -36,7 +36,9 @@ extern const char tg_redis_err_shutdown[];     /* "shutdown": tg_redis_destroy()
  * The result of one command. `reply` is valid only during the callback and is NULL when
  * `err` is one of the constants above. `err` is NULL on success; for a Redis error reply
  * (REDIS_REPLY_ERROR) `reply` is that reply and `err` its text. After "timeout" or
- * "disconnected" the command may or may not have run in Redis.
+ * "disconnected" the command may or may not have run in Redis. On a cluster, a command
+ * whose connection was lost after it was sent gets "timeout"; "disconnected" there means
+ * it was never sent (its node unreachable, its slot unserved).
  */
 typedef void (*tg_redis_cb)(void *ud, redisReply *reply, const char *err);
 
@@ -106,20 +108,25 @@ struct tg_redis_slotmap_s;
 int tg_redis_sync_map(redisContext *c, struct tg_redis_slotmap_s *m);
 
 /**
- * Creates the client and starts connecting. A redis-cluster:// URL makes it
- * cluster-aware: it reads the slot map from a seed (CLUSTER SHARDS, or CLUSTER SLOTS
- * before Redis 7), keeps one command connection per primary, sends each command to the
- * primary of its first key's slot (a script's keys must share a hash tag), follows
- * MOVED and ASK, sends again on TRYAGAIN / CLUSTERDOWN within the command's timeout,
- * and reads the map again after a redirection, a lost primary and every 5 s. Pub/Sub
- * uses classic SUBSCRIBE on any one node (a cluster broadcasts PUBLISH to every node). `url` is "redis://[[user]:password@]host
- * [:port][/db]" or "unix:///path/to.sock". Each connection starts with AUTH (when a
- * password is given), SELECT (db > 0) and CLIENT SETNAME tollgate:<pid>:cmd|sub, and is
- * up once they have succeeded. `timeout_ms` bounds each command from submission to
- * reply; connecting (setup included) may take max(timeout_ms, 1000). Returns NULL (logged) for a bad URL or arguments. Host names
- * are resolved with a blocking lookup on each connect: prefer an address or a socket.
- * Commands issued before the first connection attempt has finished wait for it (within
- * their timeout); later ones fail at once while the connection is down.
+ * Creates the client and starts connecting. `url` is "redis://[[user]:password@]host
+ * [:port][/db]", "unix:///path/to.sock" or "redis-cluster://[[user]:password@]host:port
+ * [,host:port...]". Each connection starts with AUTH (when a password is given), SELECT
+ * (db > 0) and CLIENT SETNAME tollgate:<pid>:cmd|sub, and is up once they have
+ * succeeded. `timeout_ms` bounds each command from submission to reply; connecting
+ * (setup included) may take max(timeout_ms, 1000). Returns NULL (logged) for a bad URL
+ * or arguments. Host names are resolved with a blocking lookup on each connect: prefer
+ * an address or a socket. Commands issued before the first connection attempt has
+ * finished wait for it (within their timeout); later ones fail at once while the
+ * connection is down.
+ *
+ * A redis-cluster:// URL makes the client cluster-aware: it reads the slot map from a
+ * seed (CLUSTER SHARDS, or CLUSTER SLOTS before Redis 7), keeps one command connection
+ * per primary, sends each command to the primary of its first key's slot (a script's
+ * keys must share a hash tag), follows MOVED and ASK, sends again on TRYAGAIN /
+ * CLUSTERDOWN / READONLY within the command's timeout, and reads the map again after a
+ * redirection, a lost primary and every 5 s. Pub/Sub uses classic SUBSCRIBE on any one
+ * node (a cluster forwards every PUBLISH to every node). Before the first map, commands
+ * wait for it within their timeout.
  */
 tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms);
 

@@ -82,6 +82,7 @@ struct tg_redis_req_s {
     int retried;
     int hops;                /* cluster: redirections followed */
     tg__redis_conn_t *at;    /* cluster: the node it must go to (ASK, tg_redis_command_at) */
+    int pinned;              /* cluster: `at` is the caller's (tg_redis_command_at) */
     int asking;              /* cluster: ASKING goes first */
     int argc;
     const char **argv;
@@ -665,8 +666,12 @@ static void conn_on_reply(redisAsyncContext *ac, void *reply_, void *privdata) {
     }
     assert(q->state == R_SENT);
     if (!reply) {
+        /* Sent, then the connection went: it may have run. On a cluster that is said as
+         * "timeout", since tg_redis_connected() (all primaries up) cannot tell the
+         * caller whether this command's own node was up when it was sent. */
         l_remove(&r->pending, q);
-        req_finish(q, NULL, r->closing ? tg_redis_err_shutdown : tg_redis_err_disconnected);
+        const char *lost = r->cluster ? tg_redis_err_timeout : tg_redis_err_disconnected;
+        req_finish(q, NULL, r->closing ? tg_redis_err_shutdown : lost);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR && q->script >= 0 && !q->retried &&
@@ -860,12 +865,8 @@ static int cluster_on_error(tg_redis_t *r, tg__redis_conn_t *c, tg_redis_req_t *
     char host[TG_REDIS_HOST_MAX];
     int slot, port;
     int kind = tg_redis_parse_redirect(reply->str, reply->len, &slot, host, &port);
-    if (kind != TG_REDIS_REDIRECT_NONE) {
-        if (q->hops >= REDIS_HOPS_MAX || c->freeing)
-            return 0;
-        int idx = cluster_node(r, host[0] ? host : c->host, port);
-        if (idx < 0)
-            return 0;
+    int idx = kind != TG_REDIS_REDIRECT_NONE ? cluster_node(r, host[0] ? host : c->host, port) : -1;
+    if (kind != TG_REDIS_REDIRECT_NONE && q->hops < REDIS_HOPS_MAX && idx >= 0) {
         q->hops++;
         r->stats.redirects++;
         tg__redis_conn_t *to = r->conns[idx];
@@ -886,12 +887,20 @@ static int cluster_on_error(tg_redis_t *r, tg__redis_conn_t *c, tg_redis_req_t *
         return 1;
     }
     int clusterdown = strncmp(reply->str, "CLUSTERDOWN", 11) == 0;
-    if (!clusterdown && strncmp(reply->str, "TRYAGAIN", 8) != 0 && strncmp(reply->str, "READONLY", 8) != 0)
+    if (kind == TG_REDIS_REDIRECT_NONE && !clusterdown && strncmp(reply->str, "TRYAGAIN", 8) != 0 &&
+        strncmp(reply->str, "READONLY", 8) != 0)
         return 0;
-    /* Within the deadline: a slot being migrated, a failover in progress. */
+    /* Within the deadline: a slot being migrated, a failover in progress, redirections
+     * going round (the map is read again). The next try starts from the map; when the
+     * deadline comes first, the caller hears "timeout", after which an idempotent script
+     * is sent again. */
     r->stats.cluster_retries++;
-    if (clusterdown || reply->str[0] == 'R')
+    if (clusterdown || kind != TG_REDIS_REDIRECT_NONE || reply->str[0] == 'R')
         cluster_refresh_soon(r);
+    if (!q->pinned)
+        q->at = NULL;
+    q->asking = 0;
+    q->hops = 0;
     park(r, q);
     if (!uv_is_active((uv_handle_t *)&r->retry))
         uv_timer_start(&r->retry, cluster_on_retry, REDIS_RETRY_MS, 0);
@@ -1650,6 +1659,7 @@ static tg_redis_req_t *cluster_command(tg_redis_t *r, tg__redis_conn_t *at, tg_r
     q->ud = ud;
     q->script = -1;
     q->at = at;
+    q->pinned = at != NULL;
     q->argc = argc;
     q->argv = (const char **)(q + 1);
     q->argvlen = (size_t *)(q->argv + argc);
