@@ -46,6 +46,7 @@ const body = chatReq(MODEL, 'bench [mock chunks=2]');
 for (let i = 0; i < 50; i++) await chat(gw, bill.key, body, { agent, timeout: 20000 });
 await new Promise((r) => setTimeout(r, 500));
 for (const p of primaries()) cli(p, 'CONFIG', 'RESETSTAT');
+execFileSync('callgrind_control', ['-i', 'on', String(gw.proc.pid)], { stdio: 'ignore' }); // instrumented from here (startup under valgrind is slow enough)
 execFileSync('callgrind_control', ['-z', String(gw.proc.pid)], { stdio: 'ignore' });
 let ok = 0;
 for (let i = 0; i < N; i++) ok += (await chat(gw, bill.key, body, { agent, timeout: 20000 })).status === 200 ? 1 : 0;

@@ -32,7 +32,7 @@ cat >"$T/tg-wrap" <<EOW
 #!/bin/sh
 # 'serve' runs under callgrind (its output file named by TG_CG_OUT); everything else as is.
 if [ "\$1" = serve ] && [ -n "\${TG_CG_OUT:-}" ]; then
-  exec valgrind --tool=callgrind --callgrind-out-file="\$TG_CG_OUT" "$T/tollgate" "\$@"
+  exec valgrind --tool=callgrind --fair-sched=yes --instr-atstart=no --callgrind-out-file="\$TG_CG_OUT" "$T/tollgate" "\$@"
 fi
 exec "$T/tollgate" "\$@"
 EOW

@@ -19,7 +19,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { sleep, startMock, stopAll, waitFor } from './lib/harness.mjs';
-import { chat, chatReq, metrics, plainKey, tally } from './lib/db.mjs';
+import { adminClient, chat, chatReq, metrics, plainKey, tally } from './lib/db.mjs';
 import { billedSetup, MODEL, startBilledGateway, verifyLedger } from './lib/billing.mjs';
 
 const DIR = process.env.TG_SCALE_CLUSTER_DIR;
@@ -200,6 +200,19 @@ async function failoverUnderLoad(what, act, bound) {
   await leasesZero();
   return t;
 }
+
+test('an admin change on one instance reaches the others through the cluster (classic Pub/Sub)', async () => {
+  // Each instance has the bucket key cached (30 s): a revoke seen within 2 s came by Pub/Sub.
+  for (const gw of gws) assert.notEqual((await chat(gw, BUCKET, chatReq(MODEL, 'cached'), { timeout: 10000 })).status, 401);
+  const id = await bill.db.scalar("SELECT id FROM api_keys WHERE name = 'bucket'");
+  const t0 = Date.now();
+  await adminClient(gws[0]).update(`/keys/${id}`, { status: 'revoked' });
+  for (const gw of gws.slice(1)) {
+    await waitFor(async () => (await chat(gw, BUCKET, chatReq(MODEL, 'revoked?'), { timeout: 10000 })).status === 401,
+      { timeout: 2000, interval: 50, what: 'the revoke seen by another instance' });
+  }
+  console.log(`revoke seen by every instance within ${Date.now() - t0} ms`);
+});
 
 test("the tenant's slot migrated to another primary under load: ASK, TRYAGAIN and MOVED followed", async () => {
   const owner = await ownerOf(`{t:${bill.tenantId}}:money`);
