@@ -58,3 +58,13 @@ add_test(NAME browser.budgets_console
 set_tests_properties(browser.budgets_console PROPERTIES
   ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
   LABELS "budgets;admin-ui;browser" TIMEOUT 120 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+
+# Issue "policy" (#22, items 4 and 5): spec/browser/policy_workbench.test.mjs — the Plugins
+# page's policy workbench walked from a blank policy to upload, replay diff, shadow,
+# promote and rollback under a background load through the OpenAI SDK (none may fail).
+add_test(NAME browser.policy_workbench
+  COMMAND sh -c "${tg_ui_skip_unbuilt}; if [ ! -x /usr/bin/chromium ]; then echo 'skipped: no /usr/bin/chromium (spec/install-deps.sh installs it)'; exit 77; fi; if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+          ${TG_NODE} ${tg_ui_dir}/policy_workbench.test.mjs)
+set_tests_properties(browser.policy_workbench PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
+  LABELS "policy;admin-ui;browser" TIMEOUT 300 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)

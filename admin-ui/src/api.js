@@ -10,6 +10,13 @@ const BASE = '/admin/api/v1';
 
 let csrf = null;
 let onSessionLost = () => {};
+let actor = '';
+
+/** The name sent with every write as x-tollgate-actor (the policy workbench's audit list
+ *  records it): printable ASCII, 64 characters at most. */
+export function setActor(name) {
+  actor = String(name || '').replace(/[^\x20-\x7e]/g, '?').slice(0, 64).trim();
+}
 
 /** Registers what to do when the gateway answers 401 (the session expired or was lost). */
 export function setSessionLostHandler(fn) {
@@ -100,6 +107,7 @@ export async function request(method, path, body, { signal, base = BASE, retried
   const headers = { accept: 'application/json' };
   if (body !== undefined) headers['content-type'] = 'application/json';
   if (method !== 'GET' && method !== 'HEAD' && csrf) headers['x-csrf-token'] = csrf;
+  if (method !== 'GET' && method !== 'HEAD' && actor) headers['x-tollgate-actor'] = actor;
   let res;
   try {
     res = await fetch(base + path, {

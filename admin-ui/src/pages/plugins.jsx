@@ -1,10 +1,12 @@
 // The plugin runtime: the generation serving, each plugin's version and hooks, the last
-// reload's result, per-hook call and error counts, and the reload button.
+// reload's result, per-hook call and error counts, and the reload button; below them the
+// policy workbench (workbench.jsx).
 import { useState } from 'preact/hooks';
 
 import { api } from '../api.js';
 import { ActionButton, Badge, Empty, ErrorBox, Notice, PageHead, Spinner, useLoad } from '../components.jsx';
 import { num, when } from '../format.js';
+import { PolicyWorkbench } from './workbench.jsx';
 
 export function Plugins() {
   const { data, error, loading, reload } = useLoad(() => api.get('/plugins'));
@@ -72,6 +74,7 @@ export function Plugins() {
                 <div class="stat-sub">{st.max_instructions ? `${num(st.max_instructions)} instructions` : 'CPU time only (no instruction cap)'}</div>
               </div>
             </div>
+            <PolicyWorkbench onChanged={reload} />
             {last && !last.ok && last.error && (
               <div class="error" role="alert" data-testid="last-reload-error">
                 <strong>The last reload was refused</strong>; the generation before keeps serving. <pre class="mono">{last.error}</pre>
