@@ -11,25 +11,18 @@
 // CSP violation, uncaught error or 5xx.
 
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { ADMIN_TOKEN, REPO, sleep, tempDir, waitFor } from '../integration/lib/harness.mjs';
 import { MODEL, startRouting } from '../integration/lib/routing.mjs';
-
-const CHROMIUM = process.env.TG_CHROMIUM || '/usr/bin/chromium';
+import { axeSerious as axeOn, launchConsole } from './lib.mjs';
 
 let rt;
-let ctx;
+let browser;
 let page;
-let profileDir;
-const problems = [];
-const serverErrors = [];
 
 before(async () => {
-  const { chromium } = await import('playwright-core');
   rt = await startRouting({
     accounts: [{ name: 'a' }, { name: 'b' }, { name: 'c' }],
     gateway: {
@@ -43,42 +36,16 @@ before(async () => {
       },
     },
   });
-  profileDir = fs.mkdtempSync(path.join(os.tmpdir(), 'tollgate-chromium-'));
-  ctx = await chromium.launchPersistentContext(profileDir, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1440, height: 900 },
-    timeout: 30000,
-  });
-  page = ctx.pages()[0] || (await ctx.newPage());
-  page.setDefaultTimeout(15000);
-  page.on('console', (m) => {
-    if (/Content Security Policy|Refused to (load|execute|apply|connect|frame)/i.test(m.text())) problems.push(`CSP: ${m.text()}`);
-  });
-  page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}`));
-  page.on('response', (r) => {
-    if (r.status() >= 500) serverErrors.push(`${r.status()} ${r.request().method()} ${r.url()}`);
-  });
+  browser = await launchConsole();
+  page = browser.page;
 });
 
 after(async () => {
-  await ctx?.close().catch(() => {});
-  if (profileDir) fs.rmSync(profileDir, { recursive: true, force: true });
+  await browser?.close();
   await rt?.stop();
 });
 
-async function axeSerious() {
-  if (!(await page.evaluate(() => typeof window.axe === 'object'))) {
-    await page.evaluate(fs.readFileSync(path.join(REPO, 'spec', 'node_modules', 'axe-core', 'axe.min.js'), 'utf8'));
-  }
-  return page.evaluate(async () => {
-    const r = await window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } });
-    return r.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical')
-      .map((v) => `${v.id} (${v.impact}): ${v.help} — ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(' | ')}`);
-  });
-}
+const axeSerious = () => axeOn(page);
 
 /** A background load through the OpenAI SDK: two at a time, at most 2,000 requests or
  *  120 s, until stopped; every outcome counted at the client. */
@@ -226,6 +193,6 @@ test('blank policy -> upload (a syntax error named by line, then fixed) -> repla
   const counts = await load.stop();
   assert.ok(counts.ok > 20, `background requests: ${JSON.stringify(counts)}`);
   assert.equal(counts.failed, 0, `failed background requests: ${JSON.stringify(counts)}`);
-  assert.deepEqual(problems, []);
-  assert.deepEqual(serverErrors, []);
+  assert.deepEqual(browser.problems, []);
+  assert.deepEqual(browser.serverErrors, []);
 });
