@@ -232,6 +232,19 @@ TG_TEST(providers, aws_eventstream) {
     ASSERT(strstr(e.out.data, "not an Anthropic stream event"));
     tg_buf_free(&e.out);
     tg_buf_free(&sl);
+
+    /* An Anthropic error event the upstream's chunk carries ends the stream too. */
+    tg_buf_t ae;
+    tg_buf_init(&ae);
+    const char aerr[] = "{\"bytes\":\"eyJ0eXBlIjoiZXJyb3IiLCJlcnJvciI6eyJ0eXBlIjoib3ZlcmxvYWRlZF9lcnJvciIsIm1lc3NhZ2UiOiJP"
+                        "dmVybG9hZGVkIn19\"}";
+    tg_es_encode(&ae, names, values, 3, aerr, sizeof(aerr) - 1);
+    tg_buf_append(&ae, PING, n);
+    e = run(ae.data, ae.len, 9);
+    ASSERT_EQ_INT(e.n, 1);
+    ASSERT(strstr(e.out.data, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\""));
+    tg_buf_free(&e.out);
+    tg_buf_free(&ae);
     tg_buf_free(&three);
     tg_buf_free(&enc);
 }

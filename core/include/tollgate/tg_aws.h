@@ -139,7 +139,8 @@ void tg_bedrock_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *host, 
 
 /** The Anthropic stream events of a Bedrock event stream, one callback per event (the
  *  event's type and its JSON, as an SSE parser would give them). An exception message
- *  and a corrupt stream become an Anthropic `error` event; nothing follows it. */
+ *  and a corrupt stream become an Anthropic `error` event; nothing follows an error
+ *  event (one the upstream's chunk carried too). */
 typedef void (*tg_bedrock_event_cb)(void *ud, const char *event, size_t elen, const char *data, size_t dlen);
 typedef struct {
     tg_es_decoder_t es;

@@ -633,7 +633,10 @@ static void stream_msg(void *ud, const tg_es_msg_t *m) {
         stream_error(s, "api_error", "a chunk that is not an Anthropic stream event", 45, "", 0);
         return;
     }
+    /* An Anthropic error event ends the stream, whoever sent it. */
+    int is_error = tlen == 5 && !memcmp(type, "error", 5);
     s->cb(s->ud, type, tlen, s->json.data, s->json.len);
+    s->ended |= is_error;
 }
 
 void tg_bedrock_stream_init(tg_bedrock_stream_t *s, size_t max, tg_bedrock_event_cb cb, void *ud) {
