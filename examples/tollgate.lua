@@ -66,6 +66,7 @@ return {
     write_timeout_ms = 60000,         -- a client that reads nothing for this long is dropped
     max_write_buffer = 262144,        -- bytes queued to a slow client before the upstream read pauses
     shutdown_timeout_ms = 10000,      -- SIGTERM: in-flight requests get this long to finish
+    drain_delay_ms = 0,               -- SIGTERM: /readyz answers 503 this long before the listeners close
   },
 
   -- The upstream of static keys and of keys without a group (required; keys in a group

@@ -35,6 +35,7 @@ typedef struct {
     int body_timeout_ms;
     int idle_timeout_ms;     /* keep-alive idle time between requests */
     int shutdown_timeout_ms;
+    int drain_delay_ms;      /* SIGTERM: /readyz answers 503 this long before the listeners close */
     int write_timeout_ms;    /* a client that reads nothing for this long is dropped */
     size_t max_write_buffer; /* per-connection bytes queued to a slow client before the
                                 upstream read pauses */

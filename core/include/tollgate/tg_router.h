@@ -1,7 +1,7 @@
 /*
  * The router: the one place that maps a request's path to what answers it.
  *
- *   /healthz, /metrics          answered here (GET, HEAD)
+ *   /healthz, /readyz, /metrics answered here (GET, HEAD)
  *   /v1/chat/completions, /v1/messages[/count_tokens], /v1/responses, /v1/embeddings,
  *   /v1/models                  the data-plane pipeline (tg_proxy.h)
  *   /admin/api/v1, /admin/api/v1/...   the admin API (tg_admin.h)

@@ -106,6 +106,8 @@ struct tg_gateway_s {
     SSL_CTX *client_tls;     /* for https upstreams */
     uint8_t (*key_hashes)[32]; /* SHA-256 of the static keys */
     size_t nkeys;
+    /* Set at the first SIGTERM/SIGINT, before the drain delay: /readyz answers 503 from
+     * then on, while the listeners still accept (limits.drain_delay_ms). */
     _Atomic int draining;
 };
 
@@ -121,6 +123,7 @@ struct tg_worker_s {
     int listener_tls[2];
     tg_metrics_t metrics;
     tg_worker_ctx_t *ctx; /* the handler's (worker_init .. worker_close) */
+    _Atomic int ready;    /* set by the handler once the worker can serve (/readyz reads every worker's) */
     int draining;
     int64_t nconns;
     void *conns_head;     /* intrusive list of connections */

@@ -37,6 +37,7 @@ struct tg_worker_ctx_s {
     tg_identity_t *identity;  /* the accounts' access tokens (with accounts), else NULL */
     tg_proxy_worker_t *proxy; /* the pipeline's own: scripts, the key hash, spare requests */
     tg_policy_store_t *policies; /* the workbench's store (plugins.store and Postgres), else NULL */
+    uv_timer_t *ready_timer;  /* polls for the first account snapshot, then sets tg_worker_t.ready */
 };
 
 /** {worker_init, worker_close, flush, handle}: this module's three, and tg_router_handle. */

@@ -45,8 +45,9 @@ typedef struct {
 
 static const command_t commands[] = {
     {"serve", "serve -c FILE", "run the gateway (data plane, admin API, console)",
-     "Runs the gateway until SIGTERM or SIGINT (in-flight requests get limits.shutdown_timeout_ms\n"
-     "to finish, then exit 0). SIGHUP reloads the plugins.\n\n"
+     "Runs the gateway until SIGTERM or SIGINT: /readyz answers 503 at once, the listeners close\n"
+     "after limits.drain_delay_ms, in-flight requests get limits.shutdown_timeout_ms to finish,\n"
+     "then exit 0. SIGHUP reloads the plugins.\n\n"
      "  -c, --config FILE   the configuration (a Lua file; every key: examples/tollgate.lua)\n\n"
      "environment: TOLLGATE_PG, TOLLGATE_REDIS, TOLLGATE_ADMIN_TOKEN, TOLLGATE_SECRET_KEY override\n"
      "the config's postgres, redis, admin_token and secret_key.\n"

@@ -187,7 +187,7 @@ void tg__on_finish(tg_request_t *req, int aborted) {
         tg__capture_finish(p, aborted && req->status < 400 ? 499 : req->status,
                            TTFT_NS(p) ? (double)(TTFT_NS(p) - req->start_ns) / 1e6 : -1,
                            (double)(now - req->start_ns) / 1e6, cost);
-    if (req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_METRICS) {
+    if (req->route != TG_ROUTE_HEALTHZ && req->route != TG_ROUTE_READYZ && req->route != TG_ROUTE_METRICS) {
         tg_access_line_t line = {.path = p->path ? p->path : "",
                                  .path_len = p->path ? strlen(p->path) : 0,
                                  .now_ns = now,

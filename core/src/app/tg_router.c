@@ -106,7 +106,25 @@ static void quota_gauges(const tg_health_t *h, tg_buf_t *b) {
     }
 }
 
-/* /healthz and /metrics: not access-logged (scraped and probed all day). */
+/* /readyz: 200 while the gateway takes traffic; 503 from the first SIGTERM on (draining:
+ * a load balancer takes the instance out before the listeners close) and until every
+ * worker has its first account snapshot (starting). /healthz stays 200 throughout: the
+ * process is alive. */
+static void answer_readyz(tg_request_t *req) {
+    const tg_gateway_t *gw = req->worker->gw;
+    if (atomic_load(&gw->draining)) {
+        tg_response_send(req, 503, "application/json", "Retry-After: 1\r\n", "{\"status\":\"draining\"}", 21);
+        return;
+    }
+    for (int i = 0; i < gw->nworkers; i++)
+        if (!atomic_load(&gw->workers[i]->ready)) {
+            tg_response_send(req, 503, "application/json", "Retry-After: 1\r\n", "{\"status\":\"starting\"}", 21);
+            return;
+        }
+    tg_response_send(req, 200, "application/json", NULL, "{\"status\":\"ready\"}", 18);
+}
+
+/* /healthz, /readyz and /metrics: not access-logged (scraped and probed all day). */
 static void answer_ops(tg_request_t *req, tg_route_t route) {
     req->route = route;
     if (!is_get(req)) {
@@ -115,6 +133,10 @@ static void answer_ops(tg_request_t *req, tg_route_t route) {
     }
     if (route == TG_ROUTE_HEALTHZ) {
         tg_response_send(req, 200, "application/json", NULL, "{\"status\":\"ok\"}", 15);
+        return;
+    }
+    if (route == TG_ROUTE_READYZ) {
+        answer_readyz(req);
         return;
     }
     tg_buf_t b;
@@ -140,6 +162,10 @@ void tg_router_handle(tg_request_t *req) {
     const char *path = req->url.data ? req->url.data : "/";
     if (!strcmp(path, "/healthz")) {
         answer_ops(req, TG_ROUTE_HEALTHZ);
+        return;
+    }
+    if (!strcmp(path, "/readyz")) {
+        answer_ops(req, TG_ROUTE_READYZ);
         return;
     }
     if (!strcmp(path, "/metrics")) {

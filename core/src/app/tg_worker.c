@@ -22,6 +22,23 @@
 
 static void worker_close(tg_worker_t *w);
 
+/* Readiness (/readyz): a worker is ready once it has its first account snapshot (it
+ * could not route a group's key before), at once without Postgres. Polled every 50 ms
+ * until then; the poll's handle is freed in its close callback. */
+static void ready_timer_free(uv_handle_t *h) { free(h); }
+
+static void ready_poll(uv_timer_t *t) {
+    tg_worker_t *w = t->data;
+    tg_snapshot_t *s = tg_accounts_snapshot(w->ctx->accounts);
+    if (!s)
+        return;
+    tg_snapshot_release(s);
+    atomic_store(&w->ready, 1);
+    tg_log_debug("worker %d: ready (first account snapshot loaded)", w->index);
+    w->ctx->ready_timer = NULL;
+    uv_close((uv_handle_t *)t, ready_timer_free);
+}
+
 static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     tg_worker_ctx_t *wc = calloc(1, sizeof(*wc));
     const tg_config_t *cfg = w->gw->cfg;
@@ -68,6 +85,16 @@ static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     wc->proxy = tg_proxy_worker_create(wc);
     wc->policies = tg_policy_store_create(&w->loop, wc->state, cfg, w->index);
     w->ctx = wc;
+    if (!wc->accounts) {
+        atomic_store(&w->ready, 1);
+    } else {
+        wc->ready_timer = malloc(sizeof(*wc->ready_timer));
+        if (!wc->ready_timer)
+            abort();
+        uv_timer_init(&w->loop, wc->ready_timer);
+        wc->ready_timer->data = w;
+        uv_timer_start(wc->ready_timer, ready_poll, 0, 50);
+    }
     if (!wc->plugins) {
         snprintf(errbuf, errlen, "worker %d: the plugin runtime could not be built, refusing to serve without its "
                                  "policies: %s", w->index, err);
@@ -82,6 +109,11 @@ static void worker_close(tg_worker_t *w) {
     if (!wc)
         return;
     tg_metrics_collectors_clear(&w->metrics);
+    atomic_store(&w->ready, 0);
+    if (wc->ready_timer) {
+        uv_close((uv_handle_t *)wc->ready_timer, ready_timer_free);
+        wc->ready_timer = NULL;
+    }
     /* Settlements still queued go to Postgres now (bounded), not to the spool. */
     tg_billing_drain(wc->billing, &w->loop, 3000);
     tg_upstream_destroy(wc->upstream);

@@ -193,7 +193,7 @@ static int load_upstream(cfg_ctx *c, tg_upstream_config_t *u) {
 static int load_http_limits(cfg_ctx *c, tg_http_limits_t *l) {
     static const char *const keys[] = {"max_header_bytes", "max_body_bytes", "header_timeout_ms",
                                        "body_timeout_ms", "idle_timeout_ms", "shutdown_timeout_ms",
-                                       "write_timeout_ms", "max_write_buffer", NULL};
+                                       "drain_delay_ms", "write_timeout_ms", "max_write_buffer", NULL};
     c->prefix = "limits.";
     int rc = check_keys(c, keys);
     rc = rc ?: get_size(c, "max_header_bytes", &l->max_header_bytes, 1024, 1048576);
@@ -202,6 +202,7 @@ static int load_http_limits(cfg_ctx *c, tg_http_limits_t *l) {
     rc = rc ?: get_int(c, "body_timeout_ms", &l->body_timeout_ms, 1, 3600000);
     rc = rc ?: get_int(c, "idle_timeout_ms", &l->idle_timeout_ms, 1, 3600000);
     rc = rc ?: get_int(c, "shutdown_timeout_ms", &l->shutdown_timeout_ms, 0, 3600000);
+    rc = rc ?: get_int(c, "drain_delay_ms", &l->drain_delay_ms, 0, 3600000);
     rc = rc ?: get_int(c, "write_timeout_ms", &l->write_timeout_ms, 1, 3600000);
     rc = rc ?: get_size(c, "max_write_buffer", &l->max_write_buffer, 4096, 1073741824.0);
     if (rc == TG_OK)

@@ -12,7 +12,7 @@ static const double bucket_le[TG_METRICS_NBUCKETS - 1] = {
     0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
 static const char *route_names[TG_ROUTE__COUNT] = {
     "chat_completions", "messages", "responses", "embeddings", "models",
-    "healthz",          "metrics",  "admin",     "other"};
+    "healthz",          "readyz",   "metrics",   "admin",     "other"};
 
 #define RELAXED memory_order_relaxed
 

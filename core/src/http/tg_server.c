@@ -1247,16 +1247,47 @@ fail:
 }
 
 static uv_signal_t sig_term, sig_int;
+static uv_timer_t drain_timer;
 
-static void on_signal(uv_signal_t *s, int signum) {
-    tg_gateway_t *gw = s->data;
-    tg_log_info("received %s: draining (up to %d ms)", signum == SIGTERM ? "SIGTERM" : "SIGINT",
-                gw->cfg->http_limits.shutdown_timeout_ms);
-    atomic_store(&gw->draining, 1);
+/* The listeners close and in-flight requests finish (each worker's stop_async). */
+static void gateway_stop(tg_gateway_t *gw) {
     for (int i = 0; i < gw->nworkers; i++)
         uv_async_send(&gw->workers[i]->stop_async);
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_close((uv_handle_t *)&drain_timer, NULL);
+}
+
+static void drain_timer_cb(uv_timer_t *t) {
+    tg_gateway_t *gw = t->data;
+    tg_log_info("drain delay over: closing the listeners, in-flight requests get up to %d ms",
+                gw->cfg->http_limits.shutdown_timeout_ms);
+    gateway_stop(gw);
+}
+
+/*
+ * The first SIGTERM or SIGINT makes /readyz answer 503 at once; the listeners keep
+ * accepting for limits.drain_delay_ms, long enough for a load balancer's health check to
+ * take the instance out, and then close while in-flight requests finish (up to
+ * limits.shutdown_timeout_ms). A second signal during the delay skips what is left of it.
+ */
+static void on_signal(uv_signal_t *s, int signum) {
+    tg_gateway_t *gw = s->data;
+    const char *name = signum == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (atomic_exchange(&gw->draining, 1)) {
+        tg_log_info("received %s again: closing the listeners now", name);
+        gateway_stop(gw);
+        return;
+    }
+    int delay = gw->cfg->http_limits.drain_delay_ms;
+    if (delay > 0) {
+        tg_log_info("received %s: /readyz answers 503; the listeners close in %d ms, then draining (up to %d ms)",
+                    name, delay, gw->cfg->http_limits.shutdown_timeout_ms);
+        uv_timer_start(&drain_timer, drain_timer_cb, (uint64_t)delay, 0);
+        return;
+    }
+    tg_log_info("received %s: draining (up to %d ms)", name, gw->cfg->http_limits.shutdown_timeout_ms);
+    gateway_stop(gw);
 }
 
 int tg_gateway_run(tg_gateway_t *gw) {
@@ -1265,6 +1296,8 @@ int tg_gateway_run(tg_gateway_t *gw) {
     uv_signal_init(main_loop, &sig_term);
     uv_signal_init(main_loop, &sig_int);
     sig_term.data = sig_int.data = gw;
+    uv_timer_init(main_loop, &drain_timer);
+    drain_timer.data = gw;
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_start(&sig_int, on_signal, SIGINT);
     for (int i = 0; i < gw->nworkers; i++)
