@@ -36,10 +36,15 @@ return {
   secret_key = os.getenv("TOLLGATE_SECRET_KEY"),
 
   -- Postgres (libpq conninfo): tenants, keys, accounts, prices, usage, the ledger.
-  -- Unset: only the static keys below work, nothing is billed. Default: none.
+  -- Unset: only the static keys below work, nothing is billed. Default: none. With a
+  -- primary and standbys, list every host and ask for the writable one; each reconnect
+  -- finds the primary again after a failover, e.g.
+  -- "host=pg-a,pg-b dbname=tollgate target_session_attrs=read-write connect_timeout=2".
   postgres = os.getenv("TOLLGATE_PG"),
   postgres_pool = 4,            -- Postgres connections per worker
   postgres_timeout_ms = 5000,   -- a Postgres query slower than this fails
+  key_cache_ms = 30000,         -- an API key read from Postgres is used this long (±25%) before it is read again
+  key_stale_ms = 600000,        -- past that, while Postgres cannot answer (down, failing over), it is still used this long
   -- Redis (redis://[[user]:password@]host[:port][/db] or unix:///path): limits,
   -- balances, leases, cache invalidation. A Redis Cluster: its seed nodes,
   -- redis-cluster://[[user]:password@]host:port[,host:port...] (examples/README.md).

@@ -109,6 +109,8 @@ typedef struct {
     char *pg_conninfo;
     int pg_pool_size;     /* connections per worker */
     int pg_timeout_ms;    /* per query */
+    int key_cache_ms;     /* a key read from Postgres is used this long (±25%) before it is read again */
+    int key_stale_ms;     /* past that, while Postgres cannot answer, it is still used this long */
     char *redis_url;
     int redis_timeout_ms; /* per command */
     char *log_level;

@@ -3,7 +3,10 @@
  * non-blocking mode, each driven by a uv_poll on its socket, all in the worker's loop
  * thread (no locks). Requests queue FIFO while every connection is busy or down; a
  * connection that drops is re-established with exponential backoff and jitter, and the
- * queued requests run when one comes back, each until its own timeout.
+ * queued requests run when one comes back, each until its own timeout — unless every
+ * connection's latest attempt to connect failed: then requests fail at once with
+ * tg_pg_err_not_connected until one connects. Each connect takes the conninfo anew, so a
+ * multi-host conninfo with target_session_attrs=read-write follows a promoted standby.
  *
  * Ownership: the pool owns its connections, its copies of every string passed in, and
  * each request until that request's callback has returned (or it is cancelled). A
@@ -34,7 +37,10 @@ typedef struct tg_pg_req_s tg_pg_req_t;
 /** The request's timeout expired. If it was on the wire, the statement was cancelled
  *  (best effort, PQcancel) and may or may not have taken effect. */
 extern const char tg_pg_err_timeout[];       /* "timeout" */
-/** The timeout expired while no connection was up: the statement never ran. */
+/** The timeout expired while no connection was up, or the pool is unreachable (every
+ *  connection down and its latest attempt to connect failed: such a request fails on
+ *  the next loop turn, and so does every queued one when the pool becomes unreachable):
+ *  the statement never ran. */
 extern const char tg_pg_err_not_connected[]; /* "not connected" */
 /** The queue was full (TG_PG_MAX_QUEUE): the statement never ran. */
 extern const char tg_pg_err_busy[];          /* "busy" */
@@ -60,6 +66,7 @@ typedef struct {
     uint64_t busy;        /* refused with tg_pg_err_busy */
     uint64_t disconnects; /* live connections lost (timeouts reset one, too) */
     uint64_t connects;    /* connections established */
+    uint64_t unreachable; /* failed fast with tg_pg_err_not_connected: no server to try */
 } tg_pg_stats_t;
 
 /**
@@ -108,6 +115,13 @@ tg_pg_req_t *tg_pg_query(tg_pg_t *pg, const char *sql, int nparams, const char *
  * callback has run (inside its own callback it does nothing). NULL is ignored.
  */
 void tg_pg_cancel(tg_pg_req_t *req);
+
+/**
+ * Connections that are down try again now instead of after their backoff, and requests
+ * wait for that attempt. For a sign that a server takes writes again (another instance
+ * wrote: a failover is over). Runs no callback.
+ */
+void tg_pg_reconnect_now(tg_pg_t *pg);
 
 /** The number of connections that are up and ready (statements prepared). */
 int tg_pg_connected(const tg_pg_t *pg);

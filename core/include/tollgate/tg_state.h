@@ -104,6 +104,7 @@ void tg_state_publish_invalidation(tg_state_t *st, const char *what);
 /** Counters for /metrics. */
 typedef struct {
     uint64_t hits, misses, db_lookups, negative_hits, invalidations;
+    uint64_t stale; /* keys served past their cache time because Postgres could not answer */
 } tg_state_stats_t;
 const tg_state_stats_t *tg_state_stats(const tg_state_t *st);
 /** Registers the key cache's collector (tollgate_auth_*) on a worker's metrics; NULL st: none. */

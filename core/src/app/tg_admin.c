@@ -201,6 +201,11 @@ static void reply_pg_error(tg_request_t *req, const char *resource, int deleting
         tg_admin_reply_error(req, e.status, e.code, e.param, e.message);
     else if (err && !strcmp(err, "timeout"))
         reply_error(req, 504, "database_timeout", "the database did not answer in time");
+    else if (err && !strcmp(err, "not connected"))
+        /* The pool has no server (tg_pg.h): Postgres is down, or failing over to a standby. */
+        reply_error(req, 503, "database_unavailable",
+                    "no connection to the database (it is down, or failing over to a standby): nothing was "
+                    "changed; try again shortly");
     else {
         tg_log_error("admin %s: database error: %s", req->id, err ? err : "?");
         reply_error(req, 503, "database_unavailable", "the database is unavailable");

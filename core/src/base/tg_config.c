@@ -388,6 +388,8 @@ static void defaults(tg_config_t *cfg) {
     cfg->access_log = 1;
     cfg->pg_pool_size = 4;
     cfg->pg_timeout_ms = 5000;
+    cfg->key_cache_ms = 30000;
+    cfg->key_stale_ms = 600000;
     cfg->redis_timeout_ms = 250;
     tg_plugins_config_defaults(&cfg->plugins);
     cfg->routing.max_attempts = 3;
@@ -443,7 +445,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
                                        "limits", "upstream", "limiter", "plugins", "billing", "routing",
-                                       "max_tokens_models", NULL};
+                                       "max_tokens_models", "key_cache_ms", "key_stale_ms", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -469,6 +471,8 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: get_str(&c, "postgres", &cfg->pg_conninfo);
         rc = rc ?: get_int(&c, "postgres_pool", &cfg->pg_pool_size, 1, 256);
         rc = rc ?: get_int(&c, "postgres_timeout_ms", &cfg->pg_timeout_ms, 1, 600000);
+        rc = rc ?: get_int(&c, "key_cache_ms", &cfg->key_cache_ms, 100, 3600000);
+        rc = rc ?: get_int(&c, "key_stale_ms", &cfg->key_stale_ms, 0, 86400000);
         rc = rc ?: get_str(&c, "redis", &cfg->redis_url);
         rc = rc ?: get_int(&c, "redis_timeout_ms", &cfg->redis_timeout_ms, 1, 600000);
         rc = rc ?: get_str(&c, "log_level", &cfg->log_level);

@@ -13,8 +13,9 @@
 #include "tollgate/tg_pg.h"
 #include "tollgate/tg_redis.h"
 
-#define POSITIVE_TTL_MS 30000
 #define NEGATIVE_TTL_MS 5000
+/* How soon a key served stale (its lookup failed) is looked up again. */
+#define STALE_RETRY_MS 1000
 #define MAX_ENTRIES 200000
 #define INVALIDATE_CHANNEL "tollgate:invalidate"
 
@@ -31,6 +32,12 @@ struct entry_s {
     uint8_t digest[32];
     tg_principal_t *p;     /* NULL: unknown key (negative entry) */
     uint64_t expires_ms;
+    /* Stale-if-error: the last principal Postgres gave, kept while it is looked up again,
+     * and used when that lookup fails (Postgres down or failing over) until stale_until
+     * (its fresh expiry + key_stale_ms). `p_stale`: p is such a copy, not a fresh read. */
+    tg_principal_t *stale;
+    uint64_t stale_until;
+    int p_stale;
     int pending;
     uint64_t gen;          /* st->gen when the query was sent */
     tg_pg_req_t *query;
@@ -112,6 +119,7 @@ static tg_principal_t *retain(tg_principal_t *p) {
 
 static void entry_drop(tg_state_t *st, entry_t *e) {
     tg_principal_release(e->p);
+    tg_principal_release(e->stale);
     free(e);
     st->count--;
 }
@@ -162,6 +170,11 @@ void tg_state_invalidate(tg_state_t *st, const char *hex) {
 
 static void on_invalidate_msg(void *ud, const char *msg, size_t len) {
     tg_state_t *st = ud;
+    /* Some instance has just written to Postgres: a pool still waiting out its backoff
+     * (this one lost the old primary, say) reconnects now, before the lookups the
+     * invalidation causes find it unreachable. */
+    if (st->pg && tg_pg_connected(st->pg) == 0)
+        tg_pg_reconnect_now(st->pg);
     if (len == 1 && msg[0] == '*') {
         tg_state_invalidate(st, NULL);
     } else if (len == 8 && !memcmp(msg, "accounts", 8)) {
@@ -287,10 +300,11 @@ static void state_collect(const void *const *stats, int n, tg_buf_t *out) {
                   "# TYPE tollgate_auth_cache_total counter\n"
                   "tollgate_auth_cache_total{result=\"hit\"} %llu\ntollgate_auth_cache_total{result=\"miss\"} %llu\n"
                   "tollgate_auth_cache_total{result=\"negative_hit\"} %llu\n"
+                  "tollgate_auth_cache_total{result=\"stale\"} %llu\n"
                   "# HELP tollgate_auth_db_lookups_total Key lookups that reached Postgres.\n"
                   "# TYPE tollgate_auth_db_lookups_total counter\ntollgate_auth_db_lookups_total %llu\n",
                   (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.negative_hits,
-                  (unsigned long long)s.db_lookups);
+                  (unsigned long long)s.stale, (unsigned long long)s.db_lookups);
 }
 
 void tg_state_metrics(tg_metrics_t *m, const tg_state_t *st) {
@@ -410,15 +424,33 @@ static void auth_query_cb(void *ud, const PGresult *res, const char *err) {
     e->query = NULL;
     e->pending = 0;
     tg_principal_t *p = NULL;
+    uint64_t now = tg_now_ms();
     if (!err && res && PQntuples(res) == 1)
         p = principal_from_row(res);
+    int stale = 0;
+    if (err && e->stale && now < e->stale_until && e->gen == st->gen) {
+        /* Postgres cannot answer, and nothing changed this key meanwhile (a change is
+         * published as an invalidation, which bumps gen): the key keeps working as it was
+         * last read, and is tried again in a second. */
+        if (st->stats.stale++ % 1000 == 0)
+            tg_log_warn("auth: Postgres cannot answer (%s): keys read before keep working for up to %d ms past "
+                        "their cache time (key_stale_ms)",
+                        err, st->cfg->key_stale_ms);
+        p = retain(e->stale);
+        err = NULL;
+        stale = 1;
+    } else if (!err) {
+        tg_principal_release(e->stale);
+        e->stale = NULL;
+    }
     /* Hand the answer to every waiter, then keep it (unless invalidated meanwhile or
      * the database failed: errors are never cached). */
     tg_auth_wait_t *w = e->waiters;
     e->waiters = NULL;
     int keep = !err && e->gen == st->gen;
     e->p = p;
-    e->expires_ms = tg_now_ms() + jitter(p ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS);
+    e->p_stale = stale;
+    e->expires_ms = now + jitter(stale ? STALE_RETRY_MS : p ? (uint64_t)st->cfg->key_cache_ms : NEGATIVE_TTL_MS);
     if (!keep) {
         entry_t **pp = &st->buckets[bucket_of(st, e->digest)];
         while (*pp && *pp != e)
@@ -512,9 +544,18 @@ int tg_state_auth(tg_state_t *st, const uint8_t digest[32], tg_auth_cb cb, void 
     e->waiters = w;
     *wait = w;
     if (!e->pending) {
-        /* Expired or new: one query for everyone who asks meanwhile. */
-        tg_principal_release(e->p);
+        /* Expired or new: one query for everyone who asks meanwhile. A key it had is
+         * kept aside for the query failing (stale-if-error), bounded by the expiry of
+         * its last fresh read. */
+        if (e->p && !e->p_stale) {
+            tg_principal_release(e->stale);
+            e->stale = e->p;
+            e->stale_until = e->expires_ms + (uint64_t)st->cfg->key_stale_ms;
+        } else {
+            tg_principal_release(e->p);
+        }
         e->p = NULL;
+        e->p_stale = 0;
         e->pending = 1;
         e->gen = st->gen;
         st->stats.db_lookups++;

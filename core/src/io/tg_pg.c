@@ -74,6 +74,7 @@ struct tg_pg_conn_s {
     int preparing;    /* a Prepare is on the wire */
     int nprepared;    /* registered statements prepared on this connection */
     int backoff_ms;   /* the next reconnect delay before jitter; 0 after a success */
+    int connect_failed; /* its latest connect attempt failed (cleared by a success) */
     tg_pg_req_t *req; /* the request on the wire (BUSY), NULL when its result is discarded */
     PGresult *res;    /* the result kept for that request */
 };
@@ -243,6 +244,34 @@ static void pg_defer(tg_pg_t *pg, tg_pg_req_t *req, const char *err) {
 }
 
 /*
+ * No server to send anything to: every connection is down and its latest attempt to
+ * connect failed (Postgres is down, or failing over and no host takes writes yet). A
+ * connection that was lost but not yet tried again does not count: requests wait for
+ * its reconnect, which usually succeeds at once (a backend terminated, a proxy recycled).
+ */
+static int pg_unreachable(const tg_pg_t *pg) {
+    for (int i = 0; i < pg->size; i++) {
+        const tg_pg_conn_t *c = &pg->conns[i];
+        if ((c->state != C_DOWN && c->state != C_CONNECTING) || !c->connect_failed)
+            return 0;
+    }
+    return 1;
+}
+
+/* What waits for a connection fails now with tg_pg_err_not_connected (on the next loop
+ * turn) instead of at its timeout: the pool has become unreachable. */
+static void pg_fail_queued(tg_pg_t *pg) {
+    tg_pg_req_t *req;
+    while ((req = pg->queue.head) != NULL) {
+        q_remove(&pg->queue, req);
+        t_remove(&pg->pending, req);
+        pg->stats.unreachable++;
+        pg_defer(pg, req, tg_pg_err_not_connected);
+    }
+    pg_arm(pg);
+}
+
+/*
  * Runs the callback of a request that is already off every list, then frees it.
  * Returns non-zero when the pool is being destroyed (the caller must return at once).
  */
@@ -373,6 +402,8 @@ static void conn_reset(tg_pg_conn_t *c, int cancel, const char *why) {
     } else {
         tg_log_debug("pg: connection %d: connect failed: %s", c->index, pg_msg(buf, sizeof(buf), why));
     }
+    if (!was_up)
+        c->connect_failed = 1;
     if (cancel && c->db)
         conn_cancel_async(c);
     conn_close(c);
@@ -384,6 +415,8 @@ static void conn_reset(tg_pg_conn_t *c, int cancel, const char *why) {
         delay = (uint64_t)(base / 2) + pg_rand(pg) % (uint64_t)(base / 2 + 1);
     }
     uv_timer_start(&c->timer, conn_on_timer, delay, 0);
+    if (!was_up && pg_unreachable(pg))
+        pg_fail_queued(pg);
 }
 
 /*
@@ -462,6 +495,7 @@ static void conn_connect_step(tg_pg_conn_t *c) {
     else
         tg_log_debug("pg: connection %d up (backend pid %d)", c->index, PQbackendPID(c->db));
     c->backoff_ms = 0;
+    c->connect_failed = 0;
     c->pg->stats.connects++;
     c->state = C_SETUP;
     conn_setup(c);
@@ -824,6 +858,12 @@ static tg_pg_req_t *pg_submit(tg_pg_t *pg, int stmt, const char *sql, int nparam
         req->sql = p;
     }
     pg->stats.requests++;
+    if (pg_unreachable(pg)) {
+        /* Fail fast: an admin write gets its 503 now, a settlement goes to the spool now. */
+        pg->stats.unreachable++;
+        pg_defer(pg, req, tg_pg_err_not_connected);
+        return req;
+    }
     if (pg->queue.n >= TG_PG_MAX_QUEUE) {
         pg->stats.busy++;
         pg_defer(pg, req, tg_pg_err_busy);
@@ -884,6 +924,20 @@ void tg_pg_cancel(tg_pg_req_t *req) {
         return; /* inside its own callback */
     }
     free(req);
+}
+
+void tg_pg_reconnect_now(tg_pg_t *pg) {
+    if (!pg || pg->closing)
+        return;
+    for (int i = 0; i < pg->size; i++) {
+        tg_pg_conn_t *c = &pg->conns[i];
+        if (c->state != C_DOWN)
+            continue;
+        /* Requests wait for this attempt instead of failing fast before it is made. */
+        c->connect_failed = 0;
+        uv_timer_stop(&c->timer);
+        conn_start(c);
+    }
 }
 
 int tg_pg_connected(const tg_pg_t *pg) {
