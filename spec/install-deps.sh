@@ -39,7 +39,7 @@ fail() {
 build_pkgs=(cmake gcc make pkg-config libluajit2-5.1-dev luajit2 libuv1-dev node-llhttp
   libhiredis-dev libpq-dev libssl-dev lua-cjson lua-cjson-dev libjansson-dev)
 run_pkgs=(redis-server postgresql openssl curl procps psmisc util-linux)
-test_pkgs=(clang libclang-rt-14-dev nginx wrk chromium chromium-driver shellcheck)
+test_pkgs=(clang libclang-rt-14-dev nginx wrk chromium chromium-driver shellcheck haproxy systemd)
 # Debian's `luajit` conflicts with libluajit2-5.1-dev: we use luajit2 (see above).
 
 wanted=("${build_pkgs[@]}" "${run_pkgs[@]}")

@@ -23,3 +23,13 @@ set_tests_properties(scale.pg_pair_stop PROPERTIES FIXTURES_CLEANUP scale_pg_pai
 
 tg_services_test(scale_pg_failover ${CMAKE_CURRENT_SOURCE_DIR}/integration/scale_pg_failover.test.mjs "scale;billing;integration" 120)
 set_tests_properties(integration.scale_pg_failover PROPERTIES FIXTURES_REQUIRED scale_pg_pair)
+
+# The systemd unit (examples/systemd/tollgate.service); needs nothing but systemd-analyze.
+add_test(NAME integration.scale_systemd COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/scale_systemd.test.mjs)
+set_tests_properties(integration.scale_systemd PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "scale;integration" TIMEOUT 60 SKIP_RETURN_CODE 77)
+
+# A rolling restart of three instances behind HAProxy (examples/fleet/); needs haproxy.
+add_test(NAME integration.scale_rolling COMMAND ${TG_NODE} --test ${CMAKE_CURRENT_SOURCE_DIR}/integration/scale_rolling.test.mjs)
+set_tests_properties(integration.scale_rolling PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate" LABELS "scale;integration" TIMEOUT 90 SKIP_RETURN_CODE 77)
