@@ -152,6 +152,21 @@ return {
     -- },
   },
 
+  -- OpenTelemetry traces (core/README.md, "Traces"): a server span per sampled request,
+  -- children for admission, account selection, each upstream attempt and settlement,
+  -- sent as OTLP/HTTP JSON; W3C traceparent continued and passed upstream. Default: off.
+  -- tracing = {
+  --   endpoint = "http://127.0.0.1:4318/v1/traces", -- the collector's OTLP/HTTP traces URL (http or https)
+  --   sample_ratio = 1,           -- share of new traces sampled, 0..1 (a client's sampled flag is followed)
+  --   batch_size = 512,           -- requests (a server span and its children each) per POST
+  --   batch_interval_ms = 1000,   -- the longest a finished request waits to be sent
+  --   queue_size = 4096,          -- requests recorded and not yet sent; past it a request is not traced (counted)
+  --   timeout_ms = 5000,          -- one POST to the collector, connect included
+  --   headers = {},               -- sent with each POST, e.g. { ["x-honeycomb-team"] = "..." }
+  --   service_name = "tollgate",  -- the resource's service.name
+  --   ca_file = "/etc/ssl/certs/ca-certificates.crt", -- https: a CA bundle (absent: the system's)
+  -- },
+
   -- How an OpenAI chat upstream gets the output cap the gateway sends (billing's
   -- default, or a translated max_tokens): max_completion_tokens, which every current
   -- OpenAI model takes and the o-series and gpt-5 family require; or max_tokens for the

@@ -51,6 +51,7 @@ if(TG_FUZZ)
   tg_fuzz_target(fuzz_gemini_stream)
   tg_fuzz_target(fuzz_aws_eventstream)
   tg_fuzz_target(fuzz_redis_cluster)
+  tg_fuzz_target(fuzz_traceparent)
 endif()
 
 # In the release build (the one spec/run.sh runs ctest in), the fuzz and sanitizer

@@ -96,6 +96,20 @@ void tg_plugins_config_free(tg_plugins_config_t *cfg);
  *  not printable ASCII), as the plugins section writes configs back. */
 void tg_config_lua_quote(tg_buf_t *b, const char *s, size_t n);
 
+/** `tracing = {...}`: OpenTelemetry traces (tg_trace.h); off while endpoint is NULL. */
+typedef struct {
+    char *endpoint;        /* OTLP/HTTP traces URL, http:// or https:// (".../v1/traces") */
+    double sample_ratio;   /* 0..1: the share of new traces sampled (default 1) */
+    int batch_size;        /* requests (each a server span and its children) per POST */
+    int batch_interval_ms; /* the longest a finished request waits to be sent */
+    int queue_size;        /* requests recorded and not yet sent, at most */
+    int timeout_ms;        /* one POST, connect included */
+    char **headers;        /* "Name: value" lines sent with each POST */
+    size_t nheaders;
+    char *service_name;    /* resource service.name (default "tollgate") */
+    char *ca_file;         /* https: CA bundle (NULL = the system's) */
+} tg_tracing_config_t;
+
 typedef struct {
     char *listen_host;
     int listen_port;
@@ -150,6 +164,7 @@ typedef struct {
     char **max_tokens_models;
     size_t nmax_tokens_models;
     tg_http_limits_t http_limits; /* config key `limits` */
+    tg_tracing_config_t tracing;  /* config key `tracing` */
     tg_upstream_config_t upstream;
 } tg_config_t;
 

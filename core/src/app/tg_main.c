@@ -17,6 +17,7 @@
 #include "tollgate/tg_mock.h"
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_server.h"
+#include "tollgate/tg_trace.h"
 #include "tollgate/tg_worker.h"
 
 #ifndef TG_VERSION
@@ -318,9 +319,17 @@ int main(int argc, char **argv) {
             tg_config_free(&cfg);
             return 2;
         }
+        if (tg_trace_start(&cfg.tracing, err, sizeof(err)) != TG_OK) {
+            fprintf(stderr, "%s\n", err);
+            tg_capture_stop();
+            tg_plugins_global_shutdown();
+            tg_config_free(&cfg);
+            return 2;
+        }
         gw = tg_gateway_create(&cfg, &tg_worker_handler, err, sizeof(err));
         if (!gw) {
             fprintf(stderr, "%s\n", err);
+            tg_trace_stop();
             tg_capture_stop();
             tg_config_free(&cfg);
             return 2;
@@ -329,6 +338,7 @@ int main(int argc, char **argv) {
             tg_log_warn("no keys configured: every data-plane request will get 401");
         rc = tg_gateway_run(gw);
         tg_gateway_destroy(gw);
+        tg_trace_stop();
         tg_capture_stop();
         tg_plugins_global_shutdown();
         tg_config_free(&cfg);

@@ -36,6 +36,8 @@
  *                        the access log
  *   tg_proxy_capture.c   beside them all: tg__hook runs a plugin hook, and records it
  *                        with the request's context when the capture sampled it
+ *   tg_proxy_trace.c     beside them all too: the W3C trace context, and a sampled
+ *                        request's OpenTelemetry spans marked as the phases pass
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +268,8 @@ static proxy_req_t *proxy_begin(tg_request_t *req, tg_proto_t proto) {
     req->abort_cb = tg__on_abort;
     req->drain_cb = tg__on_drain;
     req->finish_cb = tg__on_finish;
+    if (tg_trace_enabled())
+        tg__trace_begin(p);
     return p;
 }
 

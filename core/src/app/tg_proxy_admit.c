@@ -129,6 +129,8 @@ static void budget_refused(proxy_req_t *p, int i) {
 
 static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     proxy_req_t *p = ud;
+    if (p->trace)
+        tg__trace_admit_end(p, out->result);
     if (out->result == TG_ADMIT_OK) {
         p->money_held = out->reserved;
         tg__cleanup_add(p, cleanup_money_held);
@@ -401,6 +403,8 @@ int tg__phase_admit(proxy_req_t *p) {
         .on_down = limiter_down,
         .money = money ? &m : NULL,
     };
+    if (p->trace)
+        tg__trace_admit_start(p);
     p->admit = tg_limits_admit(p->pw->ctx->limits, p->req->id, &lim, admit_done, p);
     tg__cleanup_add(p, cleanup_admit);
     return TG_AGAIN;
@@ -426,6 +430,8 @@ static void reserve_done(void *ud, int status, const char *code, const char *msg
 }
 
 int tg__phase_reserve(proxy_req_t *p) {
+    if (p->trace)
+        tg__trace_select_end(p);
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
     if (!pw->ctx->billing || !pr || !pr->key_id || !tg__is_model_route(p->req->route))

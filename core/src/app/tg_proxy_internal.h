@@ -26,6 +26,7 @@
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_sse.h"
 #include "tollgate/tg_state.h"
+#include "tollgate/tg_trace.h"
 #include "tollgate/tg_translate.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_usage.h"
@@ -160,7 +161,9 @@ struct proxy_req_s {
     char sticky_key[96];          /* Redis key of the sticky binding, "" none */
     int64_t sticky_account;       /* bound account (0 none) */
     tg_redis_req_t *sticky_rq;
-    char traceparent[56];
+    char traceparent[56];         /* sent upstream ("" none): the client's, or this attempt's */
+    const tg_str_t *tracestate;   /* the client's, passed on with it (NULL none) */
+    tg_trace_rec_t *trace;        /* a sampled request's spans (tg_proxy_trace.c), else NULL */
     tg_identity_wait_t *id_wait;  /* waiting for the account's access token (tg_identity.h) */
     int auth_retried;             /* the one refresh-and-retry after a 401 was used */
     struct models_fetch_s *models_fetch; /* GET /v1/models: the accounts asked (tg_proxy_models.c) */
@@ -256,6 +259,18 @@ void tg__capture_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
                        int64_t deadline_ms, int action, int64_t delay_ms, int by_plugin);
 void tg__capture_price(proxy_req_t *p, const tg_usage_t *billed, int64_t cost);
 void tg__capture_finish(proxy_req_t *p, int status, double ttft_ms, double total_ms, int64_t cost);
+
+/* tg_proxy_trace.c: the trace context, and a sampled request's spans (p->trace set). */
+void tg__trace_pass(proxy_req_t *p);
+void tg__trace_begin(proxy_req_t *p);
+void tg__trace_admit_start(proxy_req_t *p);
+void tg__trace_admit_end(proxy_req_t *p, int result);
+void tg__trace_select_start(proxy_req_t *p);
+void tg__trace_select_end(proxy_req_t *p);
+void tg__trace_attempt_start(proxy_req_t *p);
+void tg__trace_attempt_end(proxy_req_t *p, uint64_t now);
+void tg__trace_settled(proxy_req_t *p, uint64_t start, const char *kind, int64_t cost, int estimated);
+void tg__trace_finish(proxy_req_t *p, int status, uint64_t now);
 
 /* tg_proxy_settle.c */
 void tg__on_finish(tg_request_t *req, int aborted);

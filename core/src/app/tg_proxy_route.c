@@ -104,6 +104,8 @@ static int cache_prefix(json_t *root, tg_buf_t *src) {
 }
 
 int tg__phase_sticky(proxy_req_t *p) {
+    if (p->trace)
+        tg__trace_select_start(p);
     const tg_principal_t *pr = p->principal;
     tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (!pr || !pr->group_id || !redis || !p->parsed || p->attempt > 1)
@@ -215,6 +217,8 @@ static int select_order(proxy_req_t *p, tg_select_t *q, int *sticky, int *quota_
 }
 
 int tg__phase_select(proxy_req_t *p) {
+    if (p->trace)
+        tg__trace_select_start(p);
     const tg_principal_t *pr = p->principal;
     proxy_worker_t *pw = p->pw;
     if (p->req->route == TG_ROUTE_MODELS)
@@ -609,6 +613,8 @@ static void cool_account(proxy_req_t *p, int64_t ms) {
  */
 int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after_ms) {
     const tg_config_t *cfg = p->req->worker->gw->cfg;
+    if (p->trace)
+        tg__trace_attempt_end(p, p->upstream_end_ns);
     /* Health and cooldown first: they apply whether or not we retry. */
     if (p->at.health) {
         tg_health_end(p->at.health, 0, -1);

@@ -116,6 +116,7 @@ void tg__on_finish(tg_request_t *req, int aborted) {
             tg__hook(p, TG_HOOK_ON_LOG);
     }
     if (p->reserved && p->pw->ctx->billing) {
+        uint64_t settle_start = p->trace ? tg_now_ns() : 0;
         int unknown = !((billed.known & TG_USAGE_INPUT) && (billed.known & TG_USAGE_OUTPUT));
         int sent = p->at.up_err == TG_UPERR_TIMEOUT_FIRST_BYTE || p->at.up_err == TG_UPERR_TIMEOUT_IDLE ||
                    p->at.up_err == TG_UPERR_RESET || p->at.up_err == TG_UPERR_PROTOCOL;
@@ -123,6 +124,8 @@ void tg__on_finish(tg_request_t *req, int aborted) {
             /* The upstream may have run it: never assume it did not. */
             tg_billing_unknown(p->pw->ctx->billing, req->id, p->principal->tenant_id, p->principal->key_id, p->reserved,
                                p->model, p->reserved_amount);
+            if (p->trace)
+                tg__trace_settled(p, settle_start, "unknown_usage", -1, 0);
         } else {
             int clamped = 0, unreadable = 0;
             if (unknown && !aborted && p->at.upstream_status >= 200 && p->at.upstream_status < 300 && !p->at.up_err) {
@@ -181,6 +184,8 @@ void tg__on_finish(tg_request_t *req, int aborted) {
                 .nbudgets = p->nbudgets,
             };
             tg_billing_settle(p->pw->ctx->billing, &s);
+            if (p->trace)
+                tg__trace_settled(p, settle_start, "settled", cost, estimated);
         }
     }
     if (p->cap)
@@ -196,6 +201,8 @@ void tg__on_finish(tg_request_t *req, int aborted) {
                                  .ud = p};
         tg_access_log(req, aborted, &line);
     }
+    if (p->trace)
+        tg__trace_finish(p, aborted && req->status < 400 ? 499 : req->status, now);
     req->handler_data = NULL;
     tg__preq_free(p);
 }

@@ -3,7 +3,7 @@
  * The body goes as the client sent it, but for the members a phase changed (rewritten in
  * place), or translated when the account speaks another protocol; the output cap is
  * spelled as the upstream wants it; the head carries the account's credential, the
- * request id and a valid traceparent. The answer comes back through the callbacks of
+ * request id and the trace context (tg_proxy_trace.c). The answer comes back through the callbacks of
  * tg_proxy_relay.c.
  */
 #include <stdio.h>
@@ -17,18 +17,6 @@ static void cleanup_attempt(proxy_req_t *p) {
     tg_buf_free(&p->upstream_req);
     tg_buf_free(&p->deferred_body);
     tg__attempt_free(&p->at);
-}
-
-static int valid_traceparent(const tg_str_t *v) {
-    if (!v || v->len != 55)
-        return 0;
-    for (size_t i = 0; i < 55; i++) {
-        char c = v->p[i];
-        int dash = i == 2 || i == 35 || i == 52;
-        if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return 0;
-    }
-    return 1;
 }
 
 /* The client's body with the members the phases changed rewritten in place (their
@@ -221,11 +209,10 @@ int tg__phase_upstream(proxy_req_t *p) {
                               "the gateway refused to send this request upstream: its account's credential holds characters "
                               "not allowed in an HTTP header");
     }
-    const tg_str_t *tp = tg_request_header(req, "traceparent");
-    if (valid_traceparent(tp)) {
-        memcpy(p->traceparent, tp->p, 55);
-        p->traceparent[55] = '\0';
-    }
+    if (p->trace)
+        tg__trace_attempt_start(p); /* this attempt's span is the upstream's parent */
+    else if (!tg_trace_enabled() && p->attempt == 1)
+        tg__trace_pass(p);
     char *body = NULL;
     size_t body_len = 0;
     const char *method = "GET";
@@ -356,6 +343,10 @@ int tg__phase_upstream(proxy_req_t *p) {
     if (p->traceparent[0]) {
         tg_buf_appends(b, "\r\ntraceparent: ");
         tg_buf_appends(b, p->traceparent);
+        if (p->tracestate) {
+            tg_buf_appends(b, "\r\ntracestate: ");
+            tg_buf_append(b, p->tracestate->p, p->tracestate->len);
+        }
     }
     if (method[0] == 'P') {
         const char *src = body ? body : req->body.data;
@@ -372,6 +363,8 @@ int tg__phase_upstream(proxy_req_t *p) {
     }
     free(body);
     p->upstream_start_ns = tg_now_ns();
+    if (p->trace && p->attempt <= TG_TRACE_ATTEMPTS)
+        p->trace->at[p->attempt - 1].start = p->upstream_start_ns;
     if (p->at.account) {
         p->at.health = tg_health_get(p->pw->ctx->health, p->at.account->id);
         tg_health_begin(p->at.health);

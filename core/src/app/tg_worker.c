@@ -19,6 +19,7 @@
 #include "tollgate/tg_proxy.h"
 #include "tollgate/tg_redis.h"
 #include "tollgate/tg_router.h"
+#include "tollgate/tg_trace.h"
 
 static void worker_close(tg_worker_t *w);
 
@@ -82,6 +83,7 @@ static int worker_init(tg_worker_t *w, char *errbuf, size_t errlen) {
     tg_redis_metrics(&w->metrics, tg_state_redis(wc->state));
     tg_plugins_metrics(&w->metrics, wc->plugins);
     tg_identity_metrics(&w->metrics, wc->identity);
+    tg_trace_metrics(&w->metrics);
     wc->proxy = tg_proxy_worker_create(wc);
     wc->policies = tg_policy_store_create(&w->loop, wc->state, cfg, w->index);
     w->ctx = wc;

@@ -375,6 +375,78 @@ static int load_billing(cfg_ctx *c, void *arg) {
         c->prefix = "";
     return rc;
 }
+/* `tracing = { endpoint, sample_ratio, batch_size, batch_interval_ms, queue_size,
+ * timeout_ms, headers = { [name] = value }, service_name, ca_file }`. */
+static int load_tracing(cfg_ctx *c, void *arg) {
+    tg_tracing_config_t *t = arg;
+    static const char *const keys[] = {"endpoint", "sample_ratio", "batch_size", "batch_interval_ms", "queue_size",
+                                       "timeout_ms", "headers", "service_name", "ca_file", NULL};
+    c->prefix = "tracing.";
+    int rc = check_keys(c, keys);
+    rc = rc ?: get_str(c, "endpoint", &t->endpoint);
+    rc = rc ?: get_int(c, "batch_size", &t->batch_size, 1, 65536);
+    rc = rc ?: get_int(c, "batch_interval_ms", &t->batch_interval_ms, 1, 600000);
+    rc = rc ?: get_int(c, "queue_size", &t->queue_size, 1, 1000000);
+    rc = rc ?: get_int(c, "timeout_ms", &t->timeout_ms, 1, 600000);
+    rc = rc ?: get_str(c, "service_name", &t->service_name);
+    rc = rc ?: get_str(c, "ca_file", &t->ca_file);
+    if (rc == TG_OK) {
+        lua_getfield(c->L, -1, "sample_ratio");
+        if (lua_type(c->L, -1) == LUA_TNUMBER) {
+            double v = lua_tonumber(c->L, -1);
+            if (!(v >= 0 && v <= 1))
+                rc = fail(c, "sample_ratio", "must be a number from 0 to 1, got %g", v);
+            else
+                t->sample_ratio = v;
+        } else if (!lua_isnil(c->L, -1)) {
+            rc = fail(c, "sample_ratio", "must be a number, got %s", luaL_typename(c->L, -1));
+        }
+        lua_pop(c->L, 1);
+    }
+    if (rc == TG_OK && t->endpoint && strncmp(t->endpoint, "http://", 7) && strncmp(t->endpoint, "https://", 8))
+        rc = fail(c, "endpoint", "must be an http:// or https:// URL, got \"%s\"", t->endpoint);
+    if (rc == TG_OK && t->endpoint && tg_valid_no_ctl(t->endpoint, strlen(t->endpoint)))
+        rc = fail(c, "endpoint", "holds a control character");
+    if (rc == TG_OK && t->service_name && (!*t->service_name || tg_valid_no_ctl(t->service_name, strlen(t->service_name))))
+        rc = fail(c, "service_name", "must be a non-empty string without control characters");
+    if (rc == TG_OK) {
+        lua_getfield(c->L, -1, "headers");
+        if (lua_istable(c->L, -1)) {
+            lua_pushnil(c->L);
+            while (rc == TG_OK && lua_next(c->L, -2)) {
+                if (lua_type(c->L, -2) != LUA_TSTRING || lua_type(c->L, -1) != LUA_TSTRING) {
+                    rc = fail(c, "headers", "must map header names to string values");
+                    lua_pop(c->L, 2);
+                    break;
+                }
+                size_t kn, vn;
+                const char *k = lua_tolstring(c->L, -2, &kn), *v = lua_tolstring(c->L, -1, &vn);
+                int name_ok = kn > 0;
+                for (size_t i = 0; i < kn; i++)
+                    name_ok &= (k[i] >= 'a' && k[i] <= 'z') || (k[i] >= 'A' && k[i] <= 'Z') ||
+                               (k[i] >= '0' && k[i] <= '9') || k[i] == '-' || k[i] == '_';
+                if (!name_ok || tg_valid_no_ctl(v, vn)) {
+                    rc = fail(c, "headers", "\"%.64s\": a header name of letters, digits, '-' or '_' and a value "
+                              "without control characters", k);
+                    lua_pop(c->L, 2);
+                    break;
+                }
+                t->headers = realloc(t->headers, (t->nheaders + 1) * sizeof(*t->headers));
+                size_t ln = kn + vn + 3;
+                t->headers[t->nheaders] = malloc(ln);
+                snprintf(t->headers[t->nheaders++], ln, "%s: %s", k, v);
+                lua_pop(c->L, 1);
+            }
+        } else if (!lua_isnil(c->L, -1)) {
+            rc = fail(c, "headers", "must be a table, got %s", luaL_typename(c->L, -1));
+        }
+        lua_pop(c->L, 1);
+    }
+    if (rc == TG_OK)
+        c->prefix = "";
+    return rc;
+}
+
 static int upstream_fn(cfg_ctx *c, void *a) { return load_upstream(c, a); }
 static int http_limits_fn(cfg_ctx *c, void *a) { return load_http_limits(c, a); }
 static int tls_fn(cfg_ctx *c, void *a) { return load_tls(c, a); }
@@ -405,6 +477,11 @@ static void defaults(tg_config_t *cfg) {
     cfg->billing.reconcile_after_ms = 600000;
     cfg->billing.charge_unknown = 1;
     cfg->billing.queue_max = 20000;
+    cfg->tracing = (tg_tracing_config_t){.sample_ratio = 1,
+                                         .batch_size = 512,
+                                         .batch_interval_ms = 1000,
+                                         .queue_size = 4096,
+                                         .timeout_ms = 5000};
     cfg->limiter.lease_ttl_ms = 30000;
     cfg->limiter.queue_max = 16;
     cfg->limiter.queue_timeout_ms = 8000;
@@ -445,7 +522,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
                                        "redis_timeout_ms", "log_level", "access_log", "keys",
                                        "limits", "upstream", "limiter", "plugins", "billing", "routing",
-                                       "max_tokens_models", "key_cache_ms", "key_stale_ms", NULL};
+                                       "max_tokens_models", "key_cache_ms", "key_stale_ms", "tracing", NULL};
     defaults(cfg);
     lua_State *L = luaL_newstate();
     if (!L) {
@@ -484,6 +561,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: sub_table(&c, "limiter", limiter_fn, cfg);
         rc = rc ?: sub_table(&c, "billing", load_billing, cfg);
         rc = rc ?: sub_table(&c, "routing", load_routing, cfg);
+        rc = rc ?: sub_table(&c, "tracing", load_tracing, &cfg->tracing);
         if (rc == TG_OK) {
             lua_getfield(L, -1, "plugins");
             if (!lua_isnil(L, -1)) {
@@ -529,5 +607,11 @@ void tg_config_free(tg_config_t *cfg) {
     free(cfg->upstream.ca_file);
     tg_plugins_config_free(&cfg->plugins);
     free(cfg->billing.spool_dir);
+    free(cfg->tracing.endpoint);
+    free(cfg->tracing.service_name);
+    free(cfg->tracing.ca_file);
+    for (size_t i = 0; i < cfg->tracing.nheaders; i++)
+        free(cfg->tracing.headers[i]);
+    free(cfg->tracing.headers);
     memset(cfg, 0, sizeof(*cfg));
 }
