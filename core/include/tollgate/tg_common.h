@@ -71,6 +71,9 @@ void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n);
  * printable input is appended as is, in one piece.
  */
 void tg_buf_append_log_safe(tg_buf_t *b, const char *s, size_t n, int json);
+/** The length of the valid UTF-8 sequence at s (n bytes available; 1 for ASCII), 0
+ *  when the bytes there are not one. */
+size_t tg_utf8_seq(const unsigned char *s, size_t n);
 /** Removes the first n bytes. */
 void tg_buf_consume(tg_buf_t *b, size_t n);
 void tg_buf_reset(tg_buf_t *b);

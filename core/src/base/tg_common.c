@@ -125,7 +125,7 @@ void tg_buf_append_json_escaped(tg_buf_t *b, const char *s, size_t n) {
 
 /* The length of the valid UTF-8 sequence at s (1-4), or 0 if the byte there does not
  * start one (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF). */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
+size_t tg_utf8_seq(const unsigned char *s, size_t n) {
     unsigned char c = s[0];
     size_t len;
     unsigned char lo = 0x80, hi = 0xbf;
@@ -194,7 +194,7 @@ void tg_buf_append_log_safe(tg_buf_t *b, const char *s, size_t n, int json) {
         size_t start = i, len;
         for (;;) {
             i += ascii_run(u + i, n - i);
-            if (i < n && u[i] >= 0x80 && (len = utf8_seq(u + i, n - i)) > 0) {
+            if (i < n && u[i] >= 0x80 && (len = tg_utf8_seq(u + i, n - i)) > 0) {
                 i += len;
                 continue;
             }

@@ -232,58 +232,23 @@ void tg_trace_cancel(tg_trace_rec_t *r) {
 
 /* ---- OTLP/HTTP JSON -------------------------------------------------------------------- */
 
-/* The length of the valid UTF-8 sequence at u (at most n bytes), 0 when it is not one. */
-static size_t utf8_seq(const unsigned char *u, size_t n) {
-    unsigned char c = u[0];
-    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-    if (!len || len > n)
-        return 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c == 0xe0)
-        lo = 0xa0;
-    else if (c == 0xed)
-        hi = 0x9f;
-    else if (c == 0xf0)
-        lo = 0x90;
-    else if (c == 0xf4)
-        hi = 0x8f;
-    if (u[1] < lo || u[1] > hi)
-        return 0;
-    for (size_t k = 2; k < len; k++)
-        if (u[k] < 0x80 || u[k] > 0xbf)
-            return 0;
-    return len;
-}
-
 /* A JSON string. The path or a model name may hold bytes that are not UTF-8, which
  * would make the collector refuse the whole batch: each becomes U+FFFD. */
 static void json_str(tg_buf_t *b, const char *s) {
-    static const char hex[] = "0123456789abcdef";
     const unsigned char *u = (const unsigned char *)s;
-    size_t n = strlen(s);
+    size_t n = strlen(s), start = 0, i = 0;
     tg_buf_appends(b, "\"");
-    for (size_t i = 0; i < n;) {
-        unsigned char c = u[i];
-        if (c >= 0x80) {
-            size_t len = utf8_seq(u + i, n - i);
-            if (len)
-                tg_buf_append(b, u + i, len);
-            else
-                tg_buf_appends(b, "\\ufffd");
-            i += len ? len : 1;
+    while (i < n) {
+        size_t len = tg_utf8_seq(u + i, n - i);
+        if (len) {
+            i += len;
             continue;
         }
-        if (c == '"' || c == '\\') {
-            char e[2] = {'\\', (char)c};
-            tg_buf_append(b, e, 2);
-        } else if (c < 0x20 || c == 0x7f) {
-            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            tg_buf_append(b, e, 6);
-        } else {
-            tg_buf_append(b, &u[i], 1);
-        }
-        i++;
+        tg_buf_append_json_escaped(b, s + start, i - start);
+        tg_buf_appends(b, "\\ufffd");
+        start = ++i;
     }
+    tg_buf_append_json_escaped(b, s + start, n - start);
     tg_buf_appends(b, "\"");
 }
 
