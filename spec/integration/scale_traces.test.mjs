@@ -24,6 +24,7 @@ const TRACE = '4bf92f3577b34da6a3ce929d0e0e4736';
 const PARENT = '00f067aa0ba902b7';
 let rt;
 let receiver;
+let ids; // account name -> id
 const got = []; // every span received: {service, span}
 
 /** The OTLP receiver: POST /v1/traces bodies, spans flattened with their service. */
@@ -66,15 +67,14 @@ const attr = (span, key) => {
   return v === undefined ? undefined : v.stringValue ?? (v.intValue !== undefined ? Number(v.intValue) : v.boolValue);
 };
 
-/** The spans of the request whose x-request-id is `id` (its server span, then its children). */
+/** The server span of the request whose x-request-id is `id`, and the headers its POST had. */
 async function spansOf(id, service = 'tg-traces') {
   const server = await waitFor(() => got.find((g) => g.service === service && g.span.kind === 2 && attr(g.span, 'tollgate.request.id') === id), {
     timeout: 5000,
     what: `the server span of request ${id}`,
   });
   const s = server.span;
-  const children = got.filter((g) => g.span.traceId === s.traceId && g.span.parentSpanId === s.spanId).map((g) => g.span);
-  return { server: s, children, auth: server.auth };
+  return { server: s, auth: server.auth };
 }
 
 const tracing = (extra = {}) => ({
@@ -97,6 +97,8 @@ before(async () => {
     routing: { max_attempts: 3, cooldown_5xx_ms: 60000 },
     gateway: { tracing: tracing() },
   });
+  const rows = await rt.db.query("SELECT name, id FROM accounts WHERE name IN ('hi', 'lo')");
+  ids = Object.fromEntries(rows.map((r) => [r.name, Number(r.id)]));
 });
 
 after(async () => {
@@ -110,7 +112,7 @@ test('a request continues the client trace: a server span with its children, and
   });
   assert.equal(res.status, 200);
   const id = res.headers['x-request-id'];
-  const { server, children, auth } = await spansOf(id);
+  const { server, auth } = await spansOf(id);
   assert.equal(server.traceId, TRACE, 'the client trace id is kept');
   assert.equal(server.parentSpanId, PARENT, 'the server span is a child of the client span');
   assert.equal(server.traceState, 'vendor=abc,other=x');
@@ -130,15 +132,13 @@ test('a request continues the client trace: a server span with its children, and
     assert.ok(BigInt(k.endTimeUnixNano) <= BigInt(server.endTimeUnixNano), `${k.name} ends within the request`);
     assert.notEqual(k.spanId, server.spanId);
   }
-  assert.ok(children.length >= 1);
   assert.equal(attr(byName.admission, 'tollgate.admission.result'), 'admitted');
   const call = byName['chat gpt-4o-mini'];
   assert.equal(call.kind, 3, 'the upstream attempt is a CLIENT span');
   assert.equal(attr(call, 'http.response.status_code'), 200);
   assert.equal(attr(call, 'gen_ai.provider.name'), 'openai');
-  const hi = await rt.account('hi');
-  assert.equal(attr(call, 'tollgate.account.id'), Number(hi.id));
-  assert.equal(attr(byName['select account'], 'tollgate.account.id'), Number(hi.id));
+  assert.equal(attr(call, 'tollgate.account.id'), ids.hi);
+  assert.equal(attr(byName['select account'], 'tollgate.account.id'), ids.hi);
   assert.equal(attr(byName.settlement, 'tollgate.settlement.kind'), 'settled');
   assert.equal(attr(byName.settlement, 'tollgate.request.id'), id);
   // The upstream saw the same trace, with the attempt's span as its parent.
@@ -156,17 +156,16 @@ test('each upstream attempt is a span: status, account and retry number', async 
   await waitFor(() => got.filter((g) => g.span.parentSpanId === server.spanId && g.span.kind === 3).length === 2, { what: 'two attempt spans' });
   const calls = got.filter((g) => g.span.parentSpanId === server.spanId && g.span.kind === 3).map((g) => g.span)
     .sort((a, b) => attr(a, 'tollgate.attempt') - attr(b, 'tollgate.attempt'));
-  const [hi, lo] = [await rt.account('hi'), await rt.account('lo')];
   assert.equal(attr(calls[0], 'tollgate.attempt'), 1);
   assert.equal(attr(calls[0], 'http.response.status_code'), 500);
-  assert.equal(attr(calls[0], 'tollgate.account.id'), Number(hi.id));
+  assert.equal(attr(calls[0], 'tollgate.account.id'), ids.hi);
   assert.equal(attr(calls[0], 'error.type'), '500');
   assert.equal(calls[0].status?.code, 2, 'a failed attempt has status ERROR');
   assert.equal(attr(calls[0], 'http.request.resend_count'), undefined);
   assert.equal(attr(calls[1], 'tollgate.attempt'), 2);
   assert.equal(attr(calls[1], 'http.request.resend_count'), 1);
   assert.equal(attr(calls[1], 'http.response.status_code'), 200);
-  assert.equal(attr(calls[1], 'tollgate.account.id'), Number(lo.id));
+  assert.equal(attr(calls[1], 'tollgate.account.id'), ids.lo);
   assert.ok(BigInt(calls[1].startTimeUnixNano) >= BigInt(calls[0].endTimeUnixNano), 'the retry starts after the failure');
   assert.equal(attr(server, 'tollgate.attempts'), 2);
   const selects = got.filter((g) => g.span.parentSpanId === server.spanId && g.span.name === 'select account');
@@ -246,13 +245,14 @@ test('a hanging or dead collector never slows or fails a request; what is lost i
   const held = [];
   hang.on('connection', (s) => held.push(s));
   const g = await rt.another({
-    tracing: tracing({ endpoint: `http://127.0.0.1:${hang.address().port}/v1/traces`, queue_size: 4, batch_size: 2, timeout_ms: 3000 }),
+    tracing: tracing({ endpoint: `http://127.0.0.1:${hang.address().port}/v1/traces`, queue_size: 4, batch_size: 2, timeout_ms: 8000 }),
   });
   const t0 = Date.now();
   const rs = await Promise.all(Array.from({ length: 12 }, () => rt.chat('collector hangs [mock chunks=1]', {}, { gw: g })));
   const took = Date.now() - t0;
   assert.deepEqual(rs.map((r) => r.status), Array(12).fill(200));
-  assert.ok(took < 2500, `12 requests took ${took} ms with the collector hanging`);
+  // Had a worker waited on the collector, a request would take its 8 s timeout.
+  assert.ok(took < 5000, `12 requests took ${took} ms with the collector hanging`);
   const full = await metric(g, 'tollgate_trace_dropped_total', { reason: 'queue_full' });
   assert.ok(full >= 1, `dropped (queue full): ${full}`);
   // A collector that is not there at all: connection refused, counted as failed exports.
