@@ -134,6 +134,8 @@ static const char *provider_name(const char *provider) {
         return "gcp.gemini";
     if (!strcmp(provider, "azure"))
         return "azure.ai.openai";
+    if (!strcmp(provider, "vertex"))
+        return "gcp.vertex_ai";
     return provider; /* "openai", "anthropic": the conventions' names */
 }
 
