@@ -136,6 +136,8 @@ static const char *provider_name(const char *provider) {
         return "azure.ai.openai";
     if (!strcmp(provider, "vertex"))
         return "gcp.vertex_ai";
+    if (!strcmp(provider, "bedrock"))
+        return "aws.bedrock";
     return provider; /* "openai", "anthropic": the conventions' names */
 }
 
