@@ -68,3 +68,14 @@ add_test(NAME browser.policy_workbench
 set_tests_properties(browser.policy_workbench PROPERTIES
   ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
   LABELS "policy;admin-ui;browser" TIMEOUT 300 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+
+# Issue "providers" (#19, item 8): spec/browser/providers_console.test.mjs — accounts with an
+# identity in the console (a Vertex service account key pasted as JSON, refused when it is
+# not one; the account test obtaining a token; its expiry and renewal shown; a refused
+# refresh shown with its reason).
+add_test(NAME browser.providers_console
+  COMMAND sh -c "${tg_ui_skip_unbuilt}; if [ ! -x /usr/bin/chromium ]; then echo 'skipped: no /usr/bin/chromium (spec/install-deps.sh installs it)'; exit 77; fi; if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+          ${TG_NODE} ${tg_ui_dir}/providers_console.test.mjs)
+set_tests_properties(browser.providers_console PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
+  LABELS "providers;admin-ui;browser" TIMEOUT 180 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)

@@ -41,14 +41,14 @@ BODY='{"model":"gpt-4o","messages":[{"role":"user","content":"hello [mock chunks
 
 say "load average before: $(load_now); nproc $(nproc); token lifetime ${LIFETIME_MS} ms; tg_loadgen ${RATE} req/s for ${SECS} s"
 say ""
-say "| binary | account | round | requests | non-2xx | instructions / request |"
-say "|---|---|---:|---:|---:|---:|"
+say "| binary | account | round | requests | non-2xx | instructions / request | of which tg_identity_token | of which the refresh's callbacks |"
+say "|---|---|---:|---:|---:|---:|---:|---:|"
 i=0
 for b in "${BINS[@]}"; do
     i=$((i + 1))
     BIN=$b
     snapshot_bin "tollgate-$i"
-    start_mock
+    start_mock ""
     curl -sf -X POST "http://127.0.0.1:$P_MOCK/_mock/identity" \
         -d "{\"lifetime_ms\":$LIFETIME_MS,\"clients\":{\"app-1\":\"s-1\"}}" >/dev/null
     psql "$TOLLGATE_PG" -qc 'DROP SCHEMA public CASCADE; CREATE SCHEMA public' >/dev/null
@@ -98,8 +98,13 @@ EOS
             f=$(ls -t "$T"/cg-$i.out.* | head -1)
             n=$(kv completed "$out")
             ir=$(awk '/^summary:/ { s += $2 } END { print s }' "$f")
+            # Inclusive counts: the request path's lookup, and the refresh's steps (each
+            # runs from the loop: Redis and Postgres answers, the token endpoint's).
+            incl=$(callgrind_annotate --inclusive=yes --threshold=100 "$f" 2>/dev/null | tr -d ',' |
+                awk '/tg_identity\.c:(tg_identity_token|fleet_cb|lock_cb|read_cb|tok_head|tok_body|tok_done|tok_error|written|fail_written|timer_cb) / {
+                         if ($0 ~ /tg_identity_token/) t += $1; else r += $1 } END { printf "%d %d", t, r }')
+            say "| $(basename "$b") | $acct | $round | $n | $(kv non2xx "$out") | $((ir / n)) | $((${incl% *} / n)) | $((${incl#* } / n)) |"
             rm -f "$f"
-            say "| $(basename "$b") | $acct | $round | $n | $(kv non2xx "$out") | $((ir / n)) |"
         done
     done
     say ""

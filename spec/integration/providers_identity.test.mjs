@@ -12,7 +12,7 @@ import crypto from 'node:crypto';
 
 import { fetchT, mockInputTokens, mockText, startMock, stopAll, waitFor } from './lib/harness.mjs';
 import { billedSetup, startBilledGateway, waitUsageRow } from './lib/billing.mjs';
-import { adminClient, metrics } from './lib/db.mjs';
+import { adminClient, applyState, metrics } from './lib/db.mjs';
 
 const CLAUDE = 'claude-sonnet-4@20250514';
 const GEMINI = 'gemini-2.0-flash';
@@ -234,4 +234,32 @@ test('a bad service account key or identity gets the admin API 400 naming it', a
   const ok = await admin.post('/accounts', { ...base, name: 'good', credential: sa });
   assert.equal(ok.status, 201, ok.text);
   assert.equal(ok.json.credential, undefined);
+});
+
+test('the console\'s account test goes through the identity: an Entra token, a service account token', async () => {
+  const admin = adminClient(gw);
+  for (const [name, path] of [['up', /^\/deployments\/prod-gpt4o\/chat\/completions/], ['vx', new RegExp(`publishers/anthropic/models/${CLAUDE}:rawPredict$`)]]) {
+    const [{ id }] = await bill.db.query(`SELECT id FROM accounts WHERE name = '${name}'`);
+    const r = await admin.post(`/accounts/${id}/test`, {});
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.ok, true, r.text);
+    assert.match(r.json.path, path);
+    assert.match((await mock.last()).headers.authorization, /^Bearer mt-/);
+  }
+});
+
+test('tollgate apply refuses a bad service account key with the admin API\'s message', async () => {
+  await assert.rejects(
+    applyState(bill.db, {
+      accounts: [{
+        name: 'bad-apply', provider: 'vertex', auth: 'service_account', base_url: mock.url,
+        credential: saKey('-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n'), settings: { project: 'p', region: 'r' },
+      }],
+    }),
+    /not an RSA private key in PEM/,
+  );
+  await assert.rejects(
+    applyState(bill.db, { accounts: [{ name: 'bad-apply', provider: 'vertex', base_url: mock.url, credential: 'k', settings: { project: 'p', region: 'r' } }] }),
+    /vertex account authenticates with a service account key/,
+  );
 });

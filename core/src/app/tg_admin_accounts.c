@@ -19,6 +19,7 @@
 
 #include "tollgate/tg_accounts.h"
 #include "tollgate/tg_aws.h"
+#include "tollgate/tg_identity.h"
 #include "tollgate/tg_translate.h"
 #include "tollgate/tg_upstream.h"
 #include "tollgate/tg_valid.h"
@@ -39,6 +40,9 @@ struct tg_acctest_s {
     int waits;
     uv_timer_t *timer;   /* freed in its close callback */
     tg_snapshot_t *snap; /* retained while the call runs */
+    tg_identity_wait_t *idw; /* waiting for the account's access token */
+    uint64_t token_gen;      /* the token sent (tg_identity_rejected) */
+    int auth_retried;        /* a 401 to it was answered with a renewed token once */
     tg_upcall_t *call;
     char model[300];
     char upstream_model[300];
@@ -57,6 +61,7 @@ static void test_free(tg_acctest_t *t) {
     }
     if (t->call)
         tg_upcall_abort(t->call);
+    tg_identity_cancel(t->idw);
     tg_snapshot_release(t->snap);
     tg_buf_free(&t->answer);
     free(t);
@@ -169,7 +174,25 @@ static void up_body(void *ud, const char *p, size_t n) {
         tg_buf_append(&t->answer, p, n < TEST_KEEP - t->answer.len ? n : TEST_KEEP - t->answer.len);
 }
 
-static void up_done(void *ud) { test_report(ud, NULL, NULL); }
+static void test_start(tg_acctest_t *t, const tg_account_t *acc);
+
+static void up_done(void *ud) {
+    tg_acctest_t *t = ud;
+    const tg_account_t *acc = tg_snapshot_account(t->snap, t->id);
+    if (t->status == 401 && acc && acc->auth && !t->auth_retried && t->req->worker->ctx->identity) {
+        /* The token was refused (revoked, or the issuer forgot it): renewed once, as a
+         * client request would be. */
+        t->auth_retried = 1;
+        t->call = NULL;
+        t->status = 0;
+        t->t_head = 0;
+        tg_buf_reset(&t->answer);
+        tg_identity_rejected(t->req->worker->ctx->identity, t->id, t->token_gen);
+        test_start(t, acc);
+        return;
+    }
+    test_report(t, NULL, NULL);
+}
 
 static void up_error(void *ud, tg_uperr_t err, const char *msg) {
     const char *kind = err == TG_UPERR_CONNECT                ? "connect"
@@ -186,8 +209,9 @@ static void up_error(void *ud, tg_uperr_t err, const char *msg) {
 
 static const tg_upcall_cbs_t up_cbs = {up_head, up_body, up_done, up_error};
 
-/* Sends the request through the account (found in t->snap). */
-static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
+/* Sends the request through the account (found in t->snap) with its credential: the
+ * stored key, or an identity's access token. */
+static void test_send(tg_acctest_t *t, const tg_account_t *acc, const char *credential) {
     if (!acc->upstream) {
         test_fail(t, 409, "account_unusable", "the gateway has no upstream client for this account's base_url");
         return;
@@ -204,13 +228,19 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
         snprintf(t->model, sizeof(t->model), "%s", m);
     }
     snprintf(t->upstream_model, sizeof(t->upstream_model), "%s", tg_account_map_model(acc, t->model));
-    int anthropic = acc->provider && !strcmp(acc->provider, "anthropic");
-    int gemini = acc->provider && !strcmp(acc->provider, "gemini");
+    int vertex = acc->provider && !strcmp(acc->provider, "vertex");
+    int anthropic = acc->provider && (!strcmp(acc->provider, "anthropic") || (vertex && !strncmp(t->upstream_model, "claude", 6)));
+    int gemini = acc->provider && (!strcmp(acc->provider, "gemini") || (vertex && !anthropic));
     int azure = acc->provider && !strcmp(acc->provider, "azure");
     int bedrock = acc->provider && !strcmp(acc->provider, "bedrock");
     anthropic |= bedrock; /* Bedrock's InvokeModel takes the Messages body */
     json_t *body = json_object();
-    if (gemini) {
+    if (vertex && anthropic) {
+        json_object_set_new(body, "anthropic_version", json_string(TG_VERTEX_ANTHROPIC_VERSION));
+        json_object_set_new(body, "messages",
+                            json_pack("[{s:s,s:s}]", "role", "user", "content", "Reply with the word OK."));
+        json_object_set_new(body, "max_tokens", json_integer(8));
+    } else if (gemini) {
         json_object_set_new(body, "contents",
                             json_pack("[{s:s,s:[{s:s}]}]", "role", "user", "parts", "text", "Reply with the word OK."));
         json_object_set_new(body, "generationConfig", json_pack("{s:i}", "maxOutputTokens", 8));
@@ -223,7 +253,11 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
     }
     char *text = bedrock ? tg_bedrock_body(body) : json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    if (gemini) {
+    if (vertex) {
+        snprintf(t->path, sizeof(t->path), "/v1/projects/%s/locations/%s/publishers/%s/models/%s:%s",
+                 tg_account_setting(acc, "project", ""), tg_account_setting(acc, "region", "global"),
+                 anthropic ? "anthropic" : "google", t->upstream_model, anthropic ? "rawPredict" : "generateContent");
+    } else if (gemini) {
         tg_buf_t gp;
         tg_buf_init(&gp);
         tg_translate_gemini_path(t->upstream_model, 0, &gp);
@@ -253,14 +287,17 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
         char path[1024];
         snprintf(path, sizeof(path), "%s%s", tg_upstream_path_prefix(acc->upstream), t->path);
         tg_bedrock_sign(&b, &cr, tg_upstream_host_header(acc->upstream), path, text, strlen(text), time(NULL));
-    } else if (acc->credential && anthropic)
-        tg_buf_printf(&b, "\r\nx-api-key: %s\r\nanthropic-version: 2023-06-01", acc->credential);
-    else if (acc->credential && gemini)
-        tg_buf_printf(&b, "\r\nx-goog-api-key: %s", acc->credential);
-    else if (acc->credential && azure)
-        tg_buf_printf(&b, "\r\napi-key: %s", acc->credential);
-    else if (acc->credential)
-        tg_buf_printf(&b, "\r\nAuthorization: Bearer %s", acc->credential);
+    } else if (credential && acc->auth)
+        tg_buf_printf(&b, "\r\nAuthorization: Bearer %s%s", credential,
+                      anthropic && !vertex ? "\r\nanthropic-version: 2023-06-01" : "");
+    else if (credential && anthropic)
+        tg_buf_printf(&b, "\r\nx-api-key: %s\r\nanthropic-version: 2023-06-01", credential);
+    else if (credential && gemini)
+        tg_buf_printf(&b, "\r\nx-goog-api-key: %s", credential);
+    else if (credential && azure)
+        tg_buf_printf(&b, "\r\napi-key: %s", credential);
+    else if (credential)
+        tg_buf_printf(&b, "\r\nAuthorization: Bearer %s", credential);
     tg_buf_printf(&b, "\r\nx-request-id: %s\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
                       "Content-Length: %zu\r\n\r\n%s",
                   t->req->id, strlen(text), text);
@@ -273,6 +310,35 @@ static void test_send(tg_acctest_t *t, const tg_account_t *acc) {
 static void test_try(tg_acctest_t *t);
 
 static void wait_cb(uv_timer_t *h) { test_try(h->data); }
+
+/* The account's access token came (or could not be obtained). */
+static void token_cb(void *ud, const char *token, const char *err) {
+    tg_acctest_t *t = ud;
+    t->idw = NULL;
+    const tg_account_t *acc = tg_snapshot_account(t->snap, t->id);
+    if (err || !token || !acc) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "the account's access token could not be obtained: %s", err ? err : "no token");
+        test_fail(t, 409, "account_auth_failed", msg);
+        return;
+    }
+    test_send(t, acc, token);
+}
+
+/* Sends with the stored key, or first obtains the identity's token (tg_identity.h). */
+static void test_start(tg_acctest_t *t, const tg_account_t *acc) {
+    if (!acc->auth) {
+        test_send(t, acc, acc->credential);
+        return;
+    }
+    const char *tok = NULL;
+    tg_identity_t *id = t->req->worker->ctx->identity;
+    int rc = id ? tg_identity_token(id, acc, token_cb, t, &tok, &t->token_gen, &t->idw) : TG_ERROR;
+    if (rc == TG_OK)
+        test_send(t, acc, tok);
+    else if (rc != TG_AGAIN)
+        token_cb(t, NULL, tok ? tok : "no identity module");
+}
 
 /* Looks for the account in the worker's current snapshot; waits for a newer one when it
  * is missing (created a moment ago), at most TEST_WAIT_STEPS times. */
@@ -290,7 +356,7 @@ static void test_try(tg_acctest_t *t) {
     }
     if (acc) {
         t->snap = s;
-        test_send(t, acc);
+        test_start(t, acc);
         return;
     }
     uint64_t gen = tg_snapshot_generation(s);

@@ -23,6 +23,7 @@
 
 #include "tollgate/tg_crypto.h"
 #include "tollgate/tg_redis.h"
+#include "tollgate/tg_identity.h"
 #include "tollgate/tg_embed.h"
 #include "tollgate/tg_tables.h"
 
@@ -573,6 +574,32 @@ static int account_credential(apply_t *a, long long id_known, const char *name, 
     lua_pop(a->L, 1);
     if (rc != TG_OK)
         return rc;
+    {
+        /* The identity, as the admin API checks it (tg_identity_check). */
+        json_t *settings = NULL;
+        lua_getfield(a->L, -1, "settings");
+        if (!lua_isnil(a->L, -1) && read_value(a, tg_table_column(tg_table_find("accounts"), "settings"), &settings) != TG_OK) {
+            lua_pop(a->L, 1);
+            json_decref(v);
+            return TG_ERROR;
+        }
+        lua_pop(a->L, 1);
+        lua_getfield(a->L, -1, "provider");
+        lua_getfield(a->L, -2, "auth");
+        char pbuf[64], abuf[64], msg[512];
+        snprintf(pbuf, sizeof(pbuf), "%s", lua_isstring(a->L, -2) ? lua_tostring(a->L, -2) : "");
+        snprintf(abuf, sizeof(abuf), "%s", lua_isstring(a->L, -1) ? lua_tostring(a->L, -1) : "key");
+        lua_pop(a->L, 2);
+        json_t *none = json_object();
+        const char *why = tg_identity_check(pbuf, abuf, json_string_value(v), json_string_length(v),
+                                            settings ? settings : none, msg, sizeof(msg));
+        json_decref(none);
+        json_decref(settings);
+        if (why) {
+            json_decref(v);
+            return afail(a, "%s", why);
+        }
+    }
     if (!a->have_key) {
         json_decref(v);
         return afail(a, "credential needs TOLLGATE_SECRET_KEY (or secret_key in the config) to be sealed");

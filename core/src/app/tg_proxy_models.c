@@ -554,8 +554,11 @@ int tg__models_list(proxy_req_t *p) {
                 continue;
             /* Azure lists base models, not the deployments a request names, and
              * Bedrock's list is another service's (ListFoundationModels): such an
-             * account contributes its model map (and models) only. */
-            if (acc->nmodels == 0 && strcmp(acc->provider, "azure") != 0 && strcmp(acc->provider, "bedrock") != 0)
+             * account contributes its model map (and models) only; so does an account
+             * with an identity (its token is the request path's, tg_identity.h) and a
+             * Vertex one (its publishers' models are not listed per project). */
+            if (acc->nmodels == 0 && strcmp(acc->provider, "azure") != 0 && strcmp(acc->provider, "bedrock") != 0 &&
+                strcmp(acc->provider, "vertex") != 0 && !acc->auth)
                 add_source(f, acc->upstream, acc->credential, acc->provider);
             for (int k = 0; k < acc->nmodels; k++)
                 add_extra(f, acc->models[k], acc->provider);
