@@ -77,6 +77,28 @@ TG_TEST(config, errors_name_the_key) {
     ASSERT(strstr(err, "tls.cert"));
 }
 
+/* plugins.store: the workbench's folder is searched after dirs; it may not be one of
+ * them (the gateway removes the files there that Postgres does not hold). */
+TG_TEST(config, plugins_store) {
+    tg_config_t cfg;
+    char err[256];
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, plugins = { dirs = { 'plugins' }, store = "
+                       "'var/policies' } }",
+                       &cfg, err),
+                  0);
+    ASSERT_EQ_STR(cfg.plugins.store, "var/policies");
+    ASSERT_EQ_INT(cfg.plugins.ndirs, 2);
+    ASSERT_EQ_STR(cfg.plugins.dirs[1], "var/policies");
+    tg_config_free(&cfg);
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, plugins = { dirs = { 'plugins', 'policies' }, "
+                       "store = 'policies' } }",
+                       &cfg, err),
+                  TG_ERROR);
+    ASSERT(strstr(err, "plugins.store") && strstr(err, "a folder of its own"));
+    ASSERT_EQ_INT(load("return { upstream = { url = 'http://x/v1' }, plugins = { store = 3 } }", &cfg, err), TG_ERROR);
+    ASSERT(strstr(err, "plugins.store"));
+}
+
 /* limiter.on_redis_down_*: the tokens policy follows the rate policy unless set apart;
  * anything but closed / open / local, or a non-string, is refused naming the key. */
 TG_TEST(config, limiter_policies) {

@@ -461,11 +461,16 @@ int tg_plugins_config_from_lua(lua_State *L, int idx, tg_plugins_config_t *out, 
         if (!s || !n || n > 1024) {
             rc = tg_err_at(err, errlen, "config: ", "plugins.store", "expected a folder name (a string)");
         } else {
-            out->store = strdup(s);
             int listed = 0;
             for (size_t i = 0; i < out->ndirs; i++)
                 listed |= !strcmp(out->dirs[i], s);
-            if (!listed) {
+            if (listed) {
+                /* The gateway removes the files there that Postgres does not hold. */
+                rc = tg_err_at(err, errlen, "config: ", "plugins.store",
+                               "must be a folder of its own, not one of plugins.dirs (the gateway writes it from "
+                               "Postgres and removes what is not stored there)");
+            } else {
+                out->store = strdup(s);
                 out->dirs = realloc(out->dirs, (out->ndirs + 2) * sizeof(char *));
                 out->dirs[out->ndirs++] = strdup(s);
                 out->dirs[out->ndirs] = NULL;
