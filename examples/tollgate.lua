@@ -122,6 +122,8 @@ return {
     unknown_usage = "charge",   -- charge | release: settle unknown usage at the reserved bound, or at 0
     queue_max = 20000,          -- settlements queued per worker before they spill to the spool
     test_clock = false,         -- tests only: TOLLGATE_TEST_CLOCK_OFFSET (s) shifts the budgets' periods' clock
+    usage_retention_days = 0,   -- `tollgate usage drop` drops usage days older than this (0 = keep all; else >= 3)
+    ledger_retention_days = 0,  -- ... and ledger months that ended longer ago (0 = keep all; else >= 3); totals are carried
   },
 
   -- Plugins and policies (plugins/README.md): folders, the enabled list, budgets.

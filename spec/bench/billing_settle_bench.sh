@@ -15,7 +15,7 @@
 #   libllhttp.a), TG_BENCH_N (100000 requests per run), TG_BENCH_WINDOW (256 reservations
 #   in flight per worker), TG_BENCH_BACKLOG (8000 settled-but-uncommitted requests per
 #   worker before the driver waits; below the queue's spill point of 20,000 elements),
-#   TG_BENCH_TENANTS (4).
+#   TG_BENCH_TENANTS (4), TG_BENCH_ROLLUPS (on; off: without the hourly rollups).
 # Everything started here is stopped by PID (or by spec/lib/services.sh's stop functions)
 # on exit; each run is bounded by `timeout`. Shared helpers: spec/bench/lib.sh.
 set -euo pipefail
@@ -52,6 +52,11 @@ psql -X -q -v ON_ERROR_STOP=1 -d "${TOLLGATE_PG/dbname=tollgate/dbname=postgres}
 sleep 0.3
 echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua" # not contacted
 "$T/tollgate" migrate -c "$T/tool.lua" >/dev/null
+# TG_BENCH_ROLLUPS=off: the settlement batch without its hourly rollups (usage #18,
+# sql/0010): tg_usage_rollup made a no-op, to compare against (spec/bench/usage_bench.sh).
+if [ "${TG_BENCH_ROLLUPS:-on}" = off ]; then
+    sql -c "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql AS 'BEGIN END'"
+fi
 for i in $(seq "$TENANTS"); do
     sql -c "INSERT INTO tenants (name, balance, opening_balance) VALUES ('bench-$i', 1000000000, 1000000000)"
     sql -c "INSERT INTO api_keys (tenant_id, name, key_hash, prefix)

@@ -18,7 +18,7 @@ const run = (...args) => {
   for (const k of ['TOLLGATE_PG', 'TOLLGATE_REDIS']) delete env[k];
   return spawnSync(TG_BIN, args, { encoding: 'utf8', env, cwd: REPO, timeout: 10000 });
 };
-const COMMANDS = ['serve', 'check', 'migrate', 'apply', 'policy', 'ledger', 'mock-upstream', 'version'];
+const COMMANDS = ['serve', 'check', 'migrate', 'apply', 'policy', 'ledger', 'usage', 'mock-upstream', 'version'];
 
 test('tollgate --help lists every command and the exit codes, exit 0', () => {
   for (const flag of ['--help', '-h', 'help']) {

@@ -147,6 +147,14 @@ test('every answer of the live admin API validates against its operation in the 
   const usage = (await call('GET', `/usage?tenant_id=${t.id}&limit=10`)).json;
   assert.equal(usage.data.length, 1);
   for (const gb of ['model', 'key', 'tenant', 'hour', 'day']) await call('GET', `/usage/summary?group_by=${gb}`);
+  // The rollups (usage #18): a report, the capacity report by account and group, the CSV export.
+  const rep = (await call('GET', '/usage/report?group_by=hour,account,model')).json;
+  assert.equal(rep.data[0].requests, 1);
+  await call('GET', '/usage/report?group_by=');
+  await call('GET', '/usage/capacity');
+  await call('GET', '/usage/capacity?by=group');
+  const csv = await call('GET', '/usage/export');
+  assert.match(csv.text, /^hour,tenant_id,api_key_id,group_id,account_id,model,requests,/);
   let dl;
   for (let i = 0; i < 50; i++) {
     dl = await call('GET', '/plugins/capture/download');
@@ -191,6 +199,9 @@ test('every answer of the live admin API validates against its operation in the 
   assert.equal((await call('POST', '/tenants', { name: 't1' })).status, 409);
   assert.equal((await call('POST', '/tenants', { name: 'x', rpm: -1 }, { invalidBody: true })).status, 400);
   assert.equal((await call('GET', '/usage?tenant_id=x')).status, 400);
+  assert.equal((await call('GET', '/usage/report?from=yesterday')).status, 400);
+  assert.equal((await call('GET', '/usage/capacity?by=key')).status, 400);
+  assert.equal((await call('GET', '/usage/export?group_by=week')).status, 400);
   assert.equal((await call('POST', `/tenants/${t.id}/topup`, { amount: '-1' }, { invalidBody: true })).status, 400);
   assert.equal((await call('DELETE', `/tenants/${t.id}`)).status, 409);
 

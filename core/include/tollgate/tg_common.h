@@ -108,6 +108,10 @@ uint64_t tg_wall_ms(void);
 int tg_random_bytes(void *out, size_t n);
 /** Writes a 32-hex-digit random id plus NUL into out[33]. */
 void tg_random_id(char out[33]);
+/** Writes a request id plus NUL into out[33]: `<start, Unix ms, 12 hex digits>-<18
+ *  random hex digits>`. Postgres reads the start back (tg_request_started, sql/0009)
+ *  and files the request's usage row in that day's partition. */
+void tg_request_id(char out[33]);
 
 /* Logging: one line per event on stderr; the level check happens before formatting. */
 enum { TG_LOG_ERROR = 0, TG_LOG_WARN = 1, TG_LOG_INFO = 2, TG_LOG_DEBUG = 3 };

@@ -156,6 +156,8 @@ typedef struct {
         int charge_unknown;      /* 1: at the reserved bound (default); 0: released */
         int queue_max;           /* settlement elements in memory before they spill to the spool */
         int test_clock;          /* honour TOLLGATE_TEST_CLOCK_OFFSET (seconds) in the budgets' clock: tests only */
+        int usage_retention_days;  /* usage day partitions older than this may be dropped (0: kept) */
+        int ledger_retention_days; /* ledger month partitions ended longer ago than this (0: kept) */
     } billing;
     char **keys; /* static virtual keys (NULL-terminated), until keys live in Postgres */
     size_t nkeys;

@@ -1,5 +1,5 @@
 /*
- * tollgate's command line: serve, check, migrate, apply, policy, ledger, mock-upstream,
+ * tollgate's command line: serve, check, migrate, apply, policy, ledger, usage, mock-upstream,
  * version — one table (`commands`) holds each command's synopsis and the help its
  * --help prints. Exit codes (EXIT_CODES, printed by every help): 0 success, 1 the
  * command ran and failed, 2 bad usage or configuration.
@@ -18,6 +18,7 @@
 #include "tollgate/tg_plugin.h"
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_trace.h"
+#include "tollgate/tg_usage_store.h"
 #include "tollgate/tg_worker.h"
 
 #ifndef TG_VERSION
@@ -84,6 +85,21 @@ static const command_t commands[] = {
      "                             reconciler would), N: only those older than N ms\n\n"
      "Both need postgres (config or TOLLGATE_PG) and read redis as the gateway does.\n"
      "example: tollgate ledger verify -c tollgate.lua\n"},
+    {"usage", "usage partitions|drop|rebuild -c FILE", "the usage and ledger partitions, retention, rollups",
+     "  usage partitions -c FILE [--exact]\n"
+     "                             list the time partitions of usage (days) and the ledger\n"
+     "                             (months), made ahead first: range, rows (the planner's\n"
+     "                             estimate; --exact counts them), size, and what retention\n"
+     "                             (billing.usage_retention_days, ledger_retention_days) says\n"
+     "  usage drop -c FILE [--dry-run]\n"
+     "                             drop every partition past retention, oldest first, each\n"
+     "                             after its totals are carried forward (balances, ledger\n"
+     "                             totals and `ledger verify` stay exact)\n"
+     "  usage rebuild -c FILE [--from YYYY-MM-DD] [--to YYYY-MM-DD]\n"
+     "                             recompute the hourly rollups of those UTC days [from, to)\n"
+     "                             from the usage rows (default: every day still kept)\n\n"
+     "All need postgres (config or TOLLGATE_PG).\n"
+     "example: tollgate usage drop -c tollgate.lua --dry-run\n"},
     {"mock-upstream", "mock-upstream --listen HOST:PORT [--threads N] [--models a,b]",
      "run the fake OpenAI/Anthropic provider (tests, benchmarks, the quickstart)",
      "A fast, deterministic fake provider: /v1/chat/completions, /v1/messages, /v1/responses,\n"
@@ -199,6 +215,78 @@ static int load(int argc, char **argv, tg_config_t *cfg) {
     return 0;
 }
 
+/* load() for a command that needs Postgres: 2 with a message naming `what` without one. */
+static int load_with_pg(const char *what, int argc, char **argv, tg_config_t *cfg) {
+    int rc = load(argc, argv, cfg);
+    if (rc)
+        return rc;
+    if (!cfg->pg_conninfo) {
+        fprintf(stderr, "%s: no database: set postgres in the config or TOLLGATE_PG (a libpq conninfo, e.g. "
+                        "\"host=/run/postgresql dbname=tollgate\")\n",
+                what);
+        tg_config_free(cfg);
+        return 2;
+    }
+    return 0;
+}
+
+/* A UTC day, YYYY-MM-DD. */
+static int is_day(const char *s) {
+    return strlen(s) == 10 && strspn(s, "0123456789-") == 10 && s[4] == '-' && s[7] == '-';
+}
+
+/* `tollgate usage partitions|drop|rebuild -c FILE [...]`: every argument known or refused. */
+static int usage_command(int argc, char **argv) {
+    /* The subcommand: the first argument that is not -c FILE. */
+    const char *sub = "";
+    int subi = 0;
+    for (int i = 2; i < argc && !subi; i++) {
+        if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config"))
+            i++;
+        else
+            subi = i;
+    }
+    if (subi)
+        sub = argv[subi];
+    if (strcmp(sub, "partitions") && strcmp(sub, "drop") && strcmp(sub, "rebuild")) {
+        fprintf(stderr, "tollgate usage: expected partitions, drop or rebuild (see tollgate usage --help)\n");
+        return 2;
+    }
+    tg_usage_cmd_t c = {0};
+    for (int i = 2; i < argc; i++) {
+        if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) && i + 1 < argc)
+            i++;
+        else if (i == subi)
+            continue;
+        else if (!strcmp(sub, "partitions") && !strcmp(argv[i], "--exact"))
+            c.exact = 1;
+        else if (!strcmp(sub, "drop") && !strcmp(argv[i], "--dry-run"))
+            c.dry_run = 1;
+        else if (!strcmp(sub, "rebuild") && !strcmp(argv[i], "--from") && i + 1 < argc && is_day(argv[i + 1]))
+            c.from = argv[++i];
+        else if (!strcmp(sub, "rebuild") && !strcmp(argv[i], "--to") && i + 1 < argc && is_day(argv[i + 1]))
+            c.to = argv[++i];
+        else {
+            fprintf(stderr, "tollgate usage %s: unexpected argument \"%.64s\" (see tollgate usage --help; days are "
+                            "YYYY-MM-DD)\n",
+                    sub, argv[i]);
+            return 2;
+        }
+    }
+    tg_config_t cfg;
+    int rc = load_with_pg("usage", argc, argv, &cfg);
+    if (rc)
+        return rc;
+    c.pg_conninfo = cfg.pg_conninfo;
+    c.usage_retention_days = cfg.billing.usage_retention_days;
+    c.ledger_retention_days = cfg.billing.ledger_retention_days;
+    rc = !strcmp(sub, "partitions") ? tg_usage_partitions_main(&c)
+         : !strcmp(sub, "drop")     ? tg_usage_drop_main(&c)
+                                    : tg_usage_rebuild_main(&c);
+    tg_config_free(&cfg);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -260,15 +348,9 @@ int main(int argc, char **argv) {
             }
         }
         tg_config_t cfg;
-        int rc = load(argc, argv, &cfg);
+        int rc = load_with_pg("ledger", argc, argv, &cfg);
         if (rc)
             return rc;
-        if (!cfg.pg_conninfo) {
-            fprintf(stderr, "ledger: no database: set postgres in the config or TOLLGATE_PG (a libpq conninfo, e.g. "
-                            "\"host=/run/postgresql dbname=tollgate\")\n");
-            tg_config_free(&cfg);
-            return 2;
-        }
         if (!strcmp(argv[2], "verify")) {
             rc = tg_ledger_verify_main(cfg.pg_conninfo, cfg.redis_url);
         } else {
@@ -277,6 +359,8 @@ int main(int argc, char **argv) {
         tg_config_free(&cfg);
         return rc;
     }
+    if (!strcmp(cmd, "usage"))
+        return usage_command(argc, argv);
     if (!strcmp(cmd, "migrate") || !strcmp(cmd, "apply")) {
         tg_config_t cfg;
         int rc = load(argc, argv, &cfg);

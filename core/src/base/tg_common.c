@@ -295,6 +295,18 @@ void tg_random_id(char out[33]) {
     out[32] = '\0';
 }
 
+void tg_request_id(char out[33]) {
+    static const char hex[] = "0123456789abcdef";
+    char rnd[33];
+    tg_random_id(rnd);
+    uint64_t ms = tg_wall_ms();
+    for (int i = 11; i >= 0; i--, ms >>= 4)
+        out[i] = hex[ms & 15];
+    out[12] = '-';
+    memcpy(out + 13, rnd, 18);
+    out[31] = '\0';
+}
+
 static const char *level_names[] = {"error", "warn", "info", "debug"};
 
 int tg_log_level_parse(const char *name) {

@@ -351,7 +351,8 @@ static int load_routing(cfg_ctx *c, void *arg) {
 static int load_billing(cfg_ctx *c, void *arg) {
     tg_config_t *cfg = arg;
     static const char *const keys[] = {"enabled", "default_max_tokens", "spool_dir", "reconcile_after_ms",
-                                       "unknown_usage", "queue_max", "test_clock", NULL};
+                                       "unknown_usage", "queue_max", "test_clock", "usage_retention_days",
+                                       "ledger_retention_days", NULL};
     c->prefix = "billing.";
     int rc = check_keys(c, keys);
     rc = rc ?: get_bool(c, "enabled", &cfg->billing.enabled);
@@ -360,6 +361,14 @@ static int load_billing(cfg_ctx *c, void *arg) {
     rc = rc ?: get_int(c, "reconcile_after_ms", &cfg->billing.reconcile_after_ms, 100, 86400000);
     rc = rc ?: get_int(c, "queue_max", &cfg->billing.queue_max, 1, 10000000);
     rc = rc ?: get_bool(c, "test_clock", &cfg->billing.test_clock);
+    rc = rc ?: get_int(c, "usage_retention_days", &cfg->billing.usage_retention_days, 0, 36500);
+    rc = rc ?: get_int(c, "ledger_retention_days", &cfg->billing.ledger_retention_days, 0, 36500);
+    if (rc == TG_OK && cfg->billing.usage_retention_days > 0 && cfg->billing.usage_retention_days < 3)
+        rc = fail(c, "usage_retention_days", "must be 0 (keep every day) or at least 3, got %d",
+                  cfg->billing.usage_retention_days);
+    if (rc == TG_OK && cfg->billing.ledger_retention_days > 0 && cfg->billing.ledger_retention_days < 3)
+        rc = fail(c, "ledger_retention_days", "must be 0 (keep every month) or at least 3, got %d",
+                  cfg->billing.ledger_retention_days);
     char *u = NULL;
     rc = rc ?: get_str(c, "unknown_usage", &u);
     if (rc == TG_OK && u) {

@@ -33,7 +33,8 @@ const char tg__billing_due_sql[] =
     "WHERE (r.state = 'pending_reconciliation' OR r.state = 'reserved') "
     "AND r.created_at < now() - $1::int * interval '1 millisecond' "
     "AND NOT (coalesce(r.instance, '') = ANY ($2::text[])) "
-    "AND NOT EXISTS (SELECT 1 FROM usage d WHERE d.request_id = r.request_id) "
+    "AND NOT EXISTS (SELECT 1 FROM usage d WHERE d.request_id = r.request_id "
+    "AND d.started_at = tg_request_started(r.request_id)) "
     "GROUP BY r.request_id LIMIT 500";
 
 tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charge_unknown) {
@@ -84,8 +85,9 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
 const char tg__billing_orphans_sql[] =
     "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, "
     "EXISTS (SELECT 1 FROM reservations r WHERE r.request_id = c.rid AND r.attempt = c.att), "
-    "EXISTS (SELECT 1 FROM usage d WHERE d.request_id = c.rid), "
-    "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid AND u.attempts = c.att), 0) "
+    "EXISTS (SELECT 1 FROM usage d WHERE d.request_id = c.rid AND d.started_at = tg_request_started(c.rid)), "
+    "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid "
+    "AND u.started_at = tg_request_started(c.rid) AND u.attempts = c.att), 0) "
     "FROM jsonb_to_recordset($1::jsonb) AS c(rid text, att int, key_id bigint, ms bigint, amount bigint, model text, "
     "instance text) "
     /* A hold of a key this Postgres does not know (another deployment on the same Redis)
@@ -315,6 +317,14 @@ static void alive_cb(void *ud, redisReply *r, const char *err) {
     scan_holds(b, r);
 }
 
+static void partitions_cb(void *ud, const PGresult *res, const char *err) {
+    (void)ud;
+    if (err)
+        tg_log_warn("billing: making the usage and ledger partitions ahead failed: %s", err);
+    else if (PQntuples(res) == 1 && atoi(PQgetvalue(res, 0, 0)) > 0)
+        tg_log_info("billing: %s usage/ledger partition(s) made ahead", PQgetvalue(res, 0, 0));
+}
+
 static void lock_cb(void *ud, redisReply *r, const char *err) {
     tg_billing_t *b = ud;
     if (err || !r || r->type != REDIS_REPLY_INTEGER || b->stopping)
@@ -323,6 +333,13 @@ static void lock_cb(void *ud, redisReply *r, const char *err) {
     if (!b->leader)
         return;
     tg__budget_alerts_pass(b); /* budget alerts due (tg_budget_alerts.c) */
+    if (tg_now_ms() >= b->partitions_due) {
+        /* The usage and ledger partitions of the days ahead (sql/0009_partitions.sql), at
+         * the first pass and every hour: a missing one costs nothing but a detour of its
+         * rows through the DEFAULT partition until it is made. */
+        b->partitions_due = tg_now_ms() + 3600 * 1000;
+        tg_pg_query(tg_state_pg(b->st), "SELECT tg_partitions_ensure(7)", 0, NULL, partitions_cb, b);
+    }
     char now[32];
     snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
     const char *argv[4] = {"ZRANGEBYSCORE", ALIVE_KEY, now, "+inf"};

@@ -373,7 +373,14 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
             b->stats.settled++;
         else if (!strcmp(outcome, "duplicate"))
             b->stats.duplicates++;
-        else {
+        else if (!strcmp(outcome, "expired")) {
+            /* Its usage partition was dropped by retention (sql/0009): whether it was
+             * billed is no longer known, so it is not billed again. */
+            b->stats.conflicts++;
+            tg_log_error("billing: EXPIRED: request %s started in a usage partition dropped by retention; not "
+                         "billed — investigate (a spool replayed after its retention?)",
+                         PQgetvalue(res, i, 0));
+        } else {
             b->stats.conflicts++;
             tg_log_error("billing: CONFLICT: request %s was already settled with a different fingerprint; "
                          "not billed again — investigate",

@@ -51,16 +51,23 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
         return 2;
     }
     int problems = 0;
+    /* Partitions dropped by retention (sql/0009_partitions.sql) left their totals in
+     * ledger_carried (per tenant and kind) and usage_carried (per tenant, key and the
+     * ledger entry, while that entry is in the ledger): each sum below is carried +
+     * what remains, so a dropped partition changes none of them. */
     check(c, "each balance = opening balance + top-ups - usage (ledger)",
-          "SELECT t.id AS tenant_id, t.balance, t.opening_balance + coalesce(sum(l.amount) FILTER (WHERE l.kind <> "
-          "'opening'), 0) AS from_ledger FROM tenants t LEFT JOIN ledger l ON l.tenant_id = t.id GROUP BY t.id "
-          "HAVING t.balance <> t.opening_balance + coalesce(sum(l.amount) FILTER (WHERE l.kind <> 'opening'), 0)",
+          "SELECT t.id AS tenant_id, t.balance, t.opening_balance + coalesce(l.s, 0) AS from_ledger FROM tenants t "
+          "LEFT JOIN (SELECT tenant_id, sum(amount) AS s FROM (SELECT tenant_id, amount FROM ledger WHERE kind <> "
+          "'opening' UNION ALL SELECT tenant_id, amount FROM ledger_carried WHERE kind <> 'opening') x GROUP BY "
+          "tenant_id) l ON l.tenant_id = t.id WHERE t.balance <> t.opening_balance + coalesce(l.s, 0)",
           &problems);
     check(c, "usage debits in the ledger = usage costs",
-          "SELECT u.tenant_id, sum(u.cost) AS usage_cost, (SELECT -coalesce(sum(l.amount), 0) FROM ledger l WHERE "
-          "l.tenant_id = u.tenant_id AND l.kind = 'usage') AS ledger_debits FROM usage u GROUP BY u.tenant_id "
-          "HAVING sum(u.cost) <> (SELECT -coalesce(sum(l.amount), 0) FROM ledger l WHERE l.tenant_id = u.tenant_id "
-          "AND l.kind = 'usage')",
+          "WITH u AS (SELECT tenant_id, sum(cost) AS c FROM (SELECT tenant_id, cost FROM usage UNION ALL SELECT "
+          "tenant_id, cost FROM usage_carried) x GROUP BY tenant_id), l AS (SELECT tenant_id, -sum(amount) AS d "
+          "FROM (SELECT tenant_id, amount FROM ledger WHERE kind = 'usage' UNION ALL SELECT tenant_id, amount FROM "
+          "ledger_carried WHERE kind = 'usage') y GROUP BY tenant_id) SELECT u.tenant_id, u.c AS usage_cost, "
+          "coalesce(l.d, 0) AS ledger_debits FROM u LEFT JOIN l ON l.tenant_id = u.tenant_id WHERE u.c <> "
+          "coalesce(l.d, 0)",
           &problems);
     check(c, "no request id billed twice",
           "SELECT request_id, count(*) FROM ledger WHERE kind = 'usage' AND request_id IS NOT NULL GROUP BY request_id "
@@ -68,21 +75,26 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           &problems);
     /* A usage row is its request's dedup (its fingerprint) and is debited by one ledger
      * entry: its batch's for its tenant (usage.ledger_id, sql/0006), or before 0006 one of
-     * its own (ledger.request_id). */
+     * its own (ledger.request_id) — unless that entry's partition was dropped (the entry
+     * has the row's created_at: one transaction wrote both). */
     check(c, "every usage row has its fingerprint and its ledger entry",
           "SELECT u.request_id, u.ledger_id FROM usage u LEFT JOIN ledger l ON l.id = u.ledger_id AND l.kind = "
           "'usage' AND l.tenant_id = u.tenant_id LEFT JOIN (SELECT DISTINCT request_id FROM ledger WHERE kind = "
-          "'usage' AND request_id IS NOT NULL) o ON o.request_id = u.request_id WHERE u.fingerprint IS NULL OR "
-          "(u.ledger_id IS NULL AND o.request_id IS NULL) OR (u.ledger_id IS NOT NULL AND l.id IS NULL)",
+          "'usage' AND request_id IS NOT NULL) o ON o.request_id = u.request_id WHERE (u.fingerprint IS NULL OR "
+          "(u.ledger_id IS NULL AND o.request_id IS NULL) OR (u.ledger_id IS NOT NULL AND l.id IS NULL)) AND NOT "
+          "EXISTS (SELECT 1 FROM detail_partitions d WHERE d.parent = 'ledger' AND d.dropped_at IS NOT NULL AND "
+          "u.created_at >= d.lo AND u.created_at < d.hi AND u.fingerprint IS NOT NULL)",
           &problems);
     check(c, "each batch's ledger entry = minus the costs of its usage rows",
           "SELECT l.id AS ledger_id, l.tenant_id, l.amount, -coalesce(u.c, 0) AS from_usage FROM ledger l LEFT JOIN "
-          "(SELECT ledger_id, sum(cost) AS c FROM usage WHERE ledger_id IS NOT NULL GROUP BY ledger_id) u ON "
-          "u.ledger_id = l.id WHERE l.kind = 'usage' AND l.request_id IS NULL AND l.amount <> -coalesce(u.c, 0)",
+          "(SELECT ledger_id, sum(cost) AS c FROM (SELECT ledger_id, cost FROM usage WHERE ledger_id IS NOT NULL "
+          "UNION ALL SELECT ledger_id, cost FROM usage_carried WHERE ledger_id IS NOT NULL) x GROUP BY ledger_id) u "
+          "ON u.ledger_id = l.id WHERE l.kind = 'usage' AND l.request_id IS NULL AND l.amount <> -coalesce(u.c, 0)",
           &problems);
     check(c, "each key's spend = its usage",
-          "SELECT k.id AS key_id, k.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM api_keys k LEFT JOIN usage u "
-          "ON u.api_key_id = k.id GROUP BY k.id HAVING k.spend <> coalesce(sum(u.cost), 0)",
+          "SELECT k.id AS key_id, k.spend, coalesce(u.c, 0) AS usage_cost FROM api_keys k LEFT JOIN (SELECT "
+          "api_key_id, sum(cost) AS c FROM (SELECT api_key_id, cost FROM usage UNION ALL SELECT api_key_id, cost "
+          "FROM usage_carried) x GROUP BY api_key_id) u ON u.api_key_id = k.id WHERE k.spend <> coalesce(u.c, 0)",
           &problems);
     check(c, "every reservation is reconciled or pending (none left reserved for over a minute)",
           "SELECT request_id, attempt, state, created_at FROM reservations WHERE state = 'reserved' AND created_at < "
@@ -90,10 +102,11 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           &problems);
     check(c, "every settled request's reservations are reconciled",
           "SELECT r.request_id, r.attempt, r.state FROM reservations r JOIN usage u ON u.request_id = "
-          "r.request_id WHERE r.state <> 'reconciled'",
+          "r.request_id AND u.started_at = tg_request_started(r.request_id) WHERE r.state <> 'reconciled'",
           &problems);
     /* Periodic budgets (0008_budgets.sql): each period's recorded spend is the sum of the
-     * costs of the requests counted in it, and each of those is its usage row's cost. */
+     * costs of the requests counted in it, and each of those is its usage row's cost
+     * (while that row's partition is kept). */
     check(c, "each budget period's spend = the sum of its usage",
           "SELECT p.budget_id, p.period_start, p.spend, coalesce(sum(u.cost), 0) AS usage_cost FROM budget_periods p "
           "LEFT JOIN budget_usage u ON u.budget_id = p.budget_id AND u.period_start = p.period_start "
@@ -101,7 +114,8 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
           &problems);
     check(c, "each budget usage row = its request's usage cost",
           "SELECT b.request_id, b.budget_id, b.cost, u.cost AS usage_cost FROM budget_usage b LEFT JOIN usage u ON "
-          "u.request_id = b.request_id WHERE u.cost IS DISTINCT FROM b.cost",
+          "u.request_id = b.request_id AND u.started_at = tg_request_started(b.request_id) WHERE u.cost IS DISTINCT "
+          "FROM b.cost AND NOT (u.request_id IS NULL AND tg_usage_dropped(tg_request_started(b.request_id)))",
           &problems);
     char rerr[400];
     redisContext *rc = ledger_redis(redis_url, rerr);

@@ -118,7 +118,7 @@ static tg_request_t *request_new(tg_conn_t *c) {
     r->start_ns = tg_now_ns();
     r->tls = c->tls != NULL;
     r->route = TG_ROUTE_OTHER;
-    tg_random_id(r->id);
+    tg_request_id(r->id);
     if (!c->fuzz && !c->client_ip[0]) {
         struct sockaddr_storage ss;
         int len = sizeof(ss);

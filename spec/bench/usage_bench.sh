@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Usage reports at scale (issue #18, item 6), one command:
+#   1. a private Postgres, migrated; 20 tenants, 200 keys, 5 groups of 8 accounts, 6 models;
+#   2. TG_BENCH_ROWS usage rows (default 3,000,000) over the last 30 days, generated in SQL
+#      (generate_series into the day partitions, with request ids that carry their start),
+#      each key on 1-2 models and its group's accounts: about 3,500 combinations per hour,
+#      what a busy gateway has; then the rollups rebuilt from them (`tollgate usage
+#      rebuild`) and the finished days compacted (tg_usage_compact);
+#   3. the admin API's report queries over the last 14 days, each 20 times, p50/p95 (ms):
+#      summary by model, by account, by tenant, by day, by day+account, and the capacity
+#      report by account and by group;
+#   4. the settlement throughput with the rollups on and off (billing_settle_bench.sh
+#      --quick, TG_BENCH_ROLLUPS=on|off), twice each, interleaved.
+# The report queries read only the rollups, so their cost follows the number of
+# combinations per hour, not the number of usage rows: once every combination appears in
+# every hour (it does at 3M rows over 30 days here), more rows make the same rollups.
+# Prints Markdown (spec/bench/RESULTS.md, "Usage (#18)").
+#
+# Usage: flock /tmp/tg-bench.lock spec/bench/usage_bench.sh [--quick] [--keep]
+#   --quick: 300,000 rows, 5 repetitions, no settlement runs.
+set -euo pipefail
+# shellcheck source=spec/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
+ROWS=${TG_BENCH_ROWS:-3000000}
+REPS=20
+SETTLE=1
+for a in "$@"; do
+    case $a in
+    --quick) ROWS=300000 REPS=5 SETTLE=0 ;;
+    --keep) KEEP=1 ;;
+    *) echo "usage: $0 [--quick] [--keep]" >&2; exit 2 ;;
+    esac
+done
+need psql timeout
+need_bin
+bench_workdir tg-usage-bench
+snapshot_bin tollgate
+bench_services pg
+sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$TOLLGATE_PG" "$@"; }
+echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua"
+"$T/tollgate" migrate -c "$T/tool.lua" >/dev/null
+
+sql <<'SQL'
+INSERT INTO groups (name) SELECT 'g' || g FROM generate_series(1, 5) g;
+INSERT INTO tenants (name, balance, opening_balance) SELECT 't' || t, 1000000, 1000000 FROM generate_series(1, 20) t;
+INSERT INTO api_keys (tenant_id, group_id, name, key_hash, prefix, concurrency)
+SELECT (k - 1) / 10 + 1, ((k - 1) / 10) % 5 + 1, 'k' || k, sha256(convert_to('bench-' || k, 'UTF8')), 'tg-bench', 8
+FROM generate_series(1, 200) k;
+INSERT INTO accounts (name, provider, base_url, concurrency, kind)
+SELECT 'a' || a, 'openai', 'http://127.0.0.1:9/v1', 16, CASE WHEN a % 4 = 0 THEN 'subscription' ELSE 'metered' END
+FROM generate_series(1, 40) a;
+INSERT INTO account_groups SELECT a, (a - 1) / 8 + 1 FROM generate_series(1, 40) a;
+INSERT INTO model_prices (model, input, output, cache_read)
+SELECT 'model-' || m, m * 0.5, m * 2, m * 0.05 FROM generate_series(1, 6) m;
+SQL
+
+# The day partitions of the last 30 days (the migration made yesterday onwards).
+sql -c "SELECT count(tg_partition_create('usage', 'usage_p' || to_char(d, 'YYYYMMDD'), d, d + interval '1 day'))
+        FROM generate_series(date_trunc('day', now() AT TIME ZONE 'UTC') - interval '30 days',
+                             date_trunc('day', now() AT TIME ZONE 'UTC'), interval '1 day') g,
+             LATERAL (SELECT g AT TIME ZONE 'UTC' AS d) x" >/dev/null
+
+echo "### Usage (#18): reports from the rollups at scale (spec/bench/usage_bench.sh)"
+echo ""
+echo "Commit $(git_head), $(date -u '+%Y-%m-%d %H:%M UTC'); $(bench_machine)."
+echo ""
+t0=$(date +%s.%N)
+# One day per statement (a transaction each). Row i of the day: key k (1..200), its tenant
+# and group, one of its group's 8 accounts, one of its 2 models; status 200 mostly, 429
+# 2%, 500 1%, 499 1%; ttft 80-2000 ms; tokens and a cost.
+PER_DAY=$((ROWS / 30))
+for d in $(seq 30 -1 1); do
+    sql -c "INSERT INTO usage (request_id, started_at, tenant_id, api_key_id, group_id, account_id, model, input_tokens,
+              output_tokens, cache_read_tokens, cost, status, ttft_ms, total_ms, fingerprint, created_at)
+            SELECT rid, tg_request_started(rid), (k - 1) / 10 + 1, k, ((k - 1) / 10) % 5 + 1,
+                   (((k - 1) / 10) % 5) * 8 + 1 + (i * 7) % 8, 'model-' || (1 + (k + i % 2) % 6), 100 + i % 900,
+                   50 + i % 400, i % 3 * 100, ((100 + i % 900) * 0.000001 + (50 + i % 400) * 0.000004)::numeric(24, 10),
+                   CASE WHEN i % 100 < 2 THEN 429 WHEN i % 100 = 2 THEN 500 WHEN i % 100 = 3 THEN 499 ELSE 200 END,
+                   CASE WHEN i % 100 >= 2 THEN 80 + (i * 37) % 1920 END, 200 + (i * 53) % 8000, 'bench',
+                   to_timestamp(ms / 1000.0)
+            FROM (SELECT i, 1 + (i * 7919) % 200 AS k,
+                         (extract(epoch FROM date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                                  - $d * interval '1 day') * 1000)::bigint + (i::bigint * 86400000 / $PER_DAY) AS ms
+                  FROM generate_series(0, $PER_DAY - 1) i) s,
+                 LATERAL (SELECT lpad(to_hex(ms), 12, '0') || '-' || lpad(to_hex(i), 18, '0') AS rid) r"
+done
+t1=$(date +%s.%N)
+NROWS=$(sql -c "SELECT count(*) FROM usage")
+SIZE=$(sql -c "SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'usage'::regclass")
+"$T/tollgate" usage rebuild -c "$T/tool.lua" >"$T/rebuild.out"
+t2=$(date +%s.%N)
+sql -c "SELECT tg_usage_compact()" >/dev/null
+t3=$(date +%s.%N)
+sql -c "VACUUM ANALYZE usage_hourly, usage_daily, usage_capacity_hourly, usage_days_compacted" >/dev/null
+HOURLY=$(sql -c "SELECT count(*) FROM usage_hourly")
+DAILY=$(sql -c "SELECT count(*) FROM usage_daily")
+PERHOUR=$(sql -c "SELECT round(avg(n)) FROM (SELECT count(*) n FROM usage_hourly GROUP BY hour) x")
+echo "- $NROWS usage rows over 30 days ($SIZE with indexes), generated in SQL in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f", b-a}') s;"
+echo "  rollups rebuilt from them in $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.0f", b-a}') s, compacted in $(awk -v a="$t2" -v b="$t3" 'BEGIN{printf "%.1f", b-a}') s:"
+echo "  $HOURLY hourly rows ($PERHOUR combinations per hour), $DAILY daily rows."
+echo ""
+
+FROM=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') - interval '14 days', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
+TO=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') + interval '1 hour', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
+# p50 and p95 (ms) of $REPS runs of one query, each in its own psql (a new connection, like
+# the gateway's pool the first time; the plan is not cached between runs).
+timeit() {
+    local name=$1 q=$2 f="$T/times.$RANDOM"
+    for _ in $(seq "$REPS"); do
+        psql -X -q -At -d "$TOLLGATE_PG" -c '\timing on' -c "$q" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' >>"$f"
+    done
+    sort -n "$f" | awk -v n="$name" '{ a[NR] = $1 } END { p50 = a[int((NR + 1) / 2)]; p95 = a[int(NR * 0.95 + 0.999)];
+        printf "| %s | %.1f | %.1f |\n", n, p50, p95 }'
+}
+echo "Queries over 14 days (from $FROM to $TO, the admin API's SQL), $REPS runs each:"
+echo ""
+echo "| query | p50 ms | p95 ms |"
+echo "|---|---:|---:|"
+rep() { echo "SELECT length(tg_usage_report('$FROM', '$TO', '$1', NULL, NULL, NULL, NULL, NULL, ${2:-100}, 0))"; }
+timeit "report group_by=model" "$(rep '{model}')"
+timeit "report group_by=account" "$(rep '{account}')"
+timeit "report group_by=tenant" "$(rep '{tenant}')"
+timeit "report group_by=day" "$(rep '{day}')"
+timeit "report group_by=day,account (page of 1000)" "$(rep '{day,account}' 1000)"
+timeit "report group_by=key,model (page of 100)" "$(rep '{key,model}')"
+timeit "report group_by=hour (336 hourly groups)" "$(rep '{hour}' 1000)"
+timeit "capacity by=account" "SELECT length(tg_usage_capacity('$FROM', '$TO', 'account'))"
+timeit "capacity by=group" "SELECT length(tg_usage_capacity('$FROM', '$TO', 'group'))"
+echo ""
+
+if [ "$SETTLE" = 1 ]; then
+    echo "Settlement throughput, rollups on vs off (billing_settle_bench.sh --quick, 2 instances line):"
+    echo ""
+    for round in 1 2; do
+        for mode in on off; do
+            TG_BENCH_BIN=$BIN TG_BENCH_ROLLUPS=$mode "$ROOT/spec/bench/billing_settle_bench.sh" --quick >"$T/settle.$mode.$round" 2>&1 || true
+            # the committed / s of each run (1 and 2 workers)
+            rate=$(grep '^| ' "$T/settle.$mode.$round" | grep -v '^| run' |
+                awk -F'|' '{ gsub(/[ *]/, "", $3); gsub(/[ *]/, "", $6); printf "%s worker(s): %s/s; ", $3, $6 }' || true)
+            echo "- round $round, rollups $mode: ${rate:-no result (see $T/settle.$mode.$round)}"
+        done
+    done
+fi

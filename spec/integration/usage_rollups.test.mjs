@@ -1,0 +1,223 @@
+// usage (#18, items 2 and 5): the hourly rollups the settlement batch writes equal an
+// aggregate over the usage rows after a random load through the real gateway —
+// successes (OpenAI SDK, plain and streamed), upstream 429s and 500s retried on the
+// other account, clients that leave mid-stream, upstream first-byte timeouts (usage
+// unknown, settled afterwards by `tollgate ledger reconcile`) — and `tollgate usage
+// rebuild` recomputes the same rollups from the rows. The expected aggregate is computed
+// here, in JS, from the rows (classes, TTFT buckets, list value), not by the SQL under
+// test.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { openaiClient, sleep, startMock, stopAll, waitFor } from './lib/harness.mjs';
+import {
+  billedSetup,
+  chatBody,
+  costOf,
+  ledger,
+  startBilledGateway,
+  streamChat,
+  toNano,
+  verifyLedger,
+} from './lib/billing.mjs';
+import { tool } from './lib/db.mjs';
+
+let mock;
+let bill;
+let gw;
+
+before(async () => {
+  mock = await startMock();
+  bill = await billedSetup({
+    mock,
+    balance: '100',
+    accounts: [{ name: 'up', credential: 'sk-usage-a', priority: 10 }, { name: 'up2', credential: 'sk-usage-b', priority: 10 }],
+  });
+  gw = await startBilledGateway(bill, {
+    // errors here are the point: no account cools down for them
+    routing: { max_attempts: 2, cooldown_429_ms: 0, cooldown_5xx_ms: 0 },
+    upstream: { first_byte_timeout_ms: 600 },
+  }, { mock });
+});
+
+after(async () => {
+  await stopAll();
+  await bill?.db.drop();
+});
+
+/** A small seeded PRNG (mulberry32): the same load on every run. */
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** The class of a status, as the issue names them. */
+function klass(status) {
+  if (status >= 200 && status <= 399) return 'successes';
+  if (status === 429) return 'err_429';
+  if (status === 504 || status === 408 || status === 0 || status === null) return 'err_timeout';
+  if (status >= 500 && status <= 599) return 'err_5xx';
+  if (status === 499) return 'err_client_gone';
+  return 'err_other';
+}
+
+/** The TTFT bucket: four per doubling from 20 ms, 48 in all. */
+function bucket(ms) {
+  if (ms < 20) return 0;
+  return Math.min(1 + Math.floor(4 * Math.log2(ms / 20)), 47);
+}
+
+const hourOf = (row) => {
+  const t = new Date(row.started_at ?? row.created_at);
+  t.setUTCMinutes(0, 0, 0);
+  return t.toISOString();
+};
+
+/** usage rows -> {key: aggregate}, with BigInt money and token sums. */
+function aggregate(rows) {
+  const out = {};
+  for (const r of rows) {
+    const k = [hourOf(r), r.tenant_id, r.api_key_id, r.group_id ?? 0, r.account_id ?? 0, r.model].join('|');
+    const a = (out[k] ??= {
+      requests: 0, successes: 0, err_429: 0, err_5xx: 0, err_timeout: 0, err_client_gone: 0, err_other: 0,
+      estimated: 0, input_tokens: 0n, output_tokens: 0n, cost: 0n, list_value: 0n, busy_ms: 0, ttft_n: 0,
+      hist: new Array(48).fill(0),
+    });
+    const c = klass(r.status);
+    a.requests++;
+    a[c]++;
+    if (r.estimated) a.estimated++;
+    a.input_tokens += BigInt(r.input_tokens ?? 0);
+    a.output_tokens += BigInt(r.output_tokens ?? 0);
+    a.cost += toNano(r.cost);
+    if (c === 'successes') a.list_value += costOf(r.input_tokens ?? 0, r.output_tokens ?? 0);
+    a.busy_ms += r.total_ms ?? 0;
+    if (r.ttft_ms !== null) {
+      a.ttft_n++;
+      a.hist[bucket(r.ttft_ms)]++;
+    }
+  }
+  return out;
+}
+
+async function rollups() {
+  const rows = await bill.db.query(`SELECT to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.000"Z"') AS hour,
+    tenant_id, api_key_id, group_id, account_id, model, requests, successes, err_429, err_5xx, err_timeout,
+    err_client_gone, err_other, estimated, input_tokens, output_tokens, cost::text AS cost,
+    list_value::text AS list_value, busy_ms, ttft_n, ARRAY[${Array.from({ length: 48 }, (_, i) => `h${i}`).join(',')}] AS hist
+    FROM usage_hourly ORDER BY 1, 2, 3, 4, 5, 6`);
+  const out = {};
+  for (const r of rows) {
+    out[[r.hour, r.tenant_id, r.api_key_id, r.group_id, r.account_id, r.model].join('|')] = {
+      requests: r.requests, successes: r.successes, err_429: r.err_429, err_5xx: r.err_5xx, err_timeout: r.err_timeout,
+      err_client_gone: r.err_client_gone, err_other: r.err_other, estimated: r.estimated,
+      input_tokens: BigInt(r.input_tokens), output_tokens: BigInt(r.output_tokens), cost: toNano(r.cost),
+      list_value: toNano(r.list_value), busy_ms: r.busy_ms, ttft_n: r.ttft_n, hist: r.hist,
+    };
+  }
+  return out;
+}
+
+function assertSame(got, want, what) {
+  assert.deepEqual(Object.keys(got).sort(), Object.keys(want).sort(), `${what}: the same combinations`);
+  for (const k of Object.keys(want)) {
+    const { busy_ms: gb, ...g } = got[k];
+    const { busy_ms: wb, ...w } = want[k];
+    assert.deepEqual(g, w, `${what}: ${k}`);
+    assert.ok(Math.abs(gb - wb) < 1e-6 * Math.max(1, wb), `${what}: ${k}: busy_ms ${gb} vs ${wb}`);
+  }
+}
+
+test('rollups = an aggregate over the usage rows after a random load; rebuild gives them back', async () => {
+  const client = await openaiClient(gw, { apiKey: bill.key });
+  const rand = rng(18);
+  const kinds = ['sdk', 'sdk_stream', 'sdk', 'status429', 'sdk', 'status500', 'gone', 'timeout', 'sdk_stream', 'gone'];
+  // Upstream errors last: an account that keeps failing is skipped for a while (its
+  // health), and a request no account can take is refused before anything is held.
+  const plan = Array.from({ length: 48 }, (_, i) => kinds[Math.floor(rand() * kinds.length)] + `:${i}`)
+    .sort((a, b) => Number(/^status/.test(a)) - Number(/^status/.test(b)));
+  const seen = { status: {} };
+  const one = async (item) => {
+    try {
+      await one1(item);
+    } catch (e) {
+      // A request the gateway refused before reserving anything (no account free this
+      // instant) has no usage row: it is not part of the comparison.
+      if (e?.status !== 503) throw e;
+      seen.refused = (seen.refused ?? 0) + 1;
+    }
+  };
+  const one1 = async (item) => {
+    const [kind, i] = item.split(':');
+    const n = 1 + Math.floor(rand() * 6);
+    if (kind === 'sdk') {
+      const r = await client.chat.completions.create(chatBody(`q${i} [mock chunks=${n}]`, { maxTokens: 50 }));
+      assert.ok(r.choices[0].message.content.length > 0);
+    } else if (kind === 'sdk_stream') {
+      const s = await client.chat.completions.create({ ...chatBody(`s${i} [mock chunks=${n} ttft_ms=${Math.floor(rand() * 120)}]`, { maxTokens: 50 }), stream: true });
+      for await (const _ of s); // eslint-disable-line no-unused-vars
+    } else if (kind === 'status429' || kind === 'status500') {
+      const status = kind === 'status429' ? 429 : 500;
+      const r = await streamChat(gw, bill.key, { ...chatBody(`e${i} [mock status=${status}]`, { maxTokens: 50 }), stream: false });
+      seen.status[r.status] = (seen.status[r.status] ?? 0) + 1;
+    } else if (kind === 'gone') {
+      const r = await streamChat(gw, bill.key, chatBody(`g${i} [mock chunks=60 interval_ms=20]`, { maxTokens: 100, stream: true }), { abortAfterChunks: 2 + (n % 3) });
+      seen.status[r.aborted ? 'gone' : r.status] = (seen.status[r.aborted ? 'gone' : r.status] ?? 0) + 1;
+    } else {
+      const r = await streamChat(gw, bill.key, { ...chatBody(`t${i} [mock delay_ms=1500]`, { maxTokens: 50 }), stream: false });
+      seen.status[r.status] = (seen.status[r.status] ?? 0) + 1;
+    }
+  };
+  // four at a time
+  const queue = [...plan];
+  await Promise.all(Array.from({ length: 4 }, async () => {
+    while (queue.length) await one(queue.shift());
+  }));
+
+  // Every request has ended: its settlement reaches Postgres within milliseconds; the
+  // timed-out ones wait as unknown usage, settled now as the reconciler would.
+  await sleep(500);
+  const rec = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
+  assert.equal(rec.code, 0, rec.stderr);
+  await waitFor(async () => Number(await bill.db.scalar(
+    `SELECT count(DISTINCT request_id) FROM reservations`)) === Number(await bill.db.scalar('SELECT count(*) FROM usage')),
+  { timeout: 10000, what: 'a usage row for every reserved request' });
+
+  const rows = await bill.db.query('SELECT * FROM usage');
+  // (a 503 from the gateway: no account free this instant, refused before anything was held)
+  assert.ok(rows.length >= plan.length - (seen.refused ?? 0) - (seen.status[503] ?? 0), `one usage row per request (${rows.length} of ${plan.length}; ${JSON.stringify(seen)})`);
+  const want = aggregate(rows);
+  const classes = Object.values(want).reduce((s, a) => {
+    for (const c of ['successes', 'err_429', 'err_5xx', 'err_timeout', 'err_client_gone']) s[c] = (s[c] ?? 0) + a[c];
+    return s;
+  }, {});
+  for (const c of ['successes', 'err_429', 'err_5xx', 'err_timeout', 'err_client_gone']) {
+    assert.ok(classes[c] > 0, `the load had ${c} (${JSON.stringify(classes)}, statuses ${JSON.stringify(seen.status)})`);
+  }
+  assert.ok(rows.some((r) => r.attempts > 1), 'some requests were retried');
+  assertSame(await rollups(), want, 'rollups written by the settlement batches');
+
+  // Percentiles from the summed buckets, within the stated error of the exact ones.
+  const ttfts = rows.map((r) => r.ttft_ms).filter((x) => x !== null && x >= 20).sort((a, b) => a - b);
+  if (ttfts.length >= 5) {
+    const exact = ttfts[Math.ceil(0.5 * ttfts.length) - 1];
+    const hist = Object.values(want).reduce((h, a) => h.map((v, i) => v + a.hist[i]), new Array(48).fill(0));
+    const est = Number(await bill.db.scalar(`SELECT tg_ttft_quantile(ARRAY[${hist.join(',')}]::bigint[], 0.5)`));
+    assert.ok(Math.abs(est - exact) / exact <= 0.0906 || hist[0] > 0,
+      `P50 ${est} ms within 9.1% of the exact ${exact} ms`);
+  }
+
+  const rb = await tool(['usage', 'rebuild'], { db: bill.db, redis: null });
+  assert.equal(rb.code, 0, rb.stderr + rb.stdout);
+  assert.match(rb.stdout, new RegExp(`usage rebuild: \\d+ day\\(s\\), ${rows.length} usage row\\(s\\)`));
+  assertSame(await rollups(), want, 'rollups rebuilt from the rows');
+
+  await verifyLedger(bill);
+});
