@@ -24,3 +24,9 @@ foreach(name limits_concurrency limits_lease limits_lease_recovery limits_tpm)
     set_property(TEST integration.${name} APPEND PROPERTY LABELS pipeline)
   endif()
 endforeach()
+
+# integration.pipeline_scan: admission, the bound and sticky routing read the body's
+# scan, not a tree; what the upstream receives is unchanged (default cap in the client's
+# bytes, in a tree built later, the tree's way for limits the scan cannot read).
+tg_services_test(pipeline_scan ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_scan.test.mjs
+  "pipeline;billing;integration" 120)

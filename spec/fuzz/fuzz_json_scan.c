@@ -6,7 +6,7 @@
  * TG_JSON_INVALID only where it refuses (TG_JSON_UNSURE leaves it to jansson). For a
  * valid object, each top-level member the scan reads has the kind of the parsed member
  * and, for a string without escapes, its bytes; a container's span starts and ends with
- * its brackets.
+ * its brackets, and an array member's element count is the parsed array's size.
  */
 #include "tollgate/tg_json.h"
 
@@ -42,8 +42,9 @@ static int kind_of(const json_t *v) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static const char *const names[TG_JTOP__COUNT] = {"model", "stream", "messages", "input", "max_completion_tokens",
-                                                        "max_tokens"};
+    static const char *const names[TG_JTOP__COUNT] = {
+        "model",      "stream",           "messages",             "input",   "max_completion_tokens",
+        "max_tokens", "max_output_tokens", "prompt_cache_key", "previous_response_id", "metadata"};
     const char *s = (const char *)data;
     tg_json_scan_top_t top;
     int verdict = tg_json_scan(s, size, &top);
@@ -68,6 +69,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (top.m[m].kind == TG_JV_OBJECT || top.m[m].kind == TG_JV_ARRAY) {
                 check(s[top.m[m].start + top.m[m].len - 1] == (top.m[m].kind == TG_JV_OBJECT ? '}' : ']'), "a container's span");
             }
+            if (top.m[m].kind == TG_JV_ARRAY)
+                check(top.m[m].count == json_array_size(v), "an array's element count");
         }
     }
     json_decref(doc);

@@ -148,3 +148,34 @@ TG_TEST(buf, str_ieq) {
     ASSERT(!tg_str_ieq(TG_STR("Content"), "content-length"));
     ASSERT(tg_str_ieq((tg_str_t){"", 0}, ""));
 }
+
+/* The printf-free formatters of the hot path agree with snprintf, cuts included. */
+TG_TEST(buf, fmt_key_copy_i64z_as_snprintf) {
+    const int64_t vals[] = {0, 7, -7, 42, INT64_MAX, INT64_MIN, 1234567890123LL};
+    char a[64], b[64];
+    for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+        size_t n = tg_fmt_i64z(a, vals[i]);
+        snprintf(b, sizeof(b), "%lld", (long long)vals[i]);
+        ASSERT_EQ_STR(a, b);
+        ASSERT_EQ_INT(n, strlen(b));
+        for (size_t cap = 0; cap <= 24; cap++) {
+            memset(a, 'x', sizeof(a));
+            memset(b, 'x', sizeof(b));
+            n = tg_fmt_key(a, cap, "{a:", vals[i], "}:conc");
+            snprintf(b, cap, "{a:%lld}:conc", (long long)vals[i]);
+            ASSERT(!memcmp(a, b, sizeof(a))); /* the same bytes written, none past cap */
+            if (cap)
+                ASSERT_EQ_INT(n, strlen(a));
+        }
+    }
+    for (size_t cap = 0; cap <= 8; cap++) {
+        memset(a, 'x', sizeof(a));
+        memset(b, 'x', sizeof(b));
+        const char *volatile src = "group-name"; /* opaque: the cut is what is compared */
+        size_t n = tg_copy(a, cap, src);
+        snprintf(b, cap, "%s", src);
+        ASSERT(!memcmp(a, b, sizeof(a)));
+        if (cap)
+            ASSERT_EQ_INT(n, strlen(a));
+    }
+}

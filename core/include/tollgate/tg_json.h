@@ -74,6 +74,10 @@ enum {
     TG_JTOP_INPUT,
     TG_JTOP_MAX_COMPLETION_TOKENS,
     TG_JTOP_MAX_TOKENS,
+    TG_JTOP_MAX_OUTPUT_TOKENS,
+    TG_JTOP_PROMPT_CACHE_KEY,
+    TG_JTOP_PREVIOUS_RESPONSE_ID,
+    TG_JTOP_METADATA,
     TG_JTOP__COUNT
 };
 
@@ -93,6 +97,7 @@ typedef struct {
     int kind;
     int escaped;
     size_t start, len;
+    size_t count; /* an array's elements */
 } tg_json_scan_val_t;
 
 typedef struct {

@@ -242,10 +242,18 @@ static int64_t client_out_bound(const proxy_req_t *p, const char **field, const 
     *field = NULL;
     *bad = NULL;
     for (size_t i = 0; i < sizeof(limit_fields) / sizeof(limit_fields[0]); i++) {
-        json_t *v = json_object_get(p->json, limit_fields[i]);
-        if (!v || json_is_null(v))
-            continue;
-        int64_t n = limit_value(v);
+        int64_t n;
+        if (!p->json) {
+            /* only scanned (tree_for_limits): every field absent or an integer */
+            if (!p->scan_limit[i])
+                continue;
+            n = p->scan_limit[i];
+        } else {
+            json_t *v = json_object_get(p->json, limit_fields[i]);
+            if (!v || json_is_null(v))
+                continue;
+            n = limit_value(v);
+        }
         if (n < 0)
             *bad = limit_fields[i];
         else if (n > best) {
@@ -254,6 +262,13 @@ static int64_t client_out_bound(const proxy_req_t *p, const char **field, const 
         }
     }
     return best;
+}
+
+/* The tree, unless the body's scan read every output limit (an integer or absent):
+ * client_out_bound reads them from either. */
+static void tree_for_limits(proxy_req_t *p) {
+    if (!p->scan_limits)
+        tg__proxy_json(p);
 }
 
 /* The reservation's bound, computed once per request (every attempt reserves the same):
@@ -267,7 +282,7 @@ static int money_bound(proxy_req_t *p) {
     if (p->bound_done)
         return p->bound_done > 0 ? TG_OK : TG_DONE;
     p->bound_done = -1;
-    tg__proxy_json(p); /* read, and the cap written, in the tree */
+    tree_for_limits(p);
     const tg_config_t *cfg = p->req->worker->gw->cfg;
     const char *limit_field = p->proto == TG_PROTO_RESPONSES ? "max_output_tokens" : "max_tokens";
     const char *field, *bad;
@@ -278,7 +293,7 @@ static int money_bound(proxy_req_t *p) {
                  bad);
         return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_max_tokens", msg);
     }
-    for (size_t i = 0; i < sizeof(limit_fields) / sizeof(limit_fields[0]); i++) {
+    for (size_t i = 0; p->json && i < sizeof(limit_fields) / sizeof(limit_fields[0]); i++) {
         /* A limit written as a number with no fraction (1e2) goes on as the integer, so
          * that a translation reads it too (it reads integers only). Rare. */
         json_t *v = json_object_get(p->json, limit_fields[i]);
@@ -293,7 +308,8 @@ static int money_bound(proxy_req_t *p) {
     } else if (max_out <= 0) {
         /* No limit in any spelling (or only nulls, which no translation reads). */
         max_out = cfg->billing.default_max_tokens;
-        json_object_set_new(p->json, limit_field, json_integer(max_out));
+        if (p->json) /* else written when the tree is built (tg__proxy_json), or as bytes */
+            json_object_set_new(p->json, limit_field, json_integer(max_out));
         p->json_dirty |= DIRTY_LIMIT;
         p->limit_key = limit_field;
         p->cap_added = 1;
@@ -372,7 +388,7 @@ int tg__phase_admit(proxy_req_t *p) {
      * of wrapping, so a huge max_tokens charges the whole TPM bucket, never nothing. The
      * client's bound, before billing's default is put in: kept when admitting again
      * after a balance load. */
-    tg__proxy_json(p); /* the limit fields are read from the tree */
+    tree_for_limits(p);
     if (!p->balance_loads) {
         const char *field, *bad;
         int64_t out_bound = client_out_bound(p, &field, &bad);

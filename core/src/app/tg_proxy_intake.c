@@ -120,6 +120,9 @@ json_t *tg__proxy_json(proxy_req_t *p) {
         tg__cleanup_add(p, cleanup_json);
         if (!p->json)
             tg_log_error("request %s: the validated body did not parse: %s", p->req->id, jerr.text);
+        else if (p->cap_added && p->limit_key)
+            /* billing's default cap, written before there was a tree (money_bound) */
+            json_object_set_new(p->json, p->limit_key, json_integer(p->bound_output));
     }
     return p->json;
 }
@@ -173,6 +176,22 @@ static int parse_scanned(proxy_req_t *p, const tg_json_scan_top_t *top, int *rc)
     if (mt->kind != TG_JV_INT)
         mt = &top->m[TG_JTOP_MAX_TOKENS];
     p->scan_max_tokens = mt->kind == TG_JV_INT ? strtoll(p->req->body.data + mt->start, NULL, 10) : -1;
+    /* The output limits, for admission and billing (tg_proxy_admit.c's limit_fields). */
+    static const int limit_members[3] = {TG_JTOP_MAX_TOKENS, TG_JTOP_MAX_COMPLETION_TOKENS, TG_JTOP_MAX_OUTPUT_TOKENS};
+    p->scan_limits = 1;
+    for (int i = 0; i < 3; i++) {
+        const tg_json_scan_val_t *v = &top->m[limit_members[i]];
+        int64_t n = v->kind == TG_JV_INT ? strtoll(p->req->body.data + v->start, NULL, 10) : 0;
+        p->scan_limit[i] = v->kind == TG_JV_INT ? (n >= 1 ? n : -1) : 0;
+        if (v->kind && v->kind != TG_JV_INT)
+            p->scan_limits = 0; /* a null, a real, a string: read from the tree */
+    }
+    /* What phase_sticky reads before the conversation's opening (route.c): any of these,
+     * a cache_control mark, or three messages and more. */
+    p->scan_sticky = top->m[TG_JTOP_PROMPT_CACHE_KEY].kind || top->m[TG_JTOP_PREVIOUS_RESPONSE_ID].kind ||
+                     top->m[TG_JTOP_METADATA].kind ||
+                     (top->m[TG_JTOP_MESSAGES].kind == TG_JV_ARRAY && top->m[TG_JTOP_MESSAGES].count >= 3) ||
+                     (p->req->body.len && memmem(p->req->body.data, p->req->body.len, "cache_control", 13));
     *rc = TG_OK;
     return 1;
 }
@@ -308,10 +327,9 @@ int tg__phase_plugins(proxy_req_t *p) {
     c->protocol = tg_translate_proto_name(p->proto);
     c->protocol_len = strlen(c->protocol);
     if (p->principal && p->principal->key_id) {
-        snprintf(p->key_id_s, sizeof(p->key_id_s), "%lld", (long long)p->principal->key_id);
-        snprintf(p->tenant_id_s, sizeof(p->tenant_id_s), "%lld", (long long)p->principal->tenant_id);
-        snprintf(c->group, sizeof(c->group), "%.63s", p->principal->group_name);
-        c->group_len = strlen(c->group);
+        tg_fmt_i64z(p->key_id_s, p->principal->key_id);
+        tg_fmt_i64z(p->tenant_id_s, p->principal->tenant_id);
+        c->group_len = tg_copy(c->group, sizeof(c->group), p->principal->group_name);
         tg_plugins_use_group(pl, c, p->principal->group_id, p->principal->group_plugins);
     }
     c->key_id = p->key_id_s;

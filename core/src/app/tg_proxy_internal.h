@@ -113,6 +113,12 @@ struct proxy_req_s {
     json_t *json;          /* the request body's tree, built when a phase asks (tg__proxy_json) */
     int parsed;            /* the body is valid (phase_parse): tg__proxy_json can build it */
     int64_t scan_max_tokens; /* the plugins' max_tokens, when the body was only scanned */
+    /* What the scan read for the phases that can do without the tree (parse_scanned):
+     * scan_limits says every output-limit field is absent or an integer, their values
+     * in scan_limit[] (limit_fields' order: 0 absent, -1 an integer below 1);
+     * scan_sticky, that sticky routing may find a conversation key in the body. */
+    int scan_limits, scan_sticky;
+    int64_t scan_limit[3];
     tg_buf_t upstream_req; /* bytes sent upstream */
     char model[128];
     int stream;

@@ -151,15 +151,21 @@ static void up_head(void *ud, const tg_uphead_t *head) {
     const char *extra = head->extra_headers ? head->extra_headers : "";
     char more[2048];
     if (head->retry_after || is_sse || p->ctx_on) {
-        int n = snprintf(more, sizeof(more), "%s", extra);
-        if (head->retry_after && n >= 0 && (size_t)n < sizeof(more))
-            snprintf(more + n, sizeof(more) - (size_t)n, "Retry-After: %s\r\n", head->retry_after);
+        /* Built with copies, not printf (this runs for every stream and plugin answer):
+         * each piece cut to what fits, as snprintf cut it. */
+        size_t n = tg_copy(more, sizeof(more), extra);
+        if (head->retry_after) {
+            n += tg_copy(more + n, sizeof(more) - n, "Retry-After: ");
+            n += tg_copy(more + n, sizeof(more) - n, head->retry_after);
+            n += tg_copy(more + n, sizeof(more) - n, "\r\n");
+        }
         if (is_sse)
-            strncat(more, "Cache-Control: no-cache\r\n", sizeof(more) - strlen(more) - 1);
+            n += tg_copy(more + n, sizeof(more) - n, "Cache-Control: no-cache\r\n");
         if (p->ctx_on) {
-            size_t el = strlen(more);
-            snprintf(more + el, sizeof(more) - el, "x-tollgate-generation: %llu\r\n%.*s",
-                     (unsigned long long)p->ctx.generation, (int)p->ctx.resp_headers_len, p->ctx.resp_headers);
+            n += tg_fmt_key(more + n, sizeof(more) - n, "x-tollgate-generation: ", (int64_t)p->ctx.generation, "\r\n");
+            size_t k = TG_MIN((size_t)p->ctx.resp_headers_len, sizeof(more) - 1 - n);
+            memcpy(more + n, p->ctx.resp_headers, k);
+            more[n + k] = '\0';
         }
         extra = more;
     }

@@ -110,16 +110,20 @@ int tg__phase_sticky(proxy_req_t *p) {
     tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (!pr || !pr->group_id || !redis || !p->parsed || p->attempt > 1)
         return TG_OK;
-    tg__proxy_json(p);
+    const tg_str_t *h = tg_request_header(p->req, "x-session-id");
+    int header = h && h->len;
+    if (!header && !p->json && !p->scan_sticky)
+        return TG_OK; /* the body's scan found nothing to key on (parse_scanned) */
+    if (!header)
+        tg__proxy_json(p);
     tg_buf_t src;
     tg_buf_init(&src);
-    const tg_str_t *h = tg_request_header(p->req, "x-session-id");
     json_t *pck = json_object_get(p->json, "prompt_cache_key");
     json_t *prev = json_object_get(p->json, "previous_response_id");
     json_t *msgs = json_object_get(p->json, "messages");
     json_t *meta = json_object_get(p->json, "metadata");
     json_t *uid = json_is_object(meta) ? json_object_get(meta, "user_id") : NULL;
-    if (h && h->len) {
+    if (header) {
         tg_buf_appends(&src, "s:");
         tg_buf_append(&src, h->p, TG_MIN(h->len, (size_t)256));
     } else if (json_is_string(pck)) {
@@ -157,7 +161,7 @@ void tg__sticky_bind(proxy_req_t *p) {
     if (!p->sticky_key[0] || !p->at.account || !redis)
         return;
     char id[24];
-    snprintf(id, sizeof(id), "%lld", (long long)p->at.account->id);
+    tg_fmt_i64z(id, p->at.account->id);
     if (p->sticky_account == p->at.account->id) {
         const char *argv[3] = {"EXPIRE", p->sticky_key, "3600"};
         tg_redis_command(redis, NULL, NULL, 3, argv, NULL);
@@ -427,7 +431,7 @@ static void slot_release(proxy_req_t *p) {
     tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
     if (redis) {
         char key[64];
-        snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
+        tg_fmt_key(key, sizeof(key), "{a:", p->slot_account, "}:conc");
         /* A command, not a script: one ZREM gains nothing from EVALSHA's cost. */
         const char *argv[3] = {"ZREM", key, p->req->id};
         tg_redis_command(redis, NULL, NULL, 3, argv, NULL);
@@ -455,8 +459,8 @@ static void slot_renew_cb(uv_timer_t *t) {
     if (!p->slot_account || !redis)
         return;
     char key[64], ttl[16];
-    snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)p->slot_account);
-    snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
+    tg_fmt_key(key, sizeof(key), "{a:", p->slot_account, "}:conc");
+    tg_fmt_key(ttl, sizeof(ttl), "", p->req->worker->gw->cfg->limiter.lease_ttl_ms, "");
     const char *argv[4] = {key, p->req->id, "1000000000", ttl};
     tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, NULL, NULL);
 }
@@ -523,9 +527,9 @@ static int slot_try(proxy_req_t *p) {
             return TG_OK;
         }
         char key[64], limit[16], ttl[16];
-        snprintf(key, sizeof(key), "{a:%lld}:conc", (long long)acc->id);
-        snprintf(limit, sizeof(limit), "%d", acc->concurrency);
-        snprintf(ttl, sizeof(ttl), "%d", p->req->worker->gw->cfg->limiter.lease_ttl_ms);
+        tg_fmt_key(key, sizeof(key), "{a:", acc->id, "}:conc");
+        tg_fmt_key(limit, sizeof(limit), "", acc->concurrency, "");
+        tg_fmt_key(ttl, sizeof(ttl), "", p->req->worker->gw->cfg->limiter.lease_ttl_ms, "");
         const char *argv[4] = {key, p->req->id, limit, ttl};
         quota_read(p, redis, e);
         p->slot_rq = tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, slot_got, p);

@@ -32,8 +32,22 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
         keys[n++] = p->limit_key;
     if (p->json_dirty & DIRTY_STREAM_OPTIONS)
         keys[n++] = "stream_options";
-    for (int i = 0; i < n; i++)
-        vals[i] = owned[i] = tg_json_dumps(json_object_get(p->json, keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+    for (int i = 0; i < n; i++) {
+        if (!p->json && keys[i] == p->limit_key) {
+            /* Billing's cap, written before there was a tree (money_bound): the one
+             * edit that can be made without it. */
+            char d[24];
+            size_t k = tg_fmt_u64(d, (uint64_t)p->bound_output);
+            owned[i] = malloc(k + 1);
+            if (owned[i]) {
+                memcpy(owned[i], d, k);
+                owned[i][k] = '\0';
+            }
+        } else {
+            owned[i] = tg_json_dumps(json_object_get(tg__proxy_json(p), keys[i]), JSON_COMPACT | JSON_ENCODE_ANY);
+        }
+        vals[i] = owned[i];
+    }
     tg_buf_t out;
     tg_buf_init(&out);
     int ok = 1;
@@ -41,7 +55,7 @@ static char *patched_body(proxy_req_t *p, size_t *len) {
         ok = ok && vals[i];
     if (!ok || (p->json_dirty & DIRTY_WHOLE) || tg_json_set_members(p->req->body.data, p->req->body.len, keys, vals, n, &out) != TG_OK) {
         tg_buf_free(&out);
-        out.data = tg_json_dumps(p->json, JSON_COMPACT);
+        out.data = tg_json_dumps(tg__proxy_json(p), JSON_COMPACT);
         out.len = out.data ? strlen(out.data) : 0;
     }
     for (int i = 0; i < n; i++)
@@ -74,17 +88,21 @@ static void output_cap(proxy_req_t *p, json_t *doc, int translated) {
     if (p->at.up_proto != TG_PROTO_OPENAI_CHAT)
         return;
     const tg_config_t *cfg = p->req->worker->gw->cfg;
-    const char *want = model_takes_max_tokens(cfg, json_string_value(json_object_get(doc, "model")))
+    /* No tree (a pass-through whose body was only scanned): the model is the client's,
+     * and the cap is billing's, not yet written (patched_body writes it). */
+    const char *want = model_takes_max_tokens(cfg, doc ? json_string_value(json_object_get(doc, "model")) : p->model)
                            ? "max_tokens"
                            : "max_completion_tokens";
     const char *have = translated ? "max_completion_tokens" /* the encoder's spelling */
                                   : p->cap_added ? p->limit_key : NULL;
-    json_t *v = have ? json_object_get(doc, have) : NULL;
-    if (!v || !strcmp(have, want))
+    json_t *v = have && doc ? json_object_get(doc, have) : NULL;
+    if (!have || (doc && !v) || !strcmp(have, want))
         return;
-    json_incref(v);
-    json_object_del(doc, have);
-    json_object_set_new(doc, want, v);
+    if (v) {
+        json_incref(v);
+        json_object_del(doc, have);
+        json_object_set_new(doc, want, v);
+    }
     if (!translated) {
         /* The client's bytes may hold the old member (a null the default replaced):
          * then the body is written whole, without it. */
@@ -291,7 +309,7 @@ int tg__phase_upstream(proxy_req_t *p) {
                 return tg__proxy_fail(p, 400, "invalid_request_error", "invalid_request", "the request body could not be read");
         } else {
             if (p->cap_added)
-                output_cap(p, tg__proxy_json(p), 0);
+                output_cap(p, p->json, 0);
             if (p->json_dirty)
                 body = patched_body(p, &body_len);
         }

@@ -86,6 +86,45 @@ size_t tg_fmt_u64(char *out, uint64_t v) {
     return n;
 }
 
+size_t tg_fmt_i64z(char *out, int64_t v) {
+    size_t m = 0;
+    if (v < 0)
+        out[m++] = '-';
+    m += tg_fmt_u64(out + m, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
+    out[m] = '\0';
+    return m;
+}
+
+/* Appends len bytes of s at out[*n], cut to leave room for the NUL. */
+static void put_cut(char *out, size_t cap, size_t *n, const char *s, size_t len) {
+    if (*n + 1 >= cap)
+        return;
+    len = TG_MIN(len, cap - 1 - *n);
+    memcpy(out + *n, s, len);
+    *n += len;
+}
+
+size_t tg_fmt_key(char *out, size_t cap, const char *pre, int64_t v, const char *post) {
+    char d[24];
+    size_t n = 0, k = tg_fmt_i64z(d, v);
+    if (!cap)
+        return 0;
+    put_cut(out, cap, &n, pre, strlen(pre));
+    put_cut(out, cap, &n, d, k);
+    put_cut(out, cap, &n, post, strlen(post));
+    out[n] = '\0';
+    return n;
+}
+
+size_t tg_copy(char *out, size_t cap, const char *s) {
+    size_t n = 0;
+    if (!cap)
+        return 0;
+    put_cut(out, cap, &n, s, strlen(s));
+    out[n] = '\0';
+    return n;
+}
+
 void tg_buf_append_u64(tg_buf_t *b, uint64_t v) {
     tg_buf_reserve(b, 20);
     b->len += tg_fmt_u64(b->data + b->len, v);

@@ -341,7 +341,7 @@ static void settle_many(tg_billing_t *b, int64_t tenant, const tg__hold_t *h, in
         char *res = str, *km = str + 128, *amt = str + 256, *fld = str + 256 + 24;
         memcpy(res, keys[1], 128);
         memcpy(km, keys[2], 128);
-        snprintf(amt, 24, "%lld", (long long)h[i].actual);
+        tg_fmt_i64z(amt, h[i].actual);
         memcpy(fld, field, 96);
         argv[2 + 2 * i] = res;
         argv[3 + 2 * i] = km;
@@ -354,7 +354,7 @@ static void settle_many(tg_billing_t *b, int64_t tenant, const tg__hold_t *h, in
         abort();
     s->b = b;
     s->n = n;
-    snprintf(s->field, sizeof(s->field), "%s", argv[nkeys + 1]);
+    tg_copy(s->field, sizeof(s->field), argv[nkeys + 1]);
     if (tg_redis_eval_idempotent(redis, b->settle_script, nkeys, argc, argv, NULL, settle_done, s) != TG_OK)
         free(s);
     else
@@ -469,8 +469,8 @@ void tg_billing_admission_money(tg_billing_t *b, const tg_reserve_req_t *r, cons
     size_t n = 0;
     kput_i64(m->amount, &n, r->amount); /* (the amount's buffer is smaller than 128: 20 digits fit) */
     m->amount[n] = '\0';
-    snprintf(m->tenant_init, sizeof(m->tenant_init), "%s", tenant_init ? tenant_init : "");
-    snprintf(m->key_init, sizeof(m->key_init), "%s", key_init ? key_init : "");
+    tg_copy(m->tenant_init, sizeof(m->tenant_init), tenant_init ? tenant_init : "");
+    tg_copy(m->key_init, sizeof(m->key_init), key_init ? key_init : "");
     /* "<key>|<instance>|<ms>|<amount>|<model, at most 120 bytes>" */
     _Static_assert(sizeof(m->hold) >= 24 + 40 + 24 + 24 + 120 + 1, "hold");
     char *h = m->hold;

@@ -510,16 +510,30 @@ static void put_usage(tg_buf_t *o, const char *name, const tg_usage_t *u, unsign
 }
 
 static void put_ms(tg_buf_t *o, const char *name, double ms) {
-    /* As jansson wrote a real ("%.17g": the double exactly); not a number JSON can
-     * carry (NaN, infinities) as null, where jansson left the member out. */
+    /* To the microsecond, as "1234.567" (finer is noise for a request's duration;
+     * printf's "%.17g" was a third of the settlement's text). Not a number JSON can carry (NaN,
+     * infinities) as null; beyond int64 microseconds (never a real duration) as %g. */
     put_key(o, name);
     if (ms != ms || ms > 1e300 || ms < -1e300) {
         tg_buf_append(o, "null", 4);
         return;
     }
-    char t[48];
-    int k = snprintf(t, sizeof(t), "%.17g", ms);
-    tg_buf_append(o, t, (size_t)TG_MIN(TG_MAX(k, 0), (int)sizeof(t) - 1));
+    if (ms > 9e12 || ms < -9e12) {
+        char t[48];
+        int k = snprintf(t, sizeof(t), "%.17g", ms);
+        tg_buf_append(o, t, (size_t)TG_MIN(TG_MAX(k, 0), (int)sizeof(t) - 1));
+        return;
+    }
+    int64_t us = (int64_t)(ms * 1000.0 + (ms < 0 ? -0.5 : 0.5));
+    if (us < 0) {
+        tg_buf_append(o, "-", 1);
+        us = -us;
+    }
+    char d[24];
+    tg_buf_append(o, d, tg__fmt_i64(d, us / 1000));
+    int64_t frac = us % 1000;
+    char f[4] = {'.', (char)('0' + frac / 100), (char)('0' + frac / 10 % 10), (char)('0' + frac % 10)};
+    tg_buf_append(o, f, 4);
 }
 
 /* Appends len bytes of p at *n, cut to fit cap - 1 (as snprintf cuts). */

@@ -795,8 +795,7 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
                             void *ud) {
     tg_admit_t *a = calloc(1, sizeof(*a));
     a->l = l;
-    snprintf(a->id, sizeof(a->id), "%s", request_id);
-    a->idlen = strlen(a->id);
+    a->idlen = tg_copy(a->id, sizeof(a->id), request_id);
     a->lim = *lim;
     if (a->lim.key_burst < 0)
         a->lim.key_burst = a->lim.key_rpm;

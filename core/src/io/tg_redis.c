@@ -1746,7 +1746,7 @@ tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc,
     q->argc = n;
     q->argv = (const char **)(q + 1);
     q->argvlen = (size_t *)(q->argv + n);
-    snprintf(q->nkeys, sizeof(q->nkeys), "%d", nkeys);
+    tg_fmt_key(q->nkeys, sizeof(q->nkeys), "", nkeys, "");
     q->argv[0] = "EVALSHA";
     q->argvlen[0] = 7;
     q->argv[1] = r->scripts[script_id].sha;

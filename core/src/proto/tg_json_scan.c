@@ -25,8 +25,9 @@
 #define KEYS_ALL 256 /* on the stack of open objects */
 #define NUM_MAX 64
 
-static const char *const top_names[TG_JTOP__COUNT] = {"model", "stream", "messages", "input", "max_completion_tokens",
-                                                        "max_tokens"};
+static const char *const top_names[TG_JTOP__COUNT] = {
+    "model",      "stream",           "messages",             "input",   "max_completion_tokens",
+    "max_tokens", "max_output_tokens", "prompt_cache_key", "previous_response_id", "metadata"};
 
 static int hex4(const char *s, unsigned *v) {
     unsigned x = 0;
@@ -178,6 +179,8 @@ value:
     /* A value starts at s[i] (whitespace skipped). */
     if (i >= len)
         return TG_JSON_INVALID;
+    if (depth == 2 && member >= 0 && kind[1] == '[')
+        top->m[member].count++;
     {
         size_t vs = i;
         int vkind, escaped = 0;
