@@ -163,11 +163,13 @@ int tg_ledger_verify_main(const char *pg_conninfo, const char *redis_url) {
     return 0;
 }
 
-/* Gives back hold `field` of tenant T, `actual` of it spent (settle.lua). */
+/* Gives one hold back (settle.lua), its attempt's actual cost kept. The script's layout:
+ * money, holds, then the hold's reservation and key budget (tg__billing_hold_keys writes
+ * money, reservation, key budget, holds). */
 static void ledger_hold_return(redisContext *rc, int64_t tenant, int64_t key, const char *rid, int att, int64_t actual) {
     char keys[4][128], field[96], amt[24];
     tg__billing_hold_keys(keys, field, tenant, key, rid, att);
-    snprintf(amt, sizeof(amt), "%lld", (long long)actual);
+    tg_fmt_i64z(amt, actual);
     /* rc is the node that holds the tenant's keys (its holds index was found there). */
     /* settle.lua's layout: money, holds, then the hold's reservation and key budget
      * (tg__billing_hold_keys writes money, reservation, key budget, holds). */
