@@ -44,7 +44,8 @@ test(`${N} billed requests: one usage row each (the dedup), one ledger entry per
   const spoolDir = tempDir('spool');
   // A gateway that loads the balance and stops: its backends report their counts as they exit.
   let gw = await startBilledGateway(bill, {}, { mock, spoolDir });
-  assert.equal((await chat(gw, bill.key, chatBody('warm [mock chunks=1]'))).status, 200);
+  const warm = await chat(gw, bill.key, chatBody('warm [mock chunks=1]'));
+  assert.equal(warm.status, 200);
   await waitFor(async () => Number(await bill.db.scalar('SELECT count(*) FROM usage')) === 1, { what: 'the warm-up billed' });
   await gw.stop();
   const before = await tableCounts();
@@ -76,7 +77,13 @@ test(`${N} billed requests: one usage row each (the dedup), one ledger entry per
 
   assert.equal(rows.usage?.ins, N, `one usage row per request (${shown})`);
   assert.equal(rows.billing_dedup, undefined, `no dedup row: the usage row is the dedup (${shown})`);
-  assert.ok((rows.reservations?.ins ?? 0) <= N, `at most one reservation row per request (${shown})`);
+  // One row per attempt (a request the gateway retried has one per attempt), and the
+  // warm-up's own row when its backend's counts reached the statistics only after the
+  // snapshot above (CI saw 401 once).
+  const attempts = Number(await bill.db.scalar(
+    `SELECT coalesce(sum(attempts), 0) FROM usage WHERE request_id <> '${warm.headers['x-request-id']}'`));
+  assert.ok((rows.reservations?.ins ?? 0) <= attempts + 1,
+    `at most one reservation row per attempt (${attempts} attempts; ${shown})`);
   assert.ok(per('reservations') <= 1.5, `a reservation row mostly inserted already reconciled (${shown})`);
   assert.ok((rows.ledger?.ins ?? N) < N / 10, `one ledger entry per tenant per batch, not per request (${shown})`);
   assert.ok(total <= 2.6, `at most about two rows written per billed request (${shown})`);
