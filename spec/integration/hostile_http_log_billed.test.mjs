@@ -48,7 +48,7 @@ test('a model name with CR/LF and a fake log line gives exactly one escaped stde
   assert.equal(hits.length, 1, `one line: ${JSON.stringify(hits)}`);
   assert.ok(!hits[0].startsWith('2026-01-01T00:00:00.000Z'), 'the forged text does not start a line');
   assert.match(hits[0], /evil-model\\r\\n2026-01-01T00:00:00\.000Z error FORGED-BY-CLIENT/);
-  assert.match(hits[0], / warn request [0-9a-f]{32}: model "evil-model/);
+  assert.match(hits[0], / warn request [0-9a-f]{12}-[0-9a-f]{18}: model "evil-model/);
   for (const l of gw.proc.lines.stderr) assert.ok(!/[\r\u0000-\u0008\u000b-\u001f]/.test(l), `a raw control byte on stderr: ${JSON.stringify(l)}`);
 });
 
