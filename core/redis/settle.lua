@@ -16,6 +16,11 @@
 -- A reservation key's value is its amount, then the periodic budgets' keys it counted
 -- in ("|<key>" each, see money.lua; same hash tag): their period's spend goes down by
 -- the same unused part (one DECRBY of the sum per budget key, when the key still exists).
+-- An actual cost written "k<n>" keeps the hold: its part above n goes back now, and the
+-- reservation stays, at n, with its index entry, until its request settles (a failed
+-- attempt's hold, tg_billing_release_attempt: the request's settlement, or the
+-- reconciler's when its gateway dies first, gives it back at the cost it decides, and
+-- Redis and Postgres move by the same amount).
 -- Returns how many holds were given back (0 when all were already settled).
 --
 -- A hold named twice in one call (the same settlement queued twice, e.g. by two
@@ -57,10 +62,18 @@ for i = 1, n do
   end
   if not seen[rk] and (amt or not amts[i]) then
     seen[rk] = true
-    fields[#fields + 1] = ARGV[2 * i]
+    local actual = ARGV[2 * i - 1]
+    local keep = string.byte(actual, 1) == 107 -- 'k'
+    if keep then actual = string.sub(actual, 2) end
+    if not (keep and amt) then fields[#fields + 1] = ARGV[2 * i] end
     if amt then
-      gone[#gone + 1] = rk
-      local back = amt - tonumber(ARGV[2 * i - 1])
+      local back = amt - tonumber(actual)
+      if keep then
+        redis.call('SET', rk, actual .. budgets, 'KEEPTTL')
+        amt = amt - tonumber(actual)
+      else
+        gone[#gone + 1] = rk
+      end
       if math.abs(avail + back) >= LIM then flush(KEYS[1], 'avail', avail); avail = 0 end
       if reserved + amt >= LIM then flush(KEYS[1], 'reserved', -reserved); reserved = 0 end
       avail = avail + back
@@ -79,12 +92,10 @@ for i = 1, n do
     end
   end
 end
-if #gone > 0 then
-  flush(KEYS[1], 'avail', avail)
-  flush(KEYS[1], 'reserved', -reserved)
-  redis.call('DEL', unpack(gone))
-  for _, kk in ipairs(korder) do kflush(kk, kback[kk]) end
-  for _, bk in ipairs(border) do bflush(bk, bback[bk]) end
-end
+flush(KEYS[1], 'avail', avail)
+flush(KEYS[1], 'reserved', -reserved)
+if #gone > 0 then redis.call('DEL', unpack(gone)) end
+for _, kk in ipairs(korder) do kflush(kk, kback[kk]) end
+for _, bk in ipairs(border) do bflush(bk, bback[bk]) end
 if #fields > 0 then redis.call('HDEL', KEYS[2], unpack(fields)) end
 return #gone

@@ -19,16 +19,22 @@
 //   (e) a request settled in Postgres whose hold was never given back (its gateway died
 //       between the commit and the release): `ledger reconcile` gives it back once, the
 //       actual cost kept.
+//   (f) a gateway killed between a failed attempt and its retry: the reconciler charges
+//       the attempt's bound in Redis as in Postgres (its hold went back for the retry, its
+//       reservation stayed), so the live balance and Postgres' agree.
 //
 // A private Redis: the test flushes it, and the reconciler lock is deployment-wide.
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
 import { after, before, test } from 'node:test';
 
-import { sleep, startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
+import { fetchT, sleep, startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
 import { adminClient, chat, redisCli, startRedis } from './lib/db.mjs';
 import {
+  CRED,
   accountsMoney,
   billedSetup,
   chatBody,
@@ -337,6 +343,65 @@ test('(e) a settled request whose hold is still in Redis: `ledger reconcile` giv
     assert.equal(again.code, 0, again.stderr);
     assert.deepEqual(await liveMoney(bill), settled, 'given back once');
     assert.equal((await usageRows(bill, id)).length, 1, 'billed exactly once');
+    await verifyLedger(bill);
+  } finally {
+    await bill.db.drop();
+  }
+});
+
+test('(f) a gateway killed between a failed attempt and its retry: Redis and Postgres charge the attempt alike', async () => {
+  // A policy that waits 5 s before the retry: the window in which the gateway dies.
+  const dir = tempDir('policies');
+  fs.writeFileSync(path.join(dir, 'slow-retry.lua'), `return {
+  name = "slow-retry", priority = 10, version = "1",
+  on_upstream_error = function(ctx) ctx:retry("other", 5000) end,
+}
+`);
+  const bill = await billedSetup({
+    mock,
+    balance: '1000',
+    redis: redis.url,
+    accounts: [{ name: 'up', credential: CRED, priority: 10 }, { name: 'up2', credential: 'sk-billing-account-2', priority: 10 }],
+  });
+  try {
+    const gw = await startBilledGateway(bill, {
+      routing: { max_attempts: 3 },
+      plugins: { dirs: [dir], enabled: [{ name: 'slow-retry' }] },
+    }, { mock, spoolDir: tempDir('spool') });
+    const before = await accountsMoney(bill);
+    await mock.reset();
+    const f = await fetchT(`${mock.url}/_mock/faults`, {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ credential: '*', status: 503, count: 1 }),
+    });
+    await f.arrayBuffer();
+    assert.ok(f.ok, `mock faults: HTTP ${f.status}`);
+    const body = chatBody('killed before its retry [mock chunks=1]', { maxTokens: 1000 });
+    const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
+    const answer = chat(gw, bill.key, body).catch((e) => e);
+    // The first attempt failed (503) and its row is in Postgres; its hold went back for
+    // the retry, which waits.
+    await waitFor(async () => (await mock.stats()).total >= 1 && (await count(bill, 'reservations')) === 1 &&
+      (await liveMoney(bill)).reserved === 0n, { timeout: 5000, interval: 50, what: 'attempt 1 failed, its row written, its hold back' });
+    gw.proc.signal('SIGKILL');
+    await gw.proc.exited;
+    await answer;
+    const id = await bill.db.scalar('SELECT request_id FROM reservations');
+    assert.equal((await mock.stats()).total, 1, 'the retry was never sent');
+    assert.equal((await usageRows(bill, id)).length, 0, 'not settled');
+
+    const rec = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
+    assert.equal(rec.code, 0, rec.stdout + rec.stderr);
+    const row = await waitUsageRow(bill, id, 5000);
+    assert.equal(row.estimated, true);
+    assert.equal(row.cost, R, 'the row still reserved is charged at its bound (unknown_usage = "charge")');
+    const m = await accountsMoney(bill);
+    assert.equal(m.balance, before.balance - R);
+    const live = await liveMoney(bill);
+    assert.equal(live.reserved, 0n, 'nothing held');
+    assert.equal(live.avail, m.balance, 'the live balance = Postgres\' (the bound charged in both)');
+    assert.deepEqual(await holdsIndex(bill), {}, 'no hold left in Redis');
+    assert.equal(await redisCli(bill.redis, 'EXISTS', `{t:${bill.tenantId}}:res:${id}:1`), '0', 'the kept reservation is gone');
     await verifyLedger(bill);
   } finally {
     await bill.db.drop();

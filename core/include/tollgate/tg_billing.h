@@ -147,10 +147,16 @@ typedef struct {
  * caller's point of view (spooled when Postgres is unreachable).
  */
 void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s);
-/** An attempt that failed with a known outcome (an error status, a connect failure)
- *  costs nothing: its hold goes back now, before the next attempt reserves. */
+/** Gives an attempt's hold back whole, for a request that recorded nothing (its
+ *  admission's answer lost, its client gone before the upstream call). */
 void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
                                 int attempt);
+/** An attempt that failed with a known outcome (an error status, a connect failure)
+ *  costs nothing: its hold goes back now, before the next attempt reserves, but its
+ *  reservation is kept at zero until the request's settlement (or the reconciler's)
+ *  gives it back at the cost that settlement decides. */
+void tg_billing_release_failed(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
+                               int attempt);
 /** Sends what is queued and waits (running the loop) until Postgres took it or
  *  timeout_ms passed; what is left goes to the spool at destroy. Stops the reconciler
  *  and gives its Redis lock back if this worker holds it. For shutdown. */

@@ -693,8 +693,8 @@ int tg__maybe_retry(proxy_req_t *p, int status, int failure, int64_t retry_after
     /* A known failure cost nothing: its hold goes back before the next attempt reserves. */
     if (p->reserved == p->attempt && p->pw->ctx->billing && (failure == TG_UPFAIL_STATUS || failure == TG_UPFAIL_CONNECT ||
                                                           failure == TG_UPFAIL_TIMEOUT_CONNECT))
-        tg_billing_release_attempt(p->pw->ctx->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
-                                   p->attempt);
+        tg_billing_release_failed(p->pw->ctx->billing, p->req->id, p->principal->tenant_id, p->principal->key_id,
+                                  p->attempt);
     /* Reset this attempt's upstream state and go back to account selection. */
     if (p->at.account && p->ntried < 8)
         p->tried[p->ntried++] = p->at.account->id;

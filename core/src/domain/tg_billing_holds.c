@@ -341,7 +341,9 @@ static void settle_many(tg_billing_t *b, int64_t tenant, const tg__hold_t *h, in
         char *res = str, *km = str + 128, *amt = str + 256, *fld = str + 256 + 24;
         memcpy(res, keys[1], 128);
         memcpy(km, keys[2], 128);
-        tg_fmt_i64z(amt, h[i].actual);
+        if (h[i].keep)
+            amt[0] = 'k';
+        tg_fmt_i64z(amt + (h[i].keep != 0), h[i].actual);
         memcpy(fld, field, 96);
         argv[2 + 2 * i] = res;
         argv[3 + 2 * i] = km;
@@ -570,3 +572,13 @@ void tg_billing_release_attempt(tg_billing_t *b, const char *request_id, int64_t
     tg__billing_hold_return(b, tenant_id, key_id, request_id, attempt, 0);
 }
 
+/* Its reservation stays, at zero, until the request settles: Postgres learns of the
+ * failure only from that settlement. A gateway that dies first leaves the attempt's row
+ * `reserved`, and the reconciler then charges its bound — in Redis too, on the
+ * reservation kept. Given back whole, the bound would be charged in Postgres only, and
+ * the live balance would stay above Postgres' for ever. */
+void tg_billing_release_failed(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id,
+                               int attempt) {
+    tg__hold_t h = {.request_id = request_id, .key_id = key_id, .attempt = attempt, .actual = 0, .keep = 1};
+    settle_many(b, tenant_id, &h, 1);
+}

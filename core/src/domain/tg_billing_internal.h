@@ -112,6 +112,7 @@ typedef struct {
     const char *request_id;
     int64_t tenant_id, key_id, actual;
     int attempt;
+    int keep; /* the reservation stays, at `actual`, until its request settles (settle.lua "k") */
 } tg__hold_t;
 /** Settlement s's holds (one per attempt, s->attempts of them, at least one) into out. */
 size_t tg__billing_attempt_holds(const tg_settlement_t *s, int64_t cost_last, tg__hold_t *out);
