@@ -1,7 +1,7 @@
 // Building blocks shared by the pages: loading and error states, empty states that say
 // what to do next, tables, forms, a confirmation dialog, and a hook for API loads.
 import { createContext } from 'preact';
-import { useCallback, useContext, useEffect, useRef, useState } from 'preact/hooks';
+import { useCallback, useContext, useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 
 export function Spinner({ label = 'Loading…' }) {
   return (
@@ -142,8 +142,10 @@ export function Form({ onSubmit, submitLabel = 'Save', busyLabel = 'Saving…', 
   const [error, setError] = useState(null);
   const [fieldError, setFieldError] = useState(null);
   const ref = useRef(null);
-  // The refused field: marked invalid, described by its message, and focused.
-  useEffect(() => {
+  // The refused field: marked invalid, described by its message, and focused — in the
+  // same commit as the message (a layout effect: a plain effect runs after the paint, so
+  // the message could be seen, and read by a screen reader, before its field is marked).
+  useLayoutEffect(() => {
     const form = ref.current;
     if (!form) return;
     for (const el of form.querySelectorAll('[aria-invalid]')) {

@@ -47,8 +47,10 @@ after(async () => {
 
 const axeSerious = () => axeOn(page);
 
-/** A background load through the OpenAI SDK: two at a time, at most 2,000 requests or
- *  120 s, until stopped; every outcome counted at the client. */
+/** A background load through the OpenAI SDK: two at a time, each paced to at most one
+ *  request per 25 ms (so that it lasts the whole walk on a fast machine: unpaced, 2,000
+ *  requests ended before the shadow step and the shadow saw none), at most 10,000
+ *  requests or 120 s, until stopped; every outcome counted at the client. */
 function startLoad() {
   const counts = { ok: 0, failed: 0, errors: [] };
   let stop = false;
@@ -56,7 +58,8 @@ function startLoad() {
   const run = async () => {
     const { default: OpenAI } = await import('openai');
     const client = new OpenAI({ apiKey: rt.key, baseURL: rt.gw.baseURL, maxRetries: 0, timeout: 15000 });
-    while (!stop && counts.ok + counts.failed < 2000 && Date.now() - t0 < 120000) {
+    while (!stop && counts.ok + counts.failed < 10000 && Date.now() - t0 < 120000) {
+      const pace = sleep(25);
       try {
         const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'bg [mock chunks=1]' }] });
         if (r.choices?.[0]?.message) counts.ok++;
@@ -65,6 +68,7 @@ function startLoad() {
         counts.failed++;
         if (counts.errors.length < 5) counts.errors.push(String(e.message || e));
       }
+      await pace;
     }
   };
   const done = Promise.all([run(), run()]);
@@ -137,8 +141,10 @@ test('blank policy -> upload (a syntax error named by line, then fixed) -> repla
   await click('Replay the capture');
   const result = page.locator('[data-testid="replay-result"]');
   await result.waitFor({ timeout: 30000 });
-  const m = /(\d+) captured requests replayed: (\d+) decided otherwise/.exec(await result.textContent());
-  assert.ok(m && Number(m[1]) >= 10 && Number(m[2]) > 0, await result.textContent());
+  // Counts are shown grouped by thousands ("1,719").
+  const m = /([\d,]+) captured requests replayed: ([\d,]+) decided otherwise/.exec(await result.textContent());
+  const n = (s) => Number(s.replaceAll(',', ''));
+  assert.ok(m && n(m[1]) >= 10 && n(m[2]) > 0, await result.textContent());
   assert.ok((await result.locator('tbody tr').count()) > 0);
   assert.match(await result.locator('tbody tr').first().locator('td[data-col="candidate"]').textContent(), new RegExp(`^${target}`));
   assert.deepEqual(await axeSerious(), [], 'axe-core on the replay diff');
