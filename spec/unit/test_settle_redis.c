@@ -210,3 +210,46 @@ TG_TEST(settle_redis, periodic_budgets_get_back_the_unused_part_once) {
     freeReplyObject(r);
     redisFree(x.c);
 }
+
+/* A failed attempt's hold, kept ("k0", tg_billing_release_failed): its amount goes back
+ * to the balances at once, but the reservation stays at zero with its index entry, so
+ * that a settlement charging the attempt later (the reconciler's bound, its gateway
+ * dead) charges Redis as it charges Postgres; sent again it moves nothing. */
+TG_TEST(settle_redis, a_kept_hold_goes_back_and_stays_at_zero_until_settled) {
+    sx_t x;
+    sx_init(&x, "kept");
+    redisReply *r = redisCommand(x.c, "HSET %s:kmoney:7 avail 500", x.tag);
+    freeReplyObject(r);
+    hold(&x, "f", "7", 100);
+    r = redisCommand(x.c, "HINCRBY %s:kmoney:7 avail -100", x.tag);
+    freeReplyObject(r);
+    for (int round = 0; round < 2; round++) {
+        char money[160], holds[160], res[160], km[160];
+        snprintf(money, sizeof(money), "%s:money", x.tag);
+        snprintf(holds, sizeof(holds), "%s:holds", x.tag);
+        snprintf(res, sizeof(res), "%s:res:f:1", x.tag);
+        snprintf(km, sizeof(km), "%s:kmoney:7", x.tag);
+        const char *argv[9] = {"EVAL", tg_scripts_source("settle"), "4", money, holds, res, km, "k0", "f:1"};
+        r = redisCommandArgv(x.c, 9, argv, NULL);
+        ASSERT(r && r->type == REDIS_REPLY_INTEGER);
+        freeReplyObject(r);
+        ASSERT_EQ_INT(hget(&x, ":money", "avail"), 1000);
+        ASSERT_EQ_INT(hget(&x, ":money", "reserved"), 0);
+        ASSERT_EQ_INT(hget(&x, ":kmoney:7", "avail"), 500);
+        ASSERT_EQ_INT(hlen(&x), 1); /* still indexed: the reconciler finds it */
+        r = redisCommand(x.c, "GET %s:res:f:1", x.tag);
+        ASSERT(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, "0") == 0);
+        freeReplyObject(r);
+    }
+    /* The reconciler charges the attempt's bound (100): Redis pays it too. */
+    const char *ids[1] = {"f"}, *keys[1] = {"7"};
+    const long long spent[1] = {100};
+    ASSERT_EQ_INT(settle(&x, 1, ids, keys, spent), 1);
+    ASSERT_EQ_INT(hget(&x, ":money", "avail"), 900);
+    ASSERT_EQ_INT(hget(&x, ":money", "reserved"), 0);
+    ASSERT_EQ_INT(hget(&x, ":kmoney:7", "avail"), 400);
+    ASSERT_EQ_INT(hlen(&x), 0);
+    ASSERT_EQ_INT(settle(&x, 1, ids, keys, spent), 0);
+    ASSERT_EQ_INT(hget(&x, ":money", "avail"), 900);
+    redisFree(x.c);
+}
