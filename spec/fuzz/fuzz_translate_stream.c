@@ -11,7 +11,10 @@
  *   - the output is a well-formed event stream: every event's data is a JSON object
  *     (or chat's [DONE]), Anthropic and Responses events are named after their "type";
  *   - nothing follows the end of a translated stream: chat's [DONE], Anthropic's
- *     message_stop, Responses' response.completed / response.incomplete, or an error.
+ *     message_stop, Responses' response.completed / response.incomplete, or an error;
+ *   - the usage the translator reports (its usage chunk) is the fold of
+ *     tg_usage_merge_json over every event, as the proxy bills them (an error event's,
+ *     an unreadable one's and one after the end included).
  */
 #define FUZZ_NAME "fuzz_translate_stream"
 #include "fuzz_xlate_check.h"
@@ -19,16 +22,21 @@
 typedef struct {
     tg_xlate_t *x;
     tg_buf_t out;
+    int from;
+    tg_usage_t usage; /* tg_usage_merge_json over the events: what the proxy bills */
 } run_t;
 
 static void feed_cb(void *ud, const char *event, size_t elen, const char *data, size_t dlen) {
     run_t *r = ud;
+    tg_usage_merge_json(&r->usage, (tg_proto_t)r->from, data ? data : "", data ? dlen : 0);
     tg_xlate_event(r->x, event, elen, data, dlen, &r->out);
 }
 
 static void run(run_t *r, int from, int to, int flags, const char *s, size_t n, size_t split) {
     r->x = tg_xlate_create((tg_proto_t)from, (tg_proto_t)to, (flags & 4) ? NULL : "client-model", "fuzz");
     check(r->x != NULL, "no translator for a supported pair");
+    r->from = from;
+    memset(&r->usage, 0, sizeof(r->usage));
     tg_xlate_set_usage_chunk(r->x, flags & 1);
     tg_buf_init(&r->out);
     tg_sse_parser_t p;
@@ -38,6 +46,7 @@ static void run(run_t *r, int from, int to, int flags, const char *s, size_t n, 
     if (flags & 2)
         tg_xlate_finish(r->x, &r->out);
     tg_sse_free(&p);
+    check(!memcmp(tg_xlate_usage(r->x), &r->usage, sizeof(r->usage)), "the translator's usage is not the billed fold");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

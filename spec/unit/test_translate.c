@@ -817,6 +817,48 @@ TG_TEST(translate, usage_matches_tg_usage) {
     tg_buf_free(&out);
 }
 
+/* The translator's usage is the fold over every upstream event, as the proxy bills
+ * them (tg_proxy_relay.c folds each event's usage): an error event's usage and one
+ * after the end count too, for every upstream protocol — not only the events a
+ * decoder reads its usage from. */
+TG_TEST(translate, usage_is_the_billed_fold_of_every_event) {
+    const struct {
+        tg_proto_t from;
+        const char *ev[3];
+    } cases[] = {
+        {TG_PROTO_OPENAI_CHAT,
+         {"{\"error\":{\"message\":\"boom\"},\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3}}",
+          "[DONE]", "{\"choices\":[],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":4}}"}},
+        {TG_PROTO_ANTHROPIC,
+         {"{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"},"
+          "\"usage\":{\"input_tokens\":5,\"output_tokens\":3}}",
+          "{\"type\":\"message_stop\"}", "{\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}"}},
+        {TG_PROTO_RESPONSES,
+         {"{\"type\":\"error\",\"message\":\"boom\",\"response\":{\"usage\":{\"input_tokens\":5,"
+          "\"output_tokens\":3}}}",
+          "{\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"usage\":"
+          "{\"input_tokens\":6,\"output_tokens\":4}}}",
+          "{\"type\":\"response.failed\",\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":8}}}"}},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+        for (int to = 0; to < 3; to++) {
+            tg_xlate_t *x = tg_xlate_create(cases[c].from, (tg_proto_t)to, "m", "r");
+            tg_usage_t ref = {0};
+            tg_buf_t out;
+            tg_buf_init(&out);
+            for (int i = 0; i < 3; i++) {
+                const char *d = cases[c].ev[i];
+                tg_xlate_event(x, NULL, 0, d, strlen(d), &out);
+                tg_usage_merge_json(&ref, cases[c].from, d, strlen(d));
+            }
+            tg_xlate_finish(x, &out);
+            ASSERT(ref.input > 0);
+            ASSERT(memcmp(tg_xlate_usage(x), &ref, sizeof(ref)) == 0);
+            tg_xlate_destroy(x);
+            tg_buf_free(&out);
+        }
+}
+
 /* Requests round-trip: chat -> Anthropic -> chat keeps what both can express. */
 TG_TEST(translate, request_round_trip) {
     json_t *chat = parse(

@@ -693,14 +693,13 @@ void tg_xlate_event(tg_xlate_t *x, const char *event, size_t elen, const char *d
                     tg_buf_t *out) {
     if (!data)
         data = "", dlen = 0;
-    /* Gemini's usage is the fold over every event, as the proxy bills it: also an
-     * error event's, one the translator cannot read, and one after the end. */
-    if (x->from == TG_PROTO_GEMINI)
-        tg__x_usage(x, data, dlen);
+    /* The usage is the fold over every event, as the proxy bills it (tg_proxy_relay.c):
+     * also an error event's, one the translator cannot read, and one after the end —
+     * folded here once, for every protocol, never by the decoders. */
+    tg_usage_merge_json(&x->usage, x->from, data, dlen);
     if (x->ended)
         return;
     if (!x->enc) {
-        tg__x_usage(x, data, dlen);
         passthrough(event ? event : "", event ? elen : 0, data, dlen, out);
         return;
     }
@@ -712,13 +711,13 @@ void tg_xlate_event(tg_xlate_t *x, const char *event, size_t elen, const char *d
     json_t *doc = json_loadb(data, dlen, 0, &jerr);
     if (json_is_object(doc)) {
         if (x->from == TG_PROTO_OPENAI_CHAT)
-            tg__chat_dec(x, doc, data, dlen, out);
+            tg__chat_dec(x, doc, out);
         else if (x->from == TG_PROTO_ANTHROPIC)
-            tg__anthropic_dec(x, doc, data, dlen, out);
+            tg__anthropic_dec(x, doc, out);
         else if (x->from == TG_PROTO_GEMINI)
-            tg__gemini_dec(x, doc, data, dlen, out);
+            tg__gemini_dec(x, doc, out);
         else
-            tg__responses_dec(x, doc, data, dlen, out);
+            tg__responses_dec(x, doc, out);
     }
     json_decref(doc);
 }
@@ -734,10 +733,6 @@ void tg_xlate_finish(tg_xlate_t *x, tg_buf_t *out) {
         tg__x_end(x, out);
     else
         tg__x_error(x, "api_error", "the upstream stream ended before the response was complete", out);
-}
-
-void tg__x_usage(tg_xlate_t *x, const char *data, size_t dlen) {
-    tg_usage_merge_json(&x->usage, x->from, data, dlen);
 }
 
 void tg__x_meta(tg_xlate_t *x, const char *id, const char *model, int64_t created) {

@@ -467,7 +467,7 @@ void tg__anthropic_resp_encode(const tg__resp_t *r, const char *model, tg_buf_t 
 
 /* ---- stream: Anthropic events -> neutral -------------------------------------------- */
 
-void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out) {
+void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out) {
     const char *type = tg__str(doc, "type");
     if (!type)
         return;
@@ -517,10 +517,8 @@ void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
     } else if (!strcmp(type, "message_start")) {
         json_t *m = json_object_get(doc, "message");
         tg__x_meta(x, tg__str(m, "id"), tg__str(m, "model"), 0);
-        tg__x_usage(x, data, dlen);
         tg__x_start(x, out);
     } else if (!strcmp(type, "message_delta")) {
-        tg__x_usage(x, data, dlen);
         const char *sr = tg__str(json_object_get(doc, "delta"), "stop_reason");
         if (sr)
             tg__x_stop(x, tg__fin_from_anthropic(sr), out);

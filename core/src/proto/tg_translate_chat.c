@@ -656,7 +656,7 @@ static void chat_tool_delta(tg_xlate_t *x, const json_t *tc, size_t pos, tg_buf_
         tg__x_tool_args(x, json_string_value(args), json_string_length(args), out);
 }
 
-void tg__chat_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out) {
+void tg__chat_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out) {
     json_t *e = json_object_get(doc, "error");
     if (e && !json_is_null(e)) {
         const char *msg = json_is_string(e) ? json_string_value(e) : tg__str(e, "message");
@@ -664,8 +664,6 @@ void tg__chat_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dle
         return;
     }
     tg__x_meta(x, tg__str(doc, "id"), tg__str(doc, "model"), tg__int(doc, "created"));
-    if (json_is_object(json_object_get(doc, "usage")))
-        tg__x_usage(x, data, dlen);
     const json_t *c = first_choice(doc);
     if (!c)
         return;

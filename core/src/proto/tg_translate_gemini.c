@@ -274,7 +274,7 @@ int tg__gemini_resp_decode(const json_t *doc, tg__resp_t *r) {
 
 /* ---- stream: Gemini chunks -> neutral --------------------------------------------------- */
 
-void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out) {
+void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out) {
     json_t *e = json_object_get(doc, "error");
     if (json_is_object(e)) {
         /* An error in the stream (Google's {"error":{"code","message","status"}}). */
@@ -283,7 +283,6 @@ void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t d
                     tg__str(e, "message"), out);
         return;
     }
-    (void)data, (void)dlen; /* usage: folded by tg_xlate_event over every event */
     tg__x_meta(x, tg__str(doc, "responseId"), tg__str(doc, "modelVersion"), 0);
     tg__x_start(x, out);
     json_t *parts = json_object_get(json_object_get(json_array_get(json_object_get(doc, "candidates"), 0), "content"),

@@ -162,12 +162,10 @@ struct tg__enc_s {
 
 extern const tg__enc_t tg__chat_enc, tg__anthropic_enc, tg__responses_enc;
 
-void tg__chat_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out);
-void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen,
-                       tg_buf_t *out);
-void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen,
-                       tg_buf_t *out);
-void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out);
+void tg__chat_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
+void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
+void tg__responses_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
+void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
 
 /* Sequencing (tg_translate.c); decoders call only these. */
 void tg__x_meta(tg_xlate_t *x, const char *id, const char *model, int64_t created);
@@ -181,8 +179,6 @@ void tg__x_stop(tg_xlate_t *x, int fin, tg_buf_t *out);
 void tg__x_end(tg_xlate_t *x, tg_buf_t *out);
 /* type: an Anthropic error type, NULL = api_error; msg: NUL-terminated, NULL = generic. */
 void tg__x_error(tg_xlate_t *x, const char *type, const char *msg, tg_buf_t *out);
-/* Merges the usage of one event's raw data (tg_usage_merge_json, upstream protocol). */
-void tg__x_usage(tg_xlate_t *x, const char *data, size_t dlen);
 
 /* ---- helpers ----------------------------------------------------------------------- */
 

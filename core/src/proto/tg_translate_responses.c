@@ -540,7 +540,7 @@ void tg__responses_resp_encode(const tg__resp_t *r, const char *model, tg_buf_t 
 
 /* ---- stream: Responses events -> neutral -------------------------------------------- */
 
-void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_t dlen, tg_buf_t *out) {
+void tg__responses_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out) {
     const char *type = tg__str(doc, "type");
     if (!type)
         return;
@@ -581,12 +581,10 @@ void tg__responses_dec(tg_xlate_t *x, const json_t *doc, const char *data, size_
         tg__x_meta(x, tg__str(r, "id"), tg__str(r, "model"), tg__int(r, "created_at"));
         tg__x_start(x, out);
     } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
-        tg__x_usage(x, data, dlen);
         int fin = fin_from_status(json_object_get(doc, "response"));
         tg__x_stop(x, x->d_refusal && fin == TG__FIN_STOP ? TG__FIN_FILTER : fin, out);
         tg__x_end(x, out);
     } else if (!strcmp(type, "response.failed")) {
-        tg__x_usage(x, data, dlen);
         json_t *e = json_object_get(json_object_get(doc, "response"), "error");
         const char *msg = tg__str(e, "message");
         tg__x_error(x, "api_error", msg ? msg : "the upstream response failed", out);
