@@ -52,11 +52,12 @@ if(TG_FUZZ)
   tg_fuzz_target(fuzz_aws_eventstream)
   tg_fuzz_target(fuzz_redis_cluster)
   tg_fuzz_target(fuzz_traceparent)
+  tg_fuzz_target(fuzz_models_list)
 endif()
 
 # In the release build (the one spec/run.sh runs ctest in), the fuzz and sanitizer
 # binaries of the ASan build are run from here: `fuzz.run` fuzzes every target briefly
-# (TG_FUZZ_SECONDS, default 15 s each: 14 targets, about 4 minutes with their corpus
+# (TG_FUZZ_SECONDS, default 15 s each: 15 targets, about 4.5 minutes with their corpus
 # loads; the timeout leaves room for more) and `unit-asan` runs the unit tests under
 # ASan + UBSan. Both skip (77) when there is no ASan build.
 if(NOT TG_FUZZ AND NOT TG_SANITIZE)

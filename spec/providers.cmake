@@ -4,6 +4,8 @@
 
 tg_services_test(providers_models ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_models.test.mjs
   "providers;integration" 120)
+tg_services_test(providers_models_kinds ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_models_kinds.test.mjs
+  "providers;integration" 120)
 tg_unit_test(providers providers)
 tg_services_test(providers_gemini ${CMAKE_CURRENT_SOURCE_DIR}/integration/providers_gemini.test.mjs
   "providers;integration" 120)

@@ -18,7 +18,10 @@ const ANTH_IDS = ['mock-claude', ...EXTRA]; // what the mock lists in Anthropic'
 const OA_IDS = ['mock-gpt', 'mock-claude', 'mock-embed', ...EXTRA]; // in OpenAI's
 
 let mock, db, gw;
-const keys = { anth: plainKey('anth'), mixed: plainKey('mixed'), listed: plainKey('listed'), narrow: plainKey('narrow') };
+const keys = {
+  anth: plainKey('anth'), mixed: plainKey('mixed'), listed: plainKey('listed'), narrow: plainKey('narrow'),
+  garbled: plainKey('garbled'),
+};
 
 before(async () => {
   mock = await startMock({ args: ['--models', EXTRA.join(',')] });
@@ -29,18 +32,21 @@ before(async () => {
       { name: 'anth-only', models: [] },
       { name: 'mixed', models: [] },
       { name: 'listed', models: ['model-a', 'model-b'] },
+      { name: 'garbled', models: [] },
     ],
     accounts: [
       { name: 'an', provider: 'anthropic', base_url: `${mock.url}/v1`, credential: 'sk-an', groups: ['anth-only', 'mixed'] },
       // Higher priority: its list comes first in the merge.
       { name: 'oa', provider: 'openai', base_url: `${mock.url}/v1`, credential: 'sk-oa', priority: 10, groups: ['mixed'],
         model_map: { 'my-alias': 'mock-gpt' } },
+      { name: 'gb', provider: 'openai', base_url: `${mock.url}/v1`, credential: 'sk-garbled', groups: ['garbled'] },
     ],
     keys: [
       { name: 'k-anth', tenant: 't', group: 'anth-only', key: keys.anth },
       { name: 'k-mixed', tenant: 't', group: 'mixed', key: keys.mixed },
       { name: 'k-listed', tenant: 't', group: 'listed', key: keys.listed },
       { name: 'k-narrow', tenant: 't', group: 'mixed', key: keys.narrow, allowed_models: ['mock-claude', 'claude-x-07'] },
+      { name: 'k-garbled', tenant: 't', group: 'garbled', key: keys.garbled },
     ],
   });
   gw = await startStateGateway(db, {}, { mock });
@@ -151,4 +157,18 @@ test('a group that lists its models answers that list, in either shape', async (
   assert.deepEqual(oa.map((m) => m.id), ['model-a', 'model-b']);
   const an = await listAll((await anthropic(keys.listed)).models.list());
   assert.deepEqual(an.map((m) => [m.type, m.id]), [['model', 'model-a'], ['model', 'model-b']]);
+});
+
+test('a list that is not JSON: 502 saying so, and the worker keeps answering (it crashed before)', async () => {
+  const r = await fetchT(`${mock.url}/_mock/faults`, {
+    method: 'POST',
+    body: JSON.stringify({ credential: 'sk-garbled', body: '{"object":"list","data":[{"id":"cut' }),
+  });
+  assert.equal(r.status, 200);
+  for (let i = 0; i < 3; i++) {
+    await assert.rejects((await openai(keys.garbled)).models.list(),
+      (e) => e.status === 502 && /the upstream's list could not be read/.test(e.message));
+  }
+  const models = await listAll((await openai(keys.listed)).models.list());
+  assert.equal(models.length, 2);
 });

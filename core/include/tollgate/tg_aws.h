@@ -137,6 +137,12 @@ void tg_aws_creds_split(const char *credential, tg_aws_creds_t *c);
 void tg_bedrock_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *host, const char *path, const void *body,
                      size_t len, time_t now);
 
+/** The same for a GET (Bedrock's control plane: ListFoundationModels, service
+ *  `bedrock`): signs GET path, its query (already canonical: sorted, encoded; "" none),
+ *  host, x-amz-date and the token, and the empty body's hash. */
+void tg_aws_sign_get(tg_buf_t *head, const tg_aws_creds_t *c, const char *service, const char *host, const char *path,
+                     const char *query, time_t now);
+
 /** The Anthropic stream events of a Bedrock event stream, one callback per event (the
  *  event's type and its JSON, as an SSE parser would give them). An exception message
  *  and a corrupt stream become an Anthropic `error` event; nothing follows an error

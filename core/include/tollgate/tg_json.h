@@ -27,7 +27,7 @@
 
 /**
  * json_loadb(buf, len, flags, err), except that integers beyond int64 are parsed as big
- * numbers instead of failing. Returns a new reference, or NULL with err filled (a real
+ * numbers instead of failing. Returns a new reference, or NULL with err (when given) filled (a real
  * number overflow such as 1e400 is still an error).
  */
 json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err);

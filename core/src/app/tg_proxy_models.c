@@ -7,13 +7,18 @@
  *
  *   a group that lists its models    that list, as it is
  *   a group that offers every model  each active account's own list, read in its
- *                                    provider's shape (Anthropic's and Gemini's
- *                                    followed page by page), asked of every account at once and merged
+ *                                    provider's shape (tg_models.h; Anthropic's and
+ *                                    Google's followed page by page), authenticated as
+ *                                    the account's requests are (its key, its
+ *                                    identity's token, SigV4 for Bedrock's control
+ *                                    plane), asked of every account at once and merged
  *                                    in the accounts' order of priority, first id wins;
  *                                    an account that lists its models contributes
- *                                    those instead of asking; model_map names are
- *                                    added. Cached per worker for 60 s per (group,
- *                                    account snapshot), 5 s when an account failed.
+ *                                    those instead of asking, an Azure account with a
+ *                                    model_map its mapped names (its deployments);
+ *                                    model_map names are added. Cached per worker for
+ *                                    60 s per (group, account snapshot), 5 s when an
+ *                                    account failed.
  *   the config file's upstream       its list, the same way
  *
  * An entry read in the client's own shape goes back as the provider wrote it; one read
@@ -25,6 +30,8 @@
 #include <time.h>
 
 #include "tg_proxy_internal.h"
+#include "tollgate/tg_aws.h"
+#include "tollgate/tg_models.h"
 
 #define MODELS_SOURCES_MAX 32
 #define MODELS_PAGES_MAX 50
@@ -33,22 +40,27 @@
 #define MODELS_TTL_MS 60000
 #define MODELS_TTL_PARTIAL_MS 5000
 
-typedef enum { SHAPE_OPENAI, SHAPE_ANTHROPIC, SHAPE_GEMINI } shape_t;
-
 struct models_fetch_s;
 
-/* One account (or the static upstream) asked for its list. */
+/* One account (or the static upstream) asked for its list (a Vertex account: once per
+ * publisher). */
 typedef struct {
     struct models_fetch_s *f;
     tg_upstream_t *up;
-    const char *credential; /* the snapshot's (held by the request) or the config's */
-    shape_t shape;
+    const tg_account_t *acc; /* the snapshot's (held by the request); NULL: the config's upstream */
+    const char *credential;  /* the account's key or the config's; NULL with an identity */
+    const char *publisher;   /* Vertex: "anthropic" or "google" */
+    tg_models_shape_t shape;
     tg_upcall_t *call;
+    tg_identity_wait_t *wait; /* waiting for the identity's token */
+    uint64_t token_gen;
+    int auth_retried;
     int status;
     tg_buf_t body;
     int too_big;
     int pages;
     int ok;
+    char cursor[TG_MODELS_CURSOR_MAX]; /* the page being asked for ("" the first) */
     json_t *entries; /* normalised, in the provider's order */
 } models_src_t;
 
@@ -59,6 +71,7 @@ typedef struct models_fetch_s {
     int nsrc, pending;
     models_src_t src[MODELS_SOURCES_MAX];
     json_t *extra; /* names the accounts list or map themselves */
+    char why[96];  /* the first failure, for the 502 */
 } models_fetch_t;
 
 typedef struct {
@@ -113,17 +126,7 @@ static void cache_put(proxy_worker_t *pw, int64_t group_id, uint64_t generation,
     pick->entries = json_incref(entries);
 }
 
-/* ---- entries: one normalised form ----------------------------------------------------- */
-
-static int64_t parse_rfc3339(const char *s) {
-    struct tm tm = {0};
-    int y, mo, d, h, mi, se;
-    if (!s || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h, &mi, &se) != 6)
-        return 0;
-    tm.tm_year = y - 1900, tm.tm_mon = mo - 1, tm.tm_mday = d, tm.tm_hour = h, tm.tm_min = mi, tm.tm_sec = se;
-    time_t t = timegm(&tm);
-    return t < 0 ? 0 : (int64_t)t;
-}
+/* ---- entries: one normalised form (tg_models.h) ------------------------------------------ */
 
 static json_t *rfc3339(int64_t t) {
     char out[32];
@@ -132,61 +135,6 @@ static json_t *rfc3339(int64_t t) {
     if (!gmtime_r(&tt, &tm) || !strftime(out, sizeof(out), "%Y-%m-%dT%H:%M:%SZ", &tm))
         strcpy(out, "1970-01-01T00:00:00Z");
     return json_string(out);
-}
-
-/* {"id","created","display_name","owned_by", "oa" or "an": the provider's own object}. */
-static json_t *entry_new(const char *id, int64_t created, const char *display, const char *owner) {
-    return json_pack("{s:s,s:I,s:s,s:s}", "id", id, "created", (json_int_t)created, "display_name",
-                     display ? display : id, "owned_by", owner);
-}
-
-/* Reads one page of a provider's list into src->entries: 0 if it is not one. *next is
- * the next page's cursor (Anthropic: has_more and last_id; Gemini: nextPageToken),
- * borrowed from doc, or NULL. */
-static int read_page(models_src_t *s, json_t *doc, const char **next) {
-    json_t *data = json_object_get(doc, "data"), *m;
-    size_t i;
-    *next = NULL;
-    if (s->shape == SHAPE_GEMINI) {
-        /* {"models":[{"name":"models/<id>","displayName",...}],"nextPageToken"}; an
-         * empty list may leave "models" out. */
-        json_t *models = json_object_get(doc, "models");
-        if (models && !json_is_array(models))
-            return 0;
-        json_array_foreach(models, i, m) {
-            const char *name = json_string_value(json_object_get(m, "name"));
-            if (!name)
-                continue;
-            const char *id = strncmp(name, "models/", 7) ? name : name + 7;
-            if (*id)
-                json_array_append_new(s->entries,
-                                      entry_new(id, 0, json_string_value(json_object_get(m, "displayName")), "google"));
-        }
-        *next = json_string_value(json_object_get(doc, "nextPageToken"));
-        return 1;
-    }
-    if (!json_is_array(data))
-        return 0;
-    json_array_foreach(data, i, m) {
-        const char *id = json_string_value(json_object_get(m, "id"));
-        if (!id || !*id)
-            continue;
-        json_t *e;
-        if (s->shape == SHAPE_ANTHROPIC) {
-            e = entry_new(id, parse_rfc3339(json_string_value(json_object_get(m, "created_at"))),
-                          json_string_value(json_object_get(m, "display_name")), "anthropic");
-            json_object_set(e, "an", m);
-        } else {
-            json_t *c = json_object_get(m, "created");
-            const char *owner = json_string_value(json_object_get(m, "owned_by"));
-            e = entry_new(id, json_is_integer(c) ? json_integer_value(c) : 0, NULL, owner ? owner : "openai");
-            json_object_set(e, "oa", m);
-        }
-        json_array_append_new(s->entries, e);
-    }
-    if (s->shape == SHAPE_ANTHROPIC && json_is_true(json_object_get(doc, "has_more")))
-        *next = json_string_value(json_object_get(doc, "last_id"));
-    return 1;
 }
 
 static int hexval(char c) {
@@ -313,6 +261,7 @@ static void fetch_free(models_fetch_t *f) {
         models_src_t *s = &f->src[i];
         if (s->call)
             tg_upcall_abort(s->call);
+        tg_identity_cancel(s->wait);
         tg_buf_free(&s->body);
         json_decref(s->entries);
     }
@@ -326,7 +275,7 @@ static void cleanup_fetch(proxy_req_t *p) {
     p->models_fetch = NULL;
 }
 
-static void src_start(models_src_t *s, const char *after_id);
+static void src_start(models_src_t *s);
 
 static void merge_into(json_t *out, json_t *seen, json_t *entries) {
     json_t *e;
@@ -354,13 +303,17 @@ static void fetch_done(models_fetch_t *f) {
     json_decref(seen);
     int64_t group_id = f->group_id;
     uint64_t generation = f->generation;
+    char why[sizeof(f->why)];
+    snprintf(why, sizeof(why), "%s", f->why);
     p->models_fetch = NULL;
     fetch_free(f);
     p->upstream_end_ns = tg_now_ns();
     if (failed && !ok && json_array_size(out) == 0) {
         json_decref(out);
-        tg__proxy_fail(p, 502, "upstream_error", "upstream_error",
-                       "no upstream account of this key's group could list its models");
+        char msg[192];
+        snprintf(msg, sizeof(msg), "no upstream account of this key's group could list its models (%s)",
+                 why[0] ? why : "no answer");
+        tg__proxy_fail(p, 502, "upstream_error", "upstream_error", msg);
         return;
     }
     cache_put(p->pw, group_id, generation, out, failed ? MODELS_TTL_PARTIAL_MS : MODELS_TTL_MS);
@@ -368,9 +321,16 @@ static void fetch_done(models_fetch_t *f) {
     json_decref(out);
 }
 
-static void src_end(models_src_t *s) {
+/* The source ended (ok says how); the last one answers. */
+static void src_end(models_src_t *s, const char *why) {
     s->call = NULL;
     models_fetch_t *f = s->f;
+    if (!s->ok) {
+        tg_log_warn("request %s: models list of %s%s failed: %s", f->p->req->id, s->acc ? "account " : "",
+                    s->acc ? s->acc->name : tg_upstream_name(s->up), why);
+        if (!f->why[0])
+            snprintf(f->why, sizeof(f->why), "%s", why);
+    }
     if (--f->pending == 0)
         fetch_done(f);
 }
@@ -391,32 +351,40 @@ static void src_body(void *ud, const char *d, size_t n) {
 
 static void src_error(void *ud, tg_uperr_t err, const char *msg) {
     models_src_t *s = ud;
-    tg_log_warn("request %s: models list from %s failed (%d): %s", s->f->p->req->id, tg_upstream_name(s->up), (int)err,
-                msg ? msg : "");
+    TG_UNUSED(msg);
     s->ok = 0;
-    src_end(s);
+    src_end(s, err == TG_UPERR_CONNECT || err == TG_UPERR_TIMEOUT_CONNECT ? "the upstream could not be reached"
+                                                                            : "the upstream's answer was cut off");
 }
 
 static void src_done(void *ud) {
     models_src_t *s = ud;
     s->call = NULL;
-    json_t *doc = NULL;
-    if (s->status == 200 && !s->too_big)
-        doc = tg_json_loadb(s->body.data ? s->body.data : "", s->body.len, 0, NULL);
-    const char *next = NULL;
-    s->ok = doc && read_page(s, doc, &next);
-    if (!s->ok)
-        tg_log_warn("request %s: models list from %s unreadable (HTTP %d)", s->f->p->req->id, tg_upstream_name(s->up),
-                    s->status);
-    if (next && *next && s->ok && ++s->pages < MODELS_PAGES_MAX) {
-        char cursor[1024];
-        snprintf(cursor, sizeof(cursor), "%s", next);
-        json_decref(doc);
-        src_start(s, cursor);
+    tg_identity_t *id = s->f->p->pw->ctx->identity;
+    if (s->status == 401 && s->acc && s->acc->auth && !s->auth_retried && id) {
+        /* A token the upstream no longer takes: dropped, renewed, asked once more. */
+        s->auth_retried = 1;
+        tg_identity_rejected(id, s->acc->id, s->token_gen);
+        src_start(s);
         return;
     }
-    json_decref(doc);
-    src_end(s);
+    char next[TG_MODELS_CURSOR_MAX], why[64];
+    s->ok = s->status == 200 && !s->too_big &&
+            tg_models_page(s->shape, s->body.data, s->body.len, (int64_t)time(NULL), s->entries, next);
+    if (!s->ok) {
+        if (s->status != 200)
+            snprintf(why, sizeof(why), "the upstream answered HTTP %d", s->status);
+        else
+            snprintf(why, sizeof(why), "%s", s->too_big ? "the upstream's list is too large" : "the upstream's list could not be read");
+        src_end(s, why);
+        return;
+    }
+    if (next[0] && ++s->pages < MODELS_PAGES_MAX) {
+        memcpy(s->cursor, next, sizeof(s->cursor));
+        src_start(s);
+        return;
+    }
+    src_end(s, "");
 }
 
 static const tg_upcall_cbs_t src_cbs = {src_head, src_body, src_done, src_error};
@@ -436,66 +404,166 @@ static void append_query_value(tg_buf_t *b, const char *s) {
     }
 }
 
-static void src_start(models_src_t *s, const char *after_id) {
-    tg_buf_t b;
-    tg_buf_init(&b);
-    tg_buf_reset(&s->body);
-    s->status = 0;
-    tg_buf_appends(&b, "GET ");
-    tg_buf_appends(&b, tg_upstream_path_prefix(s->up));
-    tg_buf_appends(&b, "/models");
-    if (s->shape == SHAPE_ANTHROPIC) {
-        tg_buf_appends(&b, "?limit=1000");
-        if (after_id) {
-            tg_buf_appends(&b, "&after_id=");
-            append_query_value(&b, after_id);
+static void src_token(void *ud, const char *token, const char *err) {
+    TG_UNUSED(token);
+    models_src_t *s = ud;
+    s->wait = NULL;
+    if (err) {
+        char why[96];
+        snprintf(why, sizeof(why), "its credentials could not be renewed (%s)", err);
+        s->ok = 0;
+        src_end(s, why);
+        return;
+    }
+    src_start(s); /* the token is there now */
+}
+
+/* Asks for the page s->cursor names (the first when ""). */
+static void src_start(models_src_t *s) {
+    const char *token = s->credential;
+    if (s->acc && s->acc->auth) {
+        /* The identity's access token, as the account's requests take it. */
+        tg_identity_t *id = s->f->p->pw->ctx->identity;
+        int rc = id ? tg_identity_token(id, s->acc, src_token, s, &token, &s->token_gen, &s->wait) : TG_ERROR;
+        if (rc == TG_AGAIN)
+            return;
+        if (rc != TG_OK) {
+            char why[96];
+            snprintf(why, sizeof(why), "its credentials could not be renewed (%s)", token ? token : "no identity");
+            s->ok = 0;
+            src_end(s, why);
+            return;
         }
-    } else if (s->shape == SHAPE_GEMINI) {
-        tg_buf_appends(&b, "?pageSize=1000");
-        if (after_id) {
-            tg_buf_appends(&b, "&pageToken=");
-            append_query_value(&b, after_id);
+        if (!token || tg_valid_no_ctl(token, strlen(token))) {
+            s->ok = 0;
+            src_end(s, "its access token cannot be sent");
+            return;
         }
     }
+    const char *cur = s->cursor[0] ? s->cursor : NULL;
+    tg_buf_t b, path;
+    tg_buf_init(&b);
+    tg_buf_init(&path);
+    tg_buf_reset(&s->body);
+    s->status = 0;
+    s->too_big = 0;
+    tg_buf_appends(&path, tg_upstream_path_prefix(s->up));
+    switch (s->shape) {
+    case TG_MODELS_ANTHROPIC:
+        tg_buf_appends(&path, "/models?limit=1000");
+        if (cur) {
+            tg_buf_appends(&path, "&after_id=");
+            append_query_value(&path, cur);
+        }
+        break;
+    case TG_MODELS_GEMINI:
+    case TG_MODELS_VERTEX:
+        if (s->shape == TG_MODELS_VERTEX) {
+            tg_buf_appends(&path, "/v1beta1/publishers/");
+            tg_buf_appends(&path, s->publisher);
+        }
+        tg_buf_appends(&path, "/models?pageSize=1000");
+        if (cur) {
+            tg_buf_appends(&path, "&pageToken=");
+            append_query_value(&path, cur);
+        }
+        break;
+    case TG_MODELS_AZURE:
+        tg_buf_appends(&path, "/models?api-version=");
+        append_query_value(&path, tg_account_setting(s->acc, "api_version", TG_AZURE_API_VERSION));
+        break;
+    case TG_MODELS_BEDROCK:
+        tg_buf_appends(&path, "/foundation-models");
+        break;
+    case TG_MODELS_OPENAI:
+        tg_buf_appends(&path, "/models");
+        break;
+    }
+    tg_buf_appends(&b, "GET ");
+    tg_buf_append(&b, path.data, path.len);
     tg_buf_appends(&b, " HTTP/1.1\r\nHost: ");
     tg_buf_appends(&b, tg_upstream_host_header(s->up));
-    if (s->credential && s->shape == SHAPE_ANTHROPIC) {
-        tg_buf_appends(&b, "\r\nx-api-key: ");
-        tg_buf_appends(&b, s->credential);
-        tg_buf_appends(&b, "\r\nanthropic-version: 2023-06-01");
-    } else if (s->credential && s->shape == SHAPE_GEMINI) {
-        tg_buf_appends(&b, "\r\nx-goog-api-key: ");
-        tg_buf_appends(&b, s->credential);
-    } else if (s->credential) {
+    if (s->shape == TG_MODELS_BEDROCK) {
+        /* Signature Version 4, service bedrock, as the account's runtime calls. */
+        tg_aws_creds_t cr;
+        tg_aws_creds_split(s->credential, &cr);
+        cr.region = tg_account_setting(s->acc, "region", "");
+        cr.access_key = tg_account_setting(s->acc, "access_key_id", "");
+        tg_aws_sign_get(&b, &cr, "bedrock", tg_upstream_host_header(s->up), path.data, "", time(NULL));
+    } else if (token && s->acc && s->acc->auth) {
         tg_buf_appends(&b, "\r\nAuthorization: Bearer ");
-        tg_buf_appends(&b, s->credential);
+        tg_buf_appends(&b, token);
+        if (s->shape == TG_MODELS_ANTHROPIC)
+            tg_buf_appends(&b, "\r\nanthropic-version: 2023-06-01");
+    } else if (token && s->shape == TG_MODELS_ANTHROPIC) {
+        tg_buf_appends(&b, "\r\nx-api-key: ");
+        tg_buf_appends(&b, token);
+        tg_buf_appends(&b, "\r\nanthropic-version: 2023-06-01");
+    } else if (token && s->shape == TG_MODELS_GEMINI) {
+        tg_buf_appends(&b, "\r\nx-goog-api-key: ");
+        tg_buf_appends(&b, token);
+    } else if (token && s->shape == TG_MODELS_AZURE) {
+        tg_buf_appends(&b, "\r\napi-key: ");
+        tg_buf_appends(&b, token);
+    } else if (token) {
+        tg_buf_appends(&b, "\r\nAuthorization: Bearer ");
+        tg_buf_appends(&b, token);
     }
     tg_buf_appends(&b, "\r\nx-request-id: ");
     tg_buf_appends(&b, s->f->p->req->id);
     tg_buf_appends(&b, "\r\nAccept: application/json\r\n\r\n");
+    tg_buf_free(&path);
     s->call = tg_upcall_start(s->up, &b, &src_cbs, s);
     tg_buf_free(&b);
 }
 
-static void add_source(models_fetch_t *f, tg_upstream_t *up, const char *credential, const char *provider) {
+/* Bedrock's list is its control plane's (ListFoundationModels): the runtime endpoint
+ * bedrock-runtime.<region>.amazonaws.com becomes bedrock.<region>.amazonaws.com; any
+ * other base_url (a VPC endpoint, a test double) is asked as it is. */
+static tg_upstream_t *bedrock_control(proxy_worker_t *pw, const tg_account_t *acc) {
+    const char *name = tg_upstream_name(acc->upstream), *host = strstr(name, "://");
+    if (!host || strncmp(host + 3, "bedrock-runtime.", 16) != 0)
+        return acc->upstream;
+    char url[512];
+    snprintf(url, sizeof(url), "%.*sbedrock.%s%s", (int)(host + 3 - name), name, host + 3 + 16,
+             tg_upstream_path_prefix(acc->upstream));
+    tg_upstream_t *up = tg_accounts_upstream(pw->ctx->accounts, url);
+    return up ? up : acc->upstream;
+}
+
+static void add_source(models_fetch_t *f, tg_upstream_t *up, const tg_account_t *acc, const char *credential,
+                       const char *provider, const char *publisher) {
     if (!up || f->nsrc >= MODELS_SOURCES_MAX)
         return;
     if (credential && tg_valid_no_ctl(credential, strlen(credential)))
         return; /* never sent (see tg__phase_upstream) */
-    for (int i = 0; i < f->nsrc; i++) /* the same upstream and credential: asked once */
-        if (f->src[i].up == up && !strcmp(f->src[i].credential ? f->src[i].credential : "", credential ? credential : ""))
+    int ident = acc && acc->auth;
+    for (int i = 0; i < f->nsrc; i++) { /* the same upstream and credential (or identity): asked once */
+        models_src_t *o = &f->src[i];
+        if (o->up == up && !strcmp(o->publisher ? o->publisher : "", publisher ? publisher : "") &&
+            (ident ? o->acc && o->acc->auth && o->acc->id == acc->id
+                   : !(o->acc && o->acc->auth) &&
+                         !strcmp(o->credential ? o->credential : "", credential ? credential : "")))
             return;
+    }
     models_src_t *s = &f->src[f->nsrc++];
     s->f = f;
     s->up = up;
-    s->credential = credential;
-    s->shape = !strcmp(provider, "anthropic") ? SHAPE_ANTHROPIC : !strcmp(provider, "gemini") ? SHAPE_GEMINI : SHAPE_OPENAI;
+    s->acc = acc;
+    s->credential = ident ? NULL : credential;
+    s->publisher = publisher;
+    s->shape = !strcmp(provider, "anthropic") ? TG_MODELS_ANTHROPIC
+               : !strcmp(provider, "gemini")  ? TG_MODELS_GEMINI
+               : !strcmp(provider, "azure")   ? TG_MODELS_AZURE
+               : !strcmp(provider, "bedrock") ? TG_MODELS_BEDROCK
+               : !strcmp(provider, "vertex")  ? TG_MODELS_VERTEX
+                                              : TG_MODELS_OPENAI;
     tg_buf_init(&s->body);
     s->entries = json_array();
 }
 
 static void add_extra(models_fetch_t *f, const char *id, const char *owner) {
-    json_array_append_new(f->extra, entry_new(id, 0, NULL, owner));
+    json_array_append_new(f->extra, tg_models_entry(id, 0, NULL, owner));
 }
 
 static int prio_cmp(const void *x, const void *y) {
@@ -510,7 +578,7 @@ int tg__models_list(proxy_req_t *p) {
         /* The group lists its models: that list. */
         json_t *entries = json_array();
         for (int i = 0; i < pr->ngroup_models; i++)
-            json_array_append_new(entries, entry_new(pr->group_models[i], 0, NULL, "tollgate"));
+            json_array_append_new(entries, tg_models_entry(pr->group_models[i], 0, NULL, "tollgate"));
         int rc = answer(p, entries);
         json_decref(entries);
         return rc;
@@ -552,14 +620,20 @@ int tg__models_list(proxy_req_t *p) {
             const tg_account_t *acc = order[i];
             if (!acc->active)
                 continue;
-            /* Azure lists base models, not the deployments a request names, and
-             * Bedrock's list is another service's (ListFoundationModels): such an
-             * account contributes its model map (and models) only; so does an account
-             * with an identity (its token is the request path's, tg_identity.h) and a
-             * Vertex one (its publishers' models are not listed per project). */
-            if (acc->nmodels == 0 && strcmp(acc->provider, "azure") != 0 && strcmp(acc->provider, "bedrock") != 0 &&
-                strcmp(acc->provider, "vertex") != 0 && !acc->auth)
-                add_source(f, acc->upstream, acc->credential, acc->provider);
+            /* An account that lists its models serves those; an Azure account with a
+             * model_map serves its deployments, which are those names (Azure's own list
+             * is of models, not deployments). The others are asked. */
+            int mapped = json_is_object(acc->model_map) && json_object_size(acc->model_map) > 0;
+            if (acc->nmodels == 0 && !(mapped && !strcmp(acc->provider, "azure"))) {
+                if (!strcmp(acc->provider, "vertex")) {
+                    /* Claude through rawPredict, Google's models through generateContent. */
+                    add_source(f, acc->upstream, acc, acc->credential, acc->provider, "anthropic");
+                    add_source(f, acc->upstream, acc, acc->credential, acc->provider, "google");
+                } else {
+                    add_source(f, !strcmp(acc->provider, "bedrock") ? bedrock_control(pw, acc) : acc->upstream, acc,
+                               acc->credential, acc->provider, NULL);
+                }
+            }
             for (int k = 0; k < acc->nmodels; k++)
                 add_extra(f, acc->models[k], acc->provider);
             const char *name;
@@ -574,18 +648,18 @@ int tg__models_list(proxy_req_t *p) {
             fetch_free(f);
             return tg__proxy_fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
         }
-        add_source(f, pw->ctx->upstream, cfg->upstream.api_key, cfg->upstream.provider);
+        add_source(f, pw->ctx->upstream, NULL, cfg->upstream.api_key, cfg->upstream.provider, NULL);
     }
+    p->models_fetch = f;
     if (f->nsrc == 0) {
-        p->models_fetch = f;
         fetch_done(f);
         return TG_DONE;
     }
-    p->models_fetch = f;
     tg__cleanup_add(p, cleanup_fetch);
     f->pending = f->nsrc;
     p->upstream_start_ns = tg_now_ns();
-    for (int i = 0; i < f->nsrc; i++)
-        src_start(&f->src[i], NULL);
-    return TG_AGAIN;
+    for (int i = 0; i < f->nsrc && p->models_fetch; i++)
+        src_start(&f->src[i]);
+    /* Every source may have failed at once (identities refused): answered already. */
+    return p->models_fetch ? TG_AGAIN : TG_DONE;
 }

@@ -90,7 +90,19 @@
  * "has_more","first_id","last_id"} (limit, default 20, and after_id / before_id
  * honoured), listing mock-claude and the --models names; else OpenAI's
  * {"object":"list","data":[{id,object,created,owned_by}]} listing mock-gpt, mock-claude,
- * mock-embed and the --models names.
+ * mock-embed and the --models names. The providers' own lists, each with its auth
+ * checked as on its API routes: Gemini's (x-goog-api-key) {"models":[{name:
+ * "models/<id>",displayName,...}]} and Vertex AI's GET /v1beta1/publishers/<p>/models
+ * (a bearer token this mock issued) {"publisherModels":[{name:"publishers/<p>/models/
+ * <id>",...}]} (anthropic: mock-claude and --models; google: all), both paged by
+ * pageSize (default 50) and the page knob with an opaque nextPageToken "pt/<offset>="
+ * that must come back percent-encoded (else 400); Azure's GET /openai/models?api-version
+ * (api-key or an Entra token) {"data":[{id,created_at,status,capabilities,deprecation,
+ * object}],"object":"list"}, plus mock-retired (retired for inference) and
+ * mock-tune-only (cannot infer); Bedrock's ListFoundationModels GET /foundation-models,
+ * its SigV4 signature (GET, service bedrock) verified as InvokeModel's,
+ * {"modelSummaries":[{modelArn,modelId:"anthropic.<id>",modelName,providerName:
+ * "Anthropic",...}]} plus amazon.titan-text-express-v1.
  *
  * The credential of a request is the `Authorization: Bearer X` token, else the
  * `x-api-key` header, else "-". Control endpoints (never counted, any thread):
@@ -388,6 +400,10 @@ typedef struct {
     uint64_t gen;
     int models_anth, models_limit;    /* GET /models: Anthropic's shape, its page size */
     int models_gemini;                /* GET /models: Gemini's shape (x-goog-api-key) */
+    int models_azure, models_bedrock; /* Azure's /openai/models, Bedrock's /foundation-models */
+    char models_pub[16];              /* Vertex's /v1beta1/publishers/<p>/models: p ("" not) */
+    int models_page_size;             /* Google's pageSize (0 none) */
+    int models_offset;                /* Google's pageToken, read back: where the page starts */
     int bedrock;                      /* Bedrock's InvokeModel: AWS errors, an event stream */
     char models_after[128], models_before[128]; /* its cursors ("" none) */
     char qhdr[640]; /* the credential's quota headers ("Name: value\r\n" lines), or "" */
@@ -844,6 +860,7 @@ typedef struct {
     tg_buf_t *b;
     const resp_t *r;
     int index, from, to, total, after_at, before_at;
+    const char *prefix; /* Google's lists: the resource name's prefix */
 } models_walk_t;
 
 static void models_find(const char *id, size_t n, void *ud) {
@@ -883,27 +900,110 @@ static void models_id_at(const char *id, size_t n, void *ud) {
     w->index++;
 }
 
-static void models_put_gemini(const char *id, size_t n, void *ud) {
+/* Google's lists (Gemini's models.list, Vertex's publishers.models.list): the entries
+ * from..to, named <w->prefix><id>. */
+static void models_put_google(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    int i = w->index++;
+    if (i < w->from || i >= w->to)
+        return;
+    tg_buf_t *b = w->b;
+    if (i > w->from)
+        BUF_LIT(b, ",");
+    BUF_LIT(b, "{\"name\":\"");
+    tg_buf_appends(b, w->prefix);
+    tg_buf_append_json_escaped(b, id, n);
+    if (w->r->models_pub[0]) {
+        BUF_LIT(b, "\",\"versionId\":\"001\",\"openSourceCategory\":\"PROPRIETARY\",\"launchStage\":\"GA\"}");
+        return;
+    }
+    BUF_LIT(b, "\",\"displayName\":\"");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"supportedGenerationMethods\":[\"generateContent\",\"countTokens\"]}");
+}
+
+/* Azure OpenAI's models list: the resource's models, each with its capabilities. */
+static void models_put_azure(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    if (w->index++)
+        BUF_LIT(w->b, ",");
+    BUF_LIT(w->b, "{\"status\":\"succeeded\",\"capabilities\":{\"fine_tune\":false,\"inference\":true,"
+                  "\"completion\":false,\"chat_completion\":true,\"embeddings\":false},\"lifecycle_status\":"
+                  "\"generally-available\",\"deprecation\":{\"inference\":4102444800},\"id\":\"");
+    tg_buf_append_json_escaped(w->b, id, n);
+    BUF_LIT(w->b, "\",\"created_at\":1700000000,\"object\":\"model\"}");
+}
+
+/* Bedrock's ListFoundationModels: the Anthropic models as anthropic.<id>. */
+static void models_put_bedrock(const char *id, size_t n, void *ud) {
     models_walk_t *w = ud;
     tg_buf_t *b = w->b;
     if (w->index++)
         BUF_LIT(b, ",");
-    BUF_LIT(b, "{\"name\":\"models/");
+    BUF_LIT(b, "{\"modelArn\":\"arn:aws:bedrock:us-east-1::foundation-model/anthropic.");
     tg_buf_append_json_escaped(b, id, n);
-    BUF_LIT(b, "\",\"displayName\":\"");
+    BUF_LIT(b, "\",\"modelId\":\"anthropic.");
     tg_buf_append_json_escaped(b, id, n);
-    BUF_LIT(b, "\",\"supportedGenerationMethods\":[\"generateContent\",\"countTokens\"]}");
+    BUF_LIT(b, "\",\"modelName\":\"");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"providerName\":\"Anthropic\",\"inputModalities\":[\"TEXT\",\"IMAGE\"],\"outputModalities\":"
+               "[\"TEXT\"],\"responseStreamingSupported\":true,\"customizationsSupported\":[],"
+               "\"inferenceTypesSupported\":[\"ON_DEMAND\"],\"modelLifecycle\":{\"status\":\"ACTIVE\"}}");
 }
 
 static void render_models(conn_t *c) {
     tg_buf_t *b = &c->scratch;
     const resp_t *r = &c->r;
     models_walk_t w = {.b = b, .r = r, .after_at = -1, .before_at = -1};
-    if (r->models_gemini) {
-        /* Gemini's shape, one page (no nextPageToken). */
-        BUF_LIT(b, "{\"models\":[");
-        models_each(0, models_put_gemini, &w);
-        BUF_LIT(b, "]}");
+    if (r->models_gemini || r->models_pub[0]) {
+        /* Google's shape, paged by pageSize (default 50) and the page knob; the
+         * nextPageToken is opaque ("pt/<offset>=", so it must be sent encoded). */
+        char prefix[48];
+        int anth = r->models_pub[0] && !strcmp(r->models_pub, "anthropic");
+        if (r->models_pub[0])
+            snprintf(prefix, sizeof(prefix), "publishers/%s/models/", r->models_pub);
+        else
+            snprintf(prefix, sizeof(prefix), "models/");
+        w.prefix = prefix;
+        models_each(anth, models_find, &w);
+        w.total = w.index;
+        int size = r->models_page_size > 0 ? r->models_page_size : 50;
+        if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
+            size = r->k.v[K_PAGE];
+        w.index = 0;
+        w.from = TG_MIN(r->models_offset, w.total);
+        w.to = w.total - w.from > size ? w.from + size : w.total;
+        tg_buf_printf(b, "{\"%s\":[", r->models_pub[0] ? "publisherModels" : "models");
+        models_each(anth, models_put_google, &w);
+        BUF_LIT(b, "]");
+        if (w.to < w.total)
+            tg_buf_printf(b, ",\"nextPageToken\":\"pt/%d=\"", w.to);
+        BUF_LIT(b, "}");
+        return;
+    }
+    if (r->models_azure) {
+        /* Azure's shape; a model retired for inference and one that cannot infer
+         * (fine-tuning only) are listed too, as Azure lists them. */
+        BUF_LIT(b, "{\"data\":[");
+        models_each(0, models_put_azure, &w);
+        BUF_LIT(b, ",{\"status\":\"succeeded\",\"capabilities\":{\"fine_tune\":false,\"inference\":true,"
+                   "\"completion\":true,\"chat_completion\":false,\"embeddings\":false},\"lifecycle_status\":"
+                   "\"generally-available\",\"deprecation\":{\"fine_tune\":1677662127,\"inference\":1709284527},"
+                   "\"id\":\"mock-retired\",\"created_at\":1646126127,\"object\":\"model\"},"
+                   "{\"status\":\"succeeded\",\"capabilities\":{\"fine_tune\":true,\"inference\":false,"
+                   "\"completion\":false,\"chat_completion\":false,\"embeddings\":false},\"lifecycle_status\":"
+                   "\"generally-available\",\"id\":\"mock-tune-only\",\"created_at\":1646126127,"
+                   "\"object\":\"model\"}],\"object\":\"list\"}");
+        return;
+    }
+    if (r->models_bedrock) {
+        /* Every provider's models; an Amazon one besides the Anthropic ones. */
+        BUF_LIT(b, "{\"modelSummaries\":[");
+        models_each(1, models_put_bedrock, &w);
+        BUF_LIT(b, ",{\"modelArn\":\"arn:aws:bedrock:us-east-1::foundation-model/amazon.titan-text-express-v1\","
+                   "\"modelId\":\"amazon.titan-text-express-v1\",\"modelName\":\"Titan Text G1 - Express\","
+                   "\"providerName\":\"Amazon\",\"inputModalities\":[\"TEXT\"],\"outputModalities\":[\"TEXT\"],"
+                   "\"responseStreamingSupported\":true,\"modelLifecycle\":{\"status\":\"ACTIVE\"}}]}");
         return;
     }
     models_each(r->models_anth, models_find, &w);
@@ -1579,6 +1679,13 @@ static int route(const char *path, size_t n, int method, int *bad_method) {
     const char *dep, *rest;
     size_t dlen, rlen;
     int bst;
+    if ((n == 18 && !memcmp(path, "/foundation-models", 18)) ||
+        (path_segment(path, n, "/v1beta1/publishers/", &dep, &dlen, &rest, &rlen) && rlen == 7 &&
+         !memcmp(rest, "/models", 7))) {
+        /* Bedrock's ListFoundationModels, Vertex's publishers.models.list. */
+        *bad_method = method != HTTP_GET;
+        return API_MODELS;
+    }
     if (route_bedrock(path, n, &dep, &dlen, &bst)) {
         *bad_method = method != HTTP_POST;
         return API_MESSAGES;
@@ -1597,6 +1704,9 @@ static int route(const char *path, size_t n, int method, int *bad_method) {
     if (route_azure(path, n, &dep, &dlen, &rest, &rlen)) {
         path = rest;
         n = rlen;
+    } else if (n == 14 && !memcmp(path, "/openai/models", 14)) {
+        path += 7; /* Azure's models list */
+        n -= 7;
     }
     if (n >= 4 && memcmp(path, "/v1/", 4) == 0) {
         path += 3;
@@ -1686,7 +1796,8 @@ static size_t auth_param(const char *auth, const char *key, const char **v) {
  * received (the canonical URI of its path, its query, the signed headers' values, the
  * body's hash) with the configured secret. NULL when good, else AWS's 403 message; the
  * access key id goes to akid (the request's credential at the mock). */
-static const char *sigv4_check(conn_t *c, const char *url, size_t ulen, size_t plen, char *akid, size_t akcap) {
+static const char *sigv4_check(conn_t *c, const char *method, const char *url, size_t ulen, size_t plen, char *akid,
+                               size_t akcap) {
     static __thread char msg[320];
     const char *auth = hdr_get(c, "authorization");
     if (!auth || strncmp(auth, "AWS4-HMAC-SHA256 ", 17) != 0)
@@ -1788,7 +1899,7 @@ static const char *sigv4_check(conn_t *c, const char *url, size_t ulen, size_t p
     snprintf(query, sizeof(query), "%.*s", plen < ulen ? (int)(ulen - plen - 1) : 0, plen < ulen ? url + plen + 1 : "");
     char phash[65], sig[65];
     tg_sha256_hex(c->body.data ? c->body.data : "", c->body.len, phash);
-    tg_sigv4_t r = {"POST", uri.data, query, h, nh, phash, date, parts[2], "bedrock", g_aws_secret};
+    tg_sigv4_t r = {method, uri.data, query, h, nh, phash, date, parts[2], "bedrock", g_aws_secret};
     tg_sigv4_signature(&r, sig, NULL, NULL);
     tg_buf_free(&uri);
     tg_buf_free(&vals);
@@ -1805,6 +1916,7 @@ static void handle_request(conn_t *c) {
     if (c->closing)
         return;
     r->raw = 0;
+    r->models_pub[0] = '\0';
     c->has_script = 0;
     const char *url = c->url.data ? c->url.data : "/";
     const char *q = memchr(url, '?', c->url.len);
@@ -1943,11 +2055,19 @@ static void handle_request(conn_t *c) {
             err_status = 400;
             err_msg = "mock: anthropic_version: must be bedrock-2023-05-31";
         }
-        const char *why = sigv4_check(c, url, c->url.len, plen, bd_key, sizeof(bd_key));
+        const char *why = sigv4_check(c, "POST", url, c->url.len, plen, bd_key, sizeof(bd_key));
         if (why && (!err_status || err_status == 400)) { /* AWS checks the signature first */
             err_status = 403;
             err_msg = why;
         }
+    }
+    /* Bedrock's control plane: ListFoundationModels, a GET signed for service bedrock. */
+    int bd_list = api == API_MODELS && plen == 18 && !memcmp(url, "/foundation-models", 18);
+    if (bd_list) {
+        r->bedrock = 1; /* AWS's error shape */
+        const char *why = sigv4_check(c, "GET", url, c->url.len, plen, bd_key, sizeof(bd_key));
+        if (why && !err_status)
+            err_status = 403, err_msg = why;
     }
     c->model.len = 0;
     if (!model) {
@@ -1963,7 +2083,8 @@ static void handle_request(conn_t *c) {
     const char *az_dep, *az_rest, *az_key = NULL;
     size_t az_dlen, az_rlen;
     int azure = route_azure(url, plen, &az_dep, &az_dlen, &az_rest, &az_rlen);
-    if (azure) {
+    int az_list = api == API_MODELS && plen == 14 && !memcmp(url, "/openai/models", 14);
+    if (azure || az_list) {
         char ver[64];
         query_get(url, c->url.len, "api-version", ver, sizeof(ver));
         az_key = hdr_get(c, "api-key");
@@ -1974,7 +2095,7 @@ static void handle_request(conn_t *c) {
             err_status = 404;
             err_msg = "mock: Resource not found (an Azure OpenAI call needs ?api-version=)";
         }
-        if (!err_status) {
+        if (!err_status && azure) {
             c->model.len = 0;
             tg_buf_append_json_escaped(&c->model, az_dep, TG_MIN(az_dlen, (size_t)256));
             BUF_LIT(&c->model, "");
@@ -1988,6 +2109,21 @@ static void handle_request(conn_t *c) {
         char lim[16];
         r->models_anth = hdr_get(c, "anthropic-version") != NULL;
         r->models_gemini = goog_key != NULL;
+        r->models_azure = az_list;
+        r->models_bedrock = bd_list;
+        const char *pub, *prest;
+        size_t publen, prlen;
+        if (path_segment(url, plen, "/v1beta1/publishers/", &pub, &publen, &prest, &prlen))
+            snprintf(r->models_pub, sizeof(r->models_pub), "%.*s", (int)TG_MIN(publen, (size_t)15), pub);
+        char ps[16], pt[256];
+        query_get(url, c->url.len, "pageSize", ps, sizeof(ps));
+        r->models_page_size = atoi(ps);
+        query_get(url, c->url.len, "pageToken", pt, sizeof(pt));
+        r->models_offset = 0;
+        if (pt[0] && (sscanf(pt, "pt%%2F%d%%3D", &r->models_offset) != 1 || r->models_offset < 0) && !err_status) {
+            err_status = 400; /* the token as given, percent-encoded: '/' and '=' are not plain */
+            err_msg = "mock: pageToken: not a page token this mock gave (or not percent-encoded)";
+        }
         query_get(url, c->url.len, "limit", lim, sizeof(lim));
         r->models_limit = lim[0] ? atoi(lim) : 20;
         if (r->models_limit < 1 || r->models_limit > 1000)
@@ -2022,7 +2158,7 @@ static void handle_request(conn_t *c) {
         /* An access token this mock issued (tg_mock_identity.c) must be live; Vertex
          * takes nothing else. */
         const char *why = tg_mock_id_check(cred, cred_len);
-        if (!why && vertex && (cred_len < 3 || memcmp(cred, "mt-", 3) != 0))
+        if (!why && (vertex || r->models_pub[0]) && (cred_len < 3 || memcmp(cred, "mt-", 3) != 0))
             why = "mock: Vertex AI needs an OAuth access token (Authorization: Bearer)";
         if (why)
             err_status = 401, err_msg = why;

@@ -460,7 +460,9 @@ void tg_aws_creds_split(const char *credential, tg_aws_creds_t *c) {
     c->token = colon && colon[1] ? colon + 1 : NULL;
 }
 
-void tg_bedrock_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *host, const char *path, const void *body,
+/* Signs one request (content_type NULL: none signed) and appends its header lines. */
+static void aws_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *method, const char *service,
+                     const char *host, const char *path, const char *query, const char *content_type, const void *body,
                      size_t len, time_t now) {
     char date[17], phash[65], sig[65];
     tg_aws_amz_date(now, date);
@@ -471,10 +473,15 @@ void tg_bedrock_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *host, 
     const char *q = strchr(path, '?');
     tg_aws_canonical_uri(&uri, path, q ? (size_t)(q - path) : strlen(path));
     tg_buf_append(&secret, c->secret, c->secret_len);
-    tg_aws_header_t h[4] = {{"content-type", "application/json"}, {"host", host}, {"x-amz-date", date},
-                            {"x-amz-security-token", c->token}};
-    tg_sigv4_t r = {"POST", uri.data, "", h, c->token ? 4 : 3, phash, date, c->region, "bedrock",
-                    secret.data ? secret.data : ""};
+    tg_aws_header_t h[4];
+    size_t nh = 0;
+    if (content_type)
+        h[nh++] = (tg_aws_header_t){"content-type", content_type};
+    h[nh++] = (tg_aws_header_t){"host", host};
+    h[nh++] = (tg_aws_header_t){"x-amz-date", date};
+    if (c->token)
+        h[nh++] = (tg_aws_header_t){"x-amz-security-token", c->token};
+    tg_sigv4_t r = {method, uri.data, query, h, nh, phash, date, c->region, service, secret.data ? secret.data : ""};
     tg_sigv4_signature(&r, sig, NULL, NULL);
     tg_buf_appends(head, "\r\nX-Amz-Date: ");
     tg_buf_appends(head, date);
@@ -488,6 +495,16 @@ void tg_bedrock_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *host, 
         OPENSSL_cleanse(secret.data, secret.len);
     tg_buf_free(&secret);
     tg_buf_free(&uri);
+}
+
+void tg_bedrock_sign(tg_buf_t *head, const tg_aws_creds_t *c, const char *host, const char *path, const void *body,
+                     size_t len, time_t now) {
+    aws_sign(head, c, "POST", "bedrock", host, path, "", "application/json", body, len, now);
+}
+
+void tg_aws_sign_get(tg_buf_t *head, const tg_aws_creds_t *c, const char *service, const char *host, const char *path,
+                     const char *query, time_t now) {
+    aws_sign(head, c, "GET", service, host, path, query ? query : "", NULL, "", 0, now);
 }
 
 /* The string value of the top-level member `key` of a JSON object, as it is written

@@ -131,6 +131,9 @@ static int has_nul_escape(const char *s, size_t n) {
 }
 
 json_t *tg_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err) {
+    json_error_t own;
+    if (!err)
+        err = &own; /* json_error_code reads it */
     json_t *v = json_loadb(buf, len, flags, err);
     if (v || json_error_code(err) != json_error_numeric_overflow)
         return v;
