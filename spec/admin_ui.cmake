@@ -1,8 +1,8 @@
 # Tests of the operator's console (label `admin-ui`). Included by spec/CMakeLists.txt.
 #
 #   unit.console_logic        spec/browser/console_logic.test.mjs: the console's
-#                             arithmetic (metrics rates and quantiles, capacity report,
-#                             CSV) under node:test
+#                             arithmetic (metrics rates and quantiles, the usage
+#                             reports' ranges and queries) under node:test
 #   integration.console_http  spec/browser/console_http.test.mjs: the real binary serving
 #                             the console (headers, CSP, caching, gzip, SPA fallback) and
 #                             the login session (cookie, CSRF, logout) before the admin API
@@ -79,3 +79,14 @@ add_test(NAME browser.providers_console
 set_tests_properties(browser.providers_console PROPERTIES
   ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
   LABELS "providers;admin-ui;browser" TIMEOUT 180 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)
+
+# Issue "usage" (#18, item 3): spec/browser/usage_console.test.mjs — the Usage page
+# (totals, charts, grouped rows a page at a time, the server's CSV export) and the
+# Capacity page (per account and per group, with the rule of the recommendation) show the
+# admin API's reports of the usage rows the test created; no usage row is downloaded.
+add_test(NAME browser.usage_console
+  COMMAND sh -c "${tg_ui_skip_unbuilt}; if [ ! -x /usr/bin/chromium ]; then echo 'skipped: no /usr/bin/chromium (spec/install-deps.sh installs it)'; exit 77; fi; if [ -z \"$TOLLGATE_PG\" ] || [ -z \"$TOLLGATE_REDIS\" ]; then echo 'skipped: needs TOLLGATE_PG and TOLLGATE_REDIS (run spec/run.sh)'; exit 77; fi; exec \"$0\" --test \"$1\""
+          ${TG_NODE} ${tg_ui_dir}/usage_console.test.mjs)
+set_tests_properties(browser.usage_console PROPERTIES
+  ENVIRONMENT "TG_BIN=${CMAKE_BINARY_DIR}/tollgate;TG_UI_BUILT=${tg_ui_built}"
+  LABELS "usage;admin-ui;browser" TIMEOUT 180 SKIP_RETURN_CODE 77 RESOURCE_LOCK redis)

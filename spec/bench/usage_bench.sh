@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage reports at scale (issue #18, item 6), one command:
 #   1. a private Postgres, migrated; 20 tenants, 200 keys, 5 groups of 8 accounts, 6 models;
-#   2. TG_BENCH_ROWS usage rows (default 3,000,000) over the last 30 days, generated in SQL
+#   2. TG_BENCH_ROWS usage rows (default 3,000,000) over the last 30 days (and today up to
+#      now: its hours are not compacted yet, as on a live gateway), generated in SQL
 #      (generate_series into the day partitions, with request ids that carry their start),
 #      each key on 1-2 models and its group's accounts: about 3,500 combinations per hour,
 #      what a busy gateway has; then the rollups rebuilt from them (`tollgate usage
@@ -16,8 +17,15 @@
 # every hour (it does at 3M rows over 30 days here), more rows make the same rollups.
 # Prints Markdown (spec/bench/RESULTS.md, "Usage (#18)").
 #
-# Usage: flock /tmp/tg-bench.lock spec/bench/usage_bench.sh [--quick] [--keep]
+# Usage: flock /tmp/tg-bench.lock spec/bench/usage_bench.sh [--quick] [--keep] [--generate-only] [--reuse DIR]
 #   --quick: 300,000 rows, 5 repetitions, no settlement runs.
+#   --keep: keep the work directory (and its Postgres data) at the end.
+#   --generate-only: stop after the rows are generated, rolled up and compacted (kept;
+#       time the queries later with --reuse).
+#   --reuse DIR: the work directory of an earlier --keep run: its Postgres is started
+#       again and migrated by this binary (so changed report SQL is what is measured),
+#       the generation and rebuild are skipped when its usage rows are there, and the
+#       rollups are compacted (a new day may have ended). Kept at the end.
 set -euo pipefail
 # shellcheck source=spec/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -30,19 +38,31 @@ for a in "$@"; do
     case $a in
     --quick) ROWS=300000 REPS=5 SETTLE=0 ;;
     --keep) KEEP=1 ;;
-    *) echo "usage: $0 [--quick] [--keep]" >&2; exit 2 ;;
+    --generate-only) GENONLY=1 KEEP=1 ;;
+    --reuse) REUSE=next ;;
+    *)
+        if [ "${REUSE:-}" = next ]; then REUSE=$a; continue; fi
+        echo "usage: $0 [--quick] [--keep] [--generate-only] [--reuse DIR]" >&2; exit 2 ;;
     esac
 done
+[ "${REUSE:-}" != next ] || { echo "--reuse needs a directory" >&2; exit 2; }
 need psql timeout
 need_bin
 bench_workdir tg-usage-bench
+if [ -n "${REUSE:-}" ]; then
+    rm -rf "$T"
+    T=$REUSE KEEP=1
+    [ -d "$T/pg/pgdata" ] || { log "$T/pg/pgdata is missing (a --keep run's directory)"; exit 2; }
+fi
 snapshot_bin tollgate
 bench_services pg
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$TOLLGATE_PG" "$@"; }
 echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua"
 "$T/tollgate" migrate -c "$T/tool.lua" >/dev/null
+FRESH=1
+[ -z "${REUSE:-}" ] || [ "$(sql -c "SELECT count(*) > 0 FROM usage_hourly")" != t ] || FRESH=0
 
-sql <<'SQL'
+[ "$FRESH" = 0 ] || sql <<'SQL'
 INSERT INTO groups (name) SELECT 'g' || g FROM generate_series(1, 5) g;
 INSERT INTO tenants (name, balance, opening_balance) SELECT 't' || t, 1000000, 1000000 FROM generate_series(1, 20) t;
 INSERT INTO api_keys (tenant_id, group_id, name, key_hash, prefix, concurrency)
@@ -57,7 +77,7 @@ SELECT 'model-' || m, m * 0.5, m * 2, m * 0.05 FROM generate_series(1, 6) m;
 SQL
 
 # The day partitions of the last 30 days (the migration made yesterday onwards).
-sql -c "SELECT count(tg_partition_create('usage', 'usage_p' || to_char(d, 'YYYYMMDD'), d, d + interval '1 day'))
+[ "$FRESH" = 0 ] || sql -c "SELECT count(tg_partition_create('usage', 'usage_p' || to_char(d, 'YYYYMMDD'), d, d + interval '1 day'))
         FROM generate_series(date_trunc('day', now() AT TIME ZONE 'UTC') - interval '30 days',
                              date_trunc('day', now() AT TIME ZONE 'UTC'), interval '1 day') g,
              LATERAL (SELECT g AT TIME ZONE 'UTC' AS d) x" >/dev/null
@@ -67,15 +87,17 @@ echo ""
 echo "Commit $(git_head), $(date -u '+%Y-%m-%d %H:%M UTC'); $(bench_machine)."
 echo ""
 t0=$(date +%s.%N)
-# One day per statement (a transaction each). Row i of the day: key k (1..200), its tenant
-# and group, one of its group's 8 accounts, one of its 2 models; status 200 mostly, 429
+# One day per statement (a transaction each). Row i of the day: key k (1..200, from i mod
+# 200), its tenant and group, one of its group's 8 accounts (from i / 200 mod 8), one of its
+# 2 models (from i / 1,600 mod 2): 3,200 combinations, each every 3,200 rows; status 200 mostly, 429
 # 2%, 500 1%, 499 1%; ttft 80-2000 ms; tokens and a cost.
 PER_DAY=$((ROWS / 30))
-for d in $(seq 30 -1 1); do
+[ "$FRESH" = 1 ] || log "reusing $T: $(sql -c "SELECT count(*) FROM usage") usage rows, generation and rebuild skipped"
+for d in $( [ "$FRESH" = 0 ] || seq 30 -1 0); do
     sql -c "INSERT INTO usage (request_id, started_at, tenant_id, api_key_id, group_id, account_id, model, input_tokens,
               output_tokens, cache_read_tokens, cost, status, ttft_ms, total_ms, fingerprint, created_at)
             SELECT rid, tg_request_started(rid), (k - 1) / 10 + 1, k, ((k - 1) / 10) % 5 + 1,
-                   (((k - 1) / 10) % 5) * 8 + 1 + (i * 7) % 8, 'model-' || (1 + (k + i % 2) % 6), 100 + i % 900,
+                   (((k - 1) / 10) % 5) * 8 + 1 + (i / 200 * 3) % 8, 'model-' || (1 + (k + i / 1600 % 2) % 6), 100 + i % 900,
                    50 + i % 400, i % 3 * 100, ((100 + i % 900) * 0.000001 + (50 + i % 400) * 0.000004)::numeric(24, 10),
                    CASE WHEN i % 100 < 2 THEN 429 WHEN i % 100 = 2 THEN 500 WHEN i % 100 = 3 THEN 499 ELSE 200 END,
                    CASE WHEN i % 100 >= 2 THEN 80 + (i * 37) % 1920 END, 200 + (i * 53) % 8000, 'bench',
@@ -83,14 +105,17 @@ for d in $(seq 30 -1 1); do
             FROM (SELECT i, 1 + (i * 7919) % 200 AS k,
                          (extract(epoch FROM date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                                   - $d * interval '1 day') * 1000)::bigint + (i::bigint * 86400000 / $PER_DAY) AS ms
-                  FROM generate_series(0, $PER_DAY - 1) i) s,
-                 LATERAL (SELECT lpad(to_hex(ms), 12, '0') || '-' || lpad(to_hex(i), 18, '0') AS rid) r"
+                  FROM generate_series(0::bigint, $PER_DAY - 1) i) s,
+                 LATERAL (SELECT lpad(to_hex(ms), 12, '0') || '-' || lpad(to_hex(i), 18, '0') AS rid) r
+            WHERE ms < extract(epoch FROM now()) * 1000"
 done
 t1=$(date +%s.%N)
 NROWS=$(sql -c "SELECT count(*) FROM usage")
 SIZE=$(sql -c "SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'usage'::regclass")
-"$T/tollgate" usage rebuild -c "$T/tool.lua" >"$T/rebuild.out"
+[ "$FRESH" = 0 ] || "$T/tollgate" usage rebuild -c "$T/tool.lua" >"$T/rebuild.out"
 t2=$(date +%s.%N)
+if [ "$FRESH" = 1 ]; then echo "$t0 $t1 $t2" >"$T/gen.times"; else read -r t0 t1 t2 <"$T/gen.times"; fi
+t2c=$(date +%s.%N)
 sql -c "SELECT tg_usage_compact()" >/dev/null
 t3=$(date +%s.%N)
 sql -c "VACUUM ANALYZE usage_hourly, usage_daily, usage_capacity_hourly, usage_days_compacted" >/dev/null
@@ -98,9 +123,10 @@ HOURLY=$(sql -c "SELECT count(*) FROM usage_hourly")
 DAILY=$(sql -c "SELECT count(*) FROM usage_daily")
 PERHOUR=$(sql -c "SELECT round(avg(n)) FROM (SELECT count(*) n FROM usage_hourly GROUP BY hour) x")
 echo "- $NROWS usage rows over 30 days ($SIZE with indexes), generated in SQL in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f", b-a}') s;"
-echo "  rollups rebuilt from them in $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.0f", b-a}') s, compacted in $(awk -v a="$t2" -v b="$t3" 'BEGIN{printf "%.1f", b-a}') s:"
+echo "  rollups rebuilt from them in $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.0f", b-a}') s, compacted in $(awk -v a="$t2c" -v b="$t3" 'BEGIN{printf "%.1f", b-a}') s:"
 echo "  $HOURLY hourly rows ($PERHOUR combinations per hour), $DAILY daily rows."
 echo ""
+[ -z "${GENONLY:-}" ] || exit 0
 
 FROM=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') - interval '14 days', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
 TO=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') + interval '1 hour', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")

@@ -1,15 +1,14 @@
 // The console's arithmetic, without a browser: what the dashboard derives from GET
-// /metrics (rates, error shares, histogram quantiles, restarts), the capacity report
-// from usage rows, and the CSV export. These modules are the ones the console bundles
+// /metrics (rates, error shares, histogram quantiles, restarts) and the ranges and
+// queries of the usage reports (computed by the server). These modules are the ones the console bundles
 // (admin-ui/src/*.js), imported as they are.
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { capacityReport, listValue, quantile } from '../../admin-ui/src/capacity.js';
-import { csvCell, toCsv, USAGE_COLUMNS } from '../../admin-ui/src/csv.js';
 import { histogramQuantile, parsePrometheus, ratePoint, refusalRows, summarize } from '../../admin-ui/src/metrics.js';
 import { money } from '../../admin-ui/src/format.js';
+import { dayBound, nextDay, presetRange, reportQuery, seriesOf } from '../../admin-ui/src/usage.js';
 
 const close = (a, b, eps = 1e-9, what = '') => assert.ok(Math.abs(a - b) <= eps, `${what}: ${a} != ${b}`);
 
@@ -81,72 +80,16 @@ test('ratePoint skips an interval in which the gateway restarted', () => {
   assert.equal(ratePoint(a, a), null, 'no time passed');
 });
 
-test('listValue prices like billing: reasoning is part of output, priced apart when set', () => {
-  const row = { input_tokens: 1_000_000, output_tokens: 500_000, reasoning_tokens: 100_000, cache_read_tokens: 200_000, cache_write_tokens: null };
-  const p = { input: 0.15, output: 0.6, cache_read: 0.075, cache_write: 0.3, reasoning: null };
-  close(listValue(row, p), 0.15 + 0.5 * 0.6 + 0.2 * 0.075, 1e-12, 'reasoning as output');
-  close(listValue(row, { ...p, reasoning: 2 }), 0.15 + 0.4 * 0.6 + 0.1 * 2 + 0.2 * 0.075, 1e-12, 'reasoning priced');
-  assert.equal(listValue(row, undefined), 0, 'no price');
-});
-
-test('quantile uses the nearest rank', () => {
-  const v = Array.from({ length: 100 }, (_, i) => i + 1);
-  assert.equal(quantile(v, 0.95), 95);
-  assert.equal(quantile([5], 0.95), 5);
-  assert.equal(quantile([], 0.95), null);
-});
-
-test('capacityReport: value, success rate, 429 share, P95 TTFT, utilisation per account, window', () => {
-  const now = Date.parse('2026-11-20T12:00:00Z');
-  const at = (daysAgo) => new Date(now - daysAgo * 86400e3).toISOString();
-  const accounts = [
-    { id: 1, name: 'a', concurrency: 2, status: 'active' },
-    { id: 2, name: 'b', concurrency: 1, status: 'active' },
-    { id: 3, name: 'idle', concurrency: 4, status: 'disabled' },
-  ];
-  const prices = [{ model: 'm', input: 1, output: 2, cache_read: 0, cache_write: 0, reasoning: null }];
-  const rows = [];
-  for (let i = 0; i < 18; i++) rows.push({ account_id: 1, model: 'm', status: 200, input_tokens: 1e6, output_tokens: 0, ttft_ms: 100 + i, total_ms: 3600e3, created_at: at(1) });
-  rows.push({ account_id: 1, model: 'm', status: 429, input_tokens: null, output_tokens: null, ttft_ms: null, total_ms: 10, created_at: at(2) });
-  rows.push({ account_id: 1, model: 'm', status: 502, input_tokens: 5e6, output_tokens: 0, ttft_ms: 9999, total_ms: 10, created_at: at(2) });
-  rows.push({ account_id: 2, model: 'x', status: 200, input_tokens: 10, output_tokens: 10, ttft_ms: 50, total_ms: 10, created_at: at(3) });
-  rows.push({ account_id: 2, model: 'm', status: 200, input_tokens: 1e6, output_tokens: 1e6, ttft_ms: 50, total_ms: 10, created_at: at(10) });
-
-  const r7 = capacityReport(rows, { accounts, prices, days: 7, now });
-  assert.deepEqual(r7.map((r) => r.name), ['a', 'b', 'idle'], 'by value, idle accounts listed');
-  const a = r7[0];
-  assert.equal(a.requests, 20);
-  assert.equal(a.successes, 18);
-  close(a.successRate, 18 / 20, 1e-12, 'success rate');
-  close(a.share429, 1 / 20, 1e-12, '429 share');
-  close(a.value, 18 * 1, 1e-9, 'only successful tokens are valued');
-  assert.equal(a.p95TtftMs, 117, 'P95 of successful requests only');
-  close(a.utilisation, (18 * 3600e3 + 20) / (7 * 86400e3 * 2), 1e-12, 'utilisation');
-  const b = r7[1];
-  assert.equal(b.requests, 1, 'the 10-day-old row is outside 7 days');
-  assert.deepEqual(b.unpricedModels, ['x']);
-  assert.equal(b.value, 0);
-  assert.equal(r7[2].requests, 0);
-  assert.equal(r7[2].successRate, null);
-
-  const r14 = capacityReport(rows, { accounts, prices, days: 14, now });
-  const b14 = r14.find((r) => r.name === 'b');
-  assert.equal(b14.requests, 2);
-  close(b14.value, 1 + 2, 1e-9, 'value in 14 days');
-});
-
-test('toCsv quotes what needs quoting and defuses spreadsheet formulas', () => {
-  assert.equal(csvCell(null), '');
-  assert.equal(csvCell('a,b'), '"a,b"');
-  assert.equal(csvCell('say "hi"'), '"say ""hi"""');
-  assert.equal(csvCell('=HYPERLINK("x")'), `"'=HYPERLINK(""x"")"`);
-  assert.equal(csvCell(-5), '-5', 'numbers are not formulas');
-  const csv = toCsv([{ id: 1, model: 'gpt-4o-mini', cost: 0.0001, request_id: 'r\n1' }]);
-  const [head, row] = csv.split('\r\n');
-  assert.equal(head, USAGE_COLUMNS.join(','));
-  assert.ok(row.startsWith('1,'));
-  assert.ok(csv.includes('"r\n1"'));
-  assert.ok(csv.endsWith('\r\n'));
+test('usage reports: presets end at the next whole UTC hour, custom days are [from, to + 1 day), queries keep group_by', () => {
+  const now = Date.parse('2026-11-20T12:34:56.789Z');
+  assert.deepEqual(presetRange(24, now), { from: '2026-11-19T13:00:00Z', to: '2026-11-20T13:00:00Z' });
+  assert.deepEqual(presetRange(14 * 24, now), { from: '2026-11-06T13:00:00Z', to: '2026-11-20T13:00:00Z' });
+  assert.equal(dayBound('2026-11-30'), '2026-11-30T00:00:00Z');
+  assert.equal(dayBound('30.11.2026'), '');
+  assert.equal(nextDay('2026-11-30'), '2026-12-01');
+  assert.equal(reportQuery({ from: 'a', to: 'b', groupBy: '', filters: { tenant_id: '', model: ' m ' }, limit: 100 }), 'from=a&to=b&group_by=&model=m&limit=100');
+  const s = seriesOf([{ hour: '2026-11-20T10:00:00Z', requests: 3, successes: 2, cost: '0.5' }, { day: '2026-11-21', requests: 1, successes: 1, cost: 0 }]);
+  assert.deepEqual(s, { xs: [Date.parse('2026-11-20T10:00:00Z') / 1000, Date.parse('2026-11-21T00:00:00Z') / 1000], ok: [2, 1], bad: [1, 0], cost: [0.5, 0] });
 });
 
 test('money shows what is stored: at least 2 decimals, every further non-zero digit, no float rounding', () => {

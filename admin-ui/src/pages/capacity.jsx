@@ -1,39 +1,57 @@
-// The capacity report per account over 7 or 14 days: equivalent value of the tokens it
-// served at list price, success rate, P95 time to first token, share of 429s, and
-// utilisation. Computed here from usage rows (see capacity.js for what is approximate).
-import { useMemo, useRef, useState } from 'preact/hooks';
+// The capacity report per upstream account or per group over the last 7 or 14 days, as
+// the gateway computes it from its rollups (GET /admin/api/v1/usage/capacity): equivalent
+// value at list price, success rate, P95 time to first token, 429 share, utilisation,
+// reset-window use of subscription accounts, and the recommended concurrency (accounts)
+// or oversubscription (groups) with the rule that produced it. The chart is the time in
+// flight per day of the five accounts of most value (usage/report by day and account).
+import { useState } from 'preact/hooks';
 
-import { api, listAll } from '../api.js';
+import { api } from '../api.js';
+import { Chart } from '../chart.jsx';
 import { Empty, ErrorBox, Notice, PageHead, Spinner, useLoad } from '../components.jsx';
-import { capacityReport } from '../capacity.js';
 import { money, ms, num, pct } from '../format.js';
+import { presetRange, reportQuery } from '../usage.js';
+
+const TOP = 5;
+const iso = (t) => new Date(t).toISOString().replace('.000Z', 'Z');
 
 export function Capacity() {
-  const [days, setDays] = useState(7);
-  const [progress, setProgress] = useState(0);
-  const ctl = useRef(null);
+  const [days, setDays] = useState(14);
+  const [by, setBy] = useState('account');
   const { data, error, loading, reload } = useLoad(async () => {
-    ctl.current?.abort();
-    const c = new AbortController();
-    ctl.current = c;
-    setProgress(0);
-    const now = Date.now();
-    const from = new Date(now - 14 * 86400e3).toISOString();
-    const [accounts, prices, rows] = await Promise.all([
-      listAll('/accounts'),
-      listAll('/prices'),
-      listAll('/usage', { query: { from }, limit: 1000, maxRows: 200000, signal: c.signal, onProgress: setProgress }),
+    const range = presetRange(days * 24);
+    const [cap, perDay] = await Promise.all([
+      api.get(`/usage/capacity?from=${range.from}&to=${range.to}&by=${by}`),
+      api.get(`/usage/report?${reportQuery({ ...range, groupBy: `day,${by}`, limit: 1000 })}`),
     ]);
-    return { accounts, prices, rows, now };
-  });
+    return { cap, perDay: perDay.data };
+  }, [days, by]);
 
-  const report = useMemo(() => (data ? capacityReport(data.rows, { ...data, days }) : []), [data, days]);
-  const totalValue = report.reduce((s, r) => s + r.value, 0);
-  const unpriced = [...new Set(report.flatMap((r) => r.unpricedModels))];
+  const rows = data?.cap.data || [];
+  const idKey = by === 'group' ? 'group_id' : 'account_id';
+  const totalValue = rows.reduce((s, r) => s + Number(r.list_value), 0);
+  // The chart: mean requests in flight per day (time in flight ÷ 24 h) of the top entries.
+  const top = [...rows].sort((a, b) => Number(b.list_value) - Number(a.list_value)).slice(0, TOP);
+  const days0 = [...new Set((data?.perDay || []).map((r) => r.day))].sort();
+  const xs = days0.map((d) => Date.parse(`${d}T00:00:00Z`) / 1000);
+  const series = top.map((r) => r.name || (r[idKey] == null ? '(none)' : `${by} ${r[idKey]}`));
+  const ys = top.map((r) =>
+    days0.map((d) => {
+      const x = (data?.perDay || []).find((p) => p.day === d && (by === 'group' ? p.group_id : p.account_id) === r[idKey]);
+      return x ? Number(x.busy_ms) / 86400e3 : 0;
+    }),
+  );
 
   return (
     <div>
-      <PageHead title="Capacity" sub="Per upstream account: what it served, how well, and how busy it was.">
+      <PageHead title="Capacity" sub="Per upstream account or group: what it served, how well, how busy it was, and what it can take.">
+        <div class="segmented" role="group" aria-label="report per">
+          {['account', 'group'].map((b) => (
+            <button key={b} type="button" class={b === by ? 'active' : ''} aria-pressed={b === by} onClick={() => setBy(b)}>
+              per {b}
+            </button>
+          ))}
+        </div>
         <div class="segmented" role="group" aria-label="window">
           {[7, 14].map((d) => (
             <button key={d} type="button" class={d === days ? 'active' : ''} aria-pressed={d === days} onClick={() => setDays(d)}>
@@ -46,70 +64,137 @@ export function Capacity() {
         </button>
       </PageHead>
       <ErrorBox error={error} onRetry={reload} />
-      {loading && <Spinner label={`Reading usage rows of the last 14 days… ${num(progress)} so far`} />}
+      {loading && <Spinner label="Asking the gateway for the capacity report…" />}
       {data && !loading && (
         <>
-          <Notice kind="info">
-            Computed in the browser from {num(data.rows.length)} usage rows (the admin API has no per-account summary). Approximate:
-            values use today's list prices; a request is counted on the account that answered it last, so 429s that were retried on
-            another account are not visible; unknown token counts count as zero; utilisation is request time ÷ (window × concurrency
-            limit), an average, not a peak.
-          </Notice>
-          {unpriced.length > 0 && (
-            <Notice kind="warn">
-              No list price for {unpriced.join(', ')}: their tokens are valued at zero. Add prices on the Prices page.
-            </Notice>
-          )}
-          {report.length ? (
+          <p class="hint" data-testid="capacity-range">
+            From {iso(data.cap.from)} to {iso(data.cap.to)}, {num(data.cap.hours)} hours, computed by the gateway from its hourly rollups.{' '}
+            {data.cap.ttft_error}.
+          </p>
+          {!data.cap.basis_ok && <Notice kind="warn">Less than 7 days: the recommendation rests on a short basis.</Notice>}
+          {rows.length ? (
             <>
-              <div class="table-wrap">
+              {xs.length > 0 && (
+                <div class="charts">
+                  <Chart
+                    testid="capacity-chart"
+                    title={`Requests in flight per day (mean), the ${top.length} ${by}s of most value`}
+                    series={series.map((label) => ({ label }))}
+                    data={[xs, ...ys]}
+                    bars={xs.length < 3}
+                    xPad={43200}
+                    yMin={0.01}
+                    yFmt={(v) => v.toFixed(v < 10 ? 2 : 0)}
+                  />
+                </div>
+              )}
+              <div class="table-wrap" tabIndex={0} role="region" aria-label="capacity report">
                 <table class="compact" data-testid="capacity-table">
                   <thead>
                     <tr>
-                      <th>account</th>
+                      <th>{by}</th>
+                      <th class="num">concurrency</th>
                       <th class="num">requests</th>
                       <th class="num">equivalent value</th>
                       <th class="num">share</th>
                       <th class="num">success rate</th>
                       <th class="num">P95 TTFT</th>
                       <th class="num">429 share</th>
-                      <th class="num">tokens</th>
                       <th class="num">utilisation</th>
+                      <th class="num">in flight P95</th>
+                      {by === 'account' ? (
+                        <>
+                          <th>reset windows</th>
+                          <th class="num">recommended concurrency</th>
+                        </>
+                      ) : (
+                        <>
+                          <th class="num">sold</th>
+                          <th class="num">oversubscription</th>
+                          <th class="num">recommended oversubscription</th>
+                        </>
+                      )}
                     </tr>
                   </thead>
                   <tbody>
-                    {report.map((r) => (
-                      <tr key={String(r.accountId)}>
-                        <td>
-                          <strong>{r.name}</strong>
+                    {rows.map((r) => (
+                      <tr key={String(r[idKey])} data-id={String(r[idKey] ?? 'none')}>
+                        <td data-col="name">
+                          <strong>{r.name || (r[idKey] == null ? (by === 'account' ? '(static upstream)' : '(no group)') : `${by} ${r[idKey]}`)}</strong>
+                          {r.kind === 'subscription' && <span class="muted"> subscription</span>}
                           {r.status === 'disabled' && <span class="muted"> (disabled)</span>}
                         </td>
-                        <td class="num">{num(r.requests)}</td>
-                        <td class="num">{money(r.value)}</td>
+                        <td class="num" data-col="concurrency">
+                          {num(r.concurrency)}
+                        </td>
+                        <td class="num" data-col="requests">
+                          {num(r.requests)}
+                        </td>
+                        <td class="num" data-col="value">
+                          {money(r.list_value)}
+                        </td>
                         <td class="num share">
                           {totalValue > 0 ? (
                             <>
-                              <span class="bar" style={{ width: `${Math.round((60 * r.value) / totalValue)}px` }} />
-                              {pct(r.value / totalValue, 0)}
+                              <span class="bar" style={{ width: `${Math.round((60 * Number(r.list_value)) / totalValue)}px` }} />
+                              {pct(Number(r.list_value) / totalValue, 0)}
                             </>
                           ) : (
                             '—'
                           )}
                         </td>
-                        <td class={`num ${r.successRate != null && r.successRate < 0.95 ? 'bad' : ''}`}>{pct(r.successRate)}</td>
-                        <td class="num">{ms(r.p95TtftMs)}</td>
-                        <td class={`num ${r.share429 > 0.05 ? 'bad' : ''}`}>{pct(r.share429)}</td>
-                        <td class="num">{num(r.tokens)}</td>
-                        <td class="num">{r.utilisation == null ? '—' : pct(r.utilisation, 2)}</td>
+                        <td class={`num ${r.success_rate != null && r.success_rate < 0.95 ? 'bad' : ''}`} data-col="success_rate">
+                          {pct(r.success_rate)}
+                        </td>
+                        <td class="num" data-col="ttft_p95">
+                          {ms(r.ttft_p95_ms)}
+                        </td>
+                        <td class={`num ${r.share_429 > 0.05 ? 'bad' : ''}`} data-col="share_429">
+                          {pct(r.share_429)}
+                        </td>
+                        <td class="num" data-col="utilisation">
+                          {r.utilisation == null ? '—' : pct(r.utilisation, 2)}
+                        </td>
+                        <td class="num" data-col="in_flight">
+                          {num(r.in_flight.p95, 3)}
+                        </td>
+                        {by === 'account' ? (
+                          <>
+                            <td data-col="reset_windows">
+                              {r.reset_windows
+                                ? `${num(r.reset_windows.used)} of ${num(r.reset_windows.windows)} × ${r.reset_windows.window_hours} h used, peak ${num(r.reset_windows.peak_tokens)} tokens`
+                                : '—'}
+                            </td>
+                            <td class="num" data-col="recommended">
+                              <strong>{num(r.recommended_concurrency)}</strong>
+                            </td>
+                          </>
+                        ) : (
+                          <>
+                            <td class="num" data-col="sold">
+                              {r.sold_concurrency == null ? 'unbounded' : num(r.sold_concurrency)}
+                            </td>
+                            <td class="num" data-col="oversubscription">
+                              {r.oversubscription == null ? '—' : `${num(r.oversubscription, 2)}×`}
+                            </td>
+                            <td class="num" data-col="recommended">
+                              <strong>{r.recommended_oversubscription == null ? '—' : `${num(r.recommended_oversubscription, 2)}×`}</strong>
+                            </td>
+                          </>
+                        )}
                       </tr>
                     ))}
                   </tbody>
                 </table>
               </div>
+              <p class="rule" data-testid="capacity-rule">
+                <strong>Rule:</strong> {data.cap.rule}. Utilisation is time in flight ÷ (window × concurrency); equivalent value is
+                the successful requests' tokens at list price.
+              </p>
             </>
           ) : (
-            <Empty title="No accounts and no usage yet.">
-              Add upstream accounts on the Accounts page; once requests are billed, this report shows what each served.
+            <Empty title="No usage in this window.">
+              Once requests are billed, this report shows what each {by} served. Add upstream accounts on the Accounts page.
             </Empty>
           )}
         </>

@@ -83,6 +83,7 @@ struct tg_billing_s {
     uint64_t pg_down_until; /* after a failed batch: straight to the spool until then */
     int leader;             /* this worker holds the reconciler lock */
     uint64_t partitions_due; /* next tg_partitions_ensure by the reconciler (tg_now_ms) */
+    uint64_t compact_due;    /* next tg_usage_compact by the reconciler (tg_now_ms) */
     int stopping;           /* draining for shutdown: no new reconciler pass */
     int lock_released;      /* the lock's release was answered (or failed) */
     int scanning;           /* a scan of {t:*}:holds is under way */

@@ -325,6 +325,14 @@ static void partitions_cb(void *ud, const PGresult *res, const char *err) {
         tg_log_info("billing: %s usage/ledger partition(s) made ahead", PQgetvalue(res, 0, 0));
 }
 
+static void compact_cb(void *ud, const PGresult *res, const char *err) {
+    (void)ud;
+    if (err)
+        tg_log_warn("billing: compacting the usage rollups failed: %s", err);
+    else if (PQntuples(res) == 1 && atoi(PQgetvalue(res, 0, 0)) > 0)
+        tg_log_info("billing: %s hour(s) and day(s) of usage rollups compacted", PQgetvalue(res, 0, 0));
+}
+
 static void lock_cb(void *ud, redisReply *r, const char *err) {
     tg_billing_t *b = ud;
     if (err || !r || r->type != REDIS_REPLY_INTEGER || b->stopping)
@@ -339,6 +347,13 @@ static void lock_cb(void *ud, redisReply *r, const char *err) {
          * rows through the DEFAULT partition until it is made. */
         b->partitions_due = tg_now_ms() + 3600 * 1000;
         tg_pg_query(tg_state_pg(b->st), "SELECT tg_partitions_ensure(7)", 0, NULL, partitions_cb, b);
+    }
+    if (tg_now_ms() >= b->compact_due) {
+        /* The hours and days that are over folded into the coarse and daily rollups the
+         * reports read (sql/0014_usage_coarse.sql), every 10 minutes: one query that
+         * finds nothing to do in two index probes between hours. */
+        b->compact_due = tg_now_ms() + 600 * 1000;
+        tg_pg_query(tg_state_pg(b->st), "SELECT tg_usage_compact()", 0, NULL, compact_cb, b);
     }
     char now[32];
     snprintf(now, sizeof(now), "%llu", (unsigned long long)tg_wall_ms());
