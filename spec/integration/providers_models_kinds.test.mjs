@@ -24,7 +24,7 @@ const OA_IDS = ['mock-gpt', 'mock-claude', 'mock-embed', ...EXTRA];
 const AKID = 'AKIDEXAMPLE';
 const SECRET = 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY';
 const EMAIL = 'lister@proj-1.iam.gserviceaccount.com';
-const KINDS = ['az', 'azm', 'bd', 'vx', 'en', 'oo', 'ao', 'broken', 'garbled', 'partial'];
+const KINDS = ['az', 'azm', 'bd', 'vx', 'en', 'oo', 'oo2', 'ao', 'broken', 'garbled', 'partial'];
 
 let mock, db, gw;
 const keys = Object.fromEntries(KINDS.map((k) => [k, plainKey(`k-${k}`)]));
@@ -70,7 +70,7 @@ before(async () => {
       { name: 'vx', provider: 'vertex', auth: 'service_account', base_url: mock.url, credential: sa, groups: ['g-vx'],
         settings: { project: 'proj-1', region: 'us-east5' } },
       az('en', 'entra-secret', ['g-en'], { auth: 'entra', settings: { tenant_id: 'tenant-1', client_id: 'app-1', authority: mock.url } }),
-      { name: 'oo', provider: 'openai', auth: 'oauth', base_url: `${mock.url}/v1`, credential: 'rt-oa', groups: ['g-oo'], settings: oauth },
+      { name: 'oo', provider: 'openai', auth: 'oauth', base_url: `${mock.url}/v1`, credential: 'rt-oa', groups: ['g-oo', 'g-oo2'], settings: oauth },
       { name: 'ao', provider: 'anthropic', auth: 'oauth', base_url: `${mock.url}/v1`, credential: 'rt-an', groups: ['g-ao'], settings: oauth },
       // Higher priority than bd in g-partial: its failure leaves bd's list.
       az('broken', 'az-broken', ['g-broken', 'g-partial'], { priority: 10 }),
@@ -211,4 +211,19 @@ test('an upstream that fails: 502 in the client\'s shape saying why; the worker 
   // Still serving.
   const az = await listAll((await openai('az')).models.list());
   assert.equal(az.length, OA_IDS.length);
+});
+
+test('a token the upstream no longer takes: one renewal, the list asked once more (last: it resets the mock)', async () => {
+  await listAll((await openai('oo')).models.list()); // the account holds a token (cached list)
+  // The issuer forgets every token it gave out; the refresh token is live again.
+  await mock.reset();
+  await mockIdentity({ lifetime_ms: 600000, refresh_tokens: ['rt-oa'] });
+  // Another group with the same account: not cached, asked with the forgotten token.
+  const models = await listAll((await openai('oo2')).models.list());
+  assert.deepEqual(models.map((m) => m.id), OA_IDS);
+  const id = await mockIdentity();
+  assert.equal(id.unknown_presented, 1, 'the old token refused once');
+  assert.equal(id.by_grant.refresh_token, 1, 'renewed once');
+  assert.equal((await mock.stats()).total, 2, 'the 401, then the list');
+  assert.match((await mock.last()).headers.authorization, /^Bearer mt-/);
 });
