@@ -21,6 +21,10 @@
 #   spec/bench/policy_bench.sh [SECONDS] [ROUNDS]     (defaults 4 and 5)
 #   spec/bench/policy_bench.sh --callgrind             instructions per request instead
 #
+# TG_BENCH_VARIANTS="off shadow ..." runs only those variants (off first, the baseline);
+# TG_BENCH_CG_KEEP=DIR keeps each variant's callgrind output there (DIR/cg.VARIANT.1)
+# for callgrind_annotate --inclusive=yes.
+#
 # --callgrind: each variant in turn under valgrind --tool=callgrind (all threads, the
 # capture's writer included), warmed with 1 s of wrk -c8, counters zeroed, 4 s of
 # wrk -c8, dumped: instructions per request, which a loaded machine does not move.
@@ -84,6 +88,7 @@ EOT
 "$BIN" apply -c "$T/tool.lua" "$T/state.lua" >/dev/null
 
 VARIANTS=(off cap1 cap100 shadow cap1shadow shadow10 cap1shadow10)
+if [ -n "${TG_BENCH_VARIANTS:-}" ]; then read -r -a VARIANTS <<<"$TG_BENCH_VARIANTS"; fi
 declare -A RATE=([off]=0 [cap1]=0.01 [cap100]=1 [shadow]=0 [cap1shadow]=0.01 [shadow10]=0 [cap1shadow10]=0.01)
 declare -A KEYV=([off]=plain [cap1]=plain [cap100]=plain [shadow]=shadow [cap1shadow]=shadow [shadow10]=shadow10
     [cap1shadow10]=shadow10)
@@ -151,6 +156,7 @@ if [ $CALLGRIND = 1 ]; then
         per=$((ir / n))
         [ $base = 0 ] && base=$per
         awk -v l="${LABEL[$v]}" -v n="$n" -v p="$per" -v b="$base" 'BEGIN { printf "| %s | %d | %d | %+.1f%% |\n", l, n, p, (p - b) / b * 100 }'
+        if [ -n "${TG_BENCH_CG_KEEP:-}" ]; then mkdir -p "$TG_BENCH_CG_KEEP" && cp "$T"/cg.$v.1 "$TG_BENCH_CG_KEEP/"; fi
         rm -f "$T"/cg.$v*
     done
     exit 0

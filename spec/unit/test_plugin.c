@@ -849,6 +849,95 @@ TG_TEST(plugin, shadow_plugins_decide_nothing_and_run_on_their_sample) {
     stop(pl, &loop);
 }
 
+/* The newest disagreement sample of the status document, or "". */
+static void last_disagreement(char *out, size_t n) {
+    char *doc = tg_plugins_status_json();
+    json_t *root = json_loads(doc, 0, NULL);
+    free(doc);
+    json_t *a = json_object_get(json_object_get(root, "shadow"), "disagreements");
+    size_t k = json_array_size(a);
+    snprintf(out, n, "%s", k ? json_string_value(json_array_get(a, k - 1)) : "");
+    json_decref(root);
+}
+
+static const char judge_policy[] =
+    "return { name = 'judge', priority = 1, version = '1',\n"
+    "  on_request = function(ctx) return ctx:reject(429, 'judged', 'no') end,\n"
+    "  map_model = function(ctx) ctx:set_model('judge-model') end,\n"
+    "  select_account = function(ctx) ctx:select(3) end,\n"
+    "  on_upstream_error = function(ctx) ctx:retry('other', 5) end,\n"
+    "  on_limiter_down = function(ctx) ctx:limiter('open', 'money') end,\n"
+    "  price = function(ctx) ctx:set_cost(7) end }\n";
+
+/* A disagreement is kept in words (request, group, hook, the live decision, the shadow
+ * plugin and its decision) for every hook; each is copied raw on the request and worded
+ * when the status is read, the newest 32 kept. */
+TG_TEST(plugin, shadow_disagreements_are_kept_in_words) {
+    make_dir();
+    write_file("stamp/handler.lua", stamp_plugin);
+    write_file("stamp/schema.lua", stamp_schema);
+    write_file("judge.lua", judge_policy);
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{{name = 'stamp', config = {prefix = 'g/'}}}", &loop);
+    const char *setting = "{\"judge\":{\"mode\":\"shadow\"}}";
+    char text[600];
+    tg_hookctx_t r;
+    group_req(pl, &r, 9, setting);
+    memcpy(r.group, "blue", 5);
+    r.group_len = 4;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &r), TG_OK);
+    last_disagreement(text, sizeof(text));
+    ASSERT_EQ_STR(text, "request req-1, group blue, on_request: live model m, group blue; shadow judge: reject 429 judged");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r), TG_OK);
+    last_disagreement(text, sizeof(text));
+    ASSERT_EQ_STR(text, "request req-1, group blue, map_model: live model g/m, group blue; shadow judge: model "
+                        "judge-model, group blue");
+    tg_ffi_account_t a[3] = {
+        {.id = "acct-a", .id_len = 6, .region = "us", .region_len = 2, .priority = 5},
+        {.id = "acct-b", .id_len = 6, .region = "eu", .region_len = 2, .priority = 1},
+        {.id = "acct-c", .id_len = 6, .region = "eu", .region_len = 2, .priority = 1},
+    };
+    r.accounts = a;
+    r.naccounts = 3;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_SELECT_ACCOUNT, &r), TG_OK);
+    ASSERT_EQ_INT(r.selected, -1); /* no live plugin: the core takes its first candidate */
+    last_disagreement(text, sizeof(text));
+    ASSERT_EQ_STR(text, "request req-1, group blue, select_account: live account acct-a; shadow judge: account acct-c");
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_UPSTREAM_ERROR, &r), TG_OK);
+    ASSERT_EQ_INT(r.retry_action, TG_RETRY_GIVE_UP);
+    last_disagreement(text, sizeof(text));
+    ASSERT_EQ_STR(text, "request req-1, group blue, on_upstream_error: live give up; shadow judge: retry other");
+    r.limits = TG_LIMIT_RATE | TG_LIMIT_MONEY;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_LIMITER_DOWN, &r), TG_OK);
+    last_disagreement(text, sizeof(text));
+    ASSERT_EQ_STR(text, "request req-1, group blue, on_limiter_down: live rate default, money default; shadow judge: "
+                        "rate default, money open");
+    r.usage_known = 3;
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_PRICE, &r), TG_OK);
+    last_disagreement(text, sizeof(text));
+    ASSERT_EQ_STR(text, "request req-1, group blue, price: live cost 0 nano-USD; shadow judge: cost 7 nano-USD");
+    tg_plugins_end(pl, &r);
+    /* The newest 32, oldest first. */
+    for (int i = 0; i < 40; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "req-n%d", i);
+        group_req(pl, &r, 9, setting);
+        r.request_id = id;
+        r.request_id_len = strlen(id);
+        tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &r);
+        tg_plugins_end(pl, &r);
+    }
+    char *doc = tg_plugins_status_json();
+    json_t *root = json_loads(doc, 0, NULL);
+    free(doc);
+    json_t *all = json_object_get(json_object_get(root, "shadow"), "disagreements");
+    ASSERT_EQ_INT(json_array_size(all), 32);
+    ASSERT(strncmp(json_string_value(json_array_get(all, 0)), "request req-n8, ", 16) == 0);
+    ASSERT(strncmp(json_string_value(json_array_get(all, 31)), "request req-n39, ", 17) == 0);
+    json_decref(root);
+    stop(pl, &loop);
+}
+
 TG_TEST(plugin, group_settings_are_validated_naming_the_field) {
     make_dir();
     write_file("stamp/handler.lua", stamp_plugin);

@@ -778,43 +778,57 @@ static int same_decision(int hook, const tg_hookctx_t *live, const tg_hookctx_t 
     }
 }
 
-/* A decision in a few words, for the disagreement samples. */
-static void describe(int hook, const tg_hookctx_t *c, int has_live, char *out, size_t n) {
-    static const char *const act[] = {"give up", "retry same", "retry other"};
-    static const char *const lim[] = {"closed", "open", "local"};
-    if (c->reject_status && hook <= TG_HOOK_SELECT_ACCOUNT) {
-        snprintf(out, n, "reject %d %s", c->reject_status, c->reject_code);
+/* Copies at most cap - 1 bytes of p and a NUL. */
+static void copy_str(char *dst, size_t cap, const char *p, size_t len) {
+    size_t n = TG_MIN(len, cap - 1);
+    if (n)
+        memcpy(dst, p, n);
+    dst[n] = '\0';
+}
+
+/* A decision as the disagreement samples word it (tg_plugin_global.c, describe), copied
+ * raw: only the fields the hook decides. The words are made when the status is read,
+ * not on the request. */
+static void side_of(int hook, const tg_hookctx_t *c, int has_live, tg_shadow_side_t *s) {
+    s->reject_status = c->reject_status && hook <= TG_HOOK_SELECT_ACCOUNT ? c->reject_status : 0;
+    if (s->reject_status) {
+        copy_str(s->code, sizeof(s->code), c->reject_code, strnlen(c->reject_code, sizeof(c->reject_code)));
         return;
     }
     switch (hook) {
     case TG_HOOK_SELECT_ACCOUNT: {
         int i = has_live ? c->selected : 0;
-        snprintf(out, n, "account %.*s", i >= 0 && i < c->naccounts ? (int)c->accounts[i].id_len : 4,
-                 i >= 0 && i < c->naccounts ? c->accounts[i].id : "none");
+        if (i >= 0 && i < c->naccounts)
+            copy_str(s->what, sizeof(s->what), c->accounts[i].id, c->accounts[i].id_len);
+        else
+            memcpy(s->what, "none", 5);
         return;
     }
     case TG_HOOK_ON_UPSTREAM_ERROR:
-        snprintf(out, n, "%s", c->retry_action >= 0 && c->retry_action <= 2 ? act[c->retry_action] : "?");
+        s->retry_action = c->retry_action;
         return;
-    case TG_HOOK_ON_LIMITER_DOWN: {
-        size_t o = 0;
-        out[0] = '\0';
-        for (int k = 0; k < 4 && o < n; k++) {
-            static const char *const names[] = {"rate", "tokens", "concurrency", "money"};
-            int d = c->limiter_decision[k];
-            if (c->limits & (1 << k))
-                o += (size_t)snprintf(out + o, n - o, "%s%s %s", o ? ", " : "", names[k],
-                                      d >= 0 && d <= 2 ? lim[d] : "default");
-        }
+    case TG_HOOK_ON_LIMITER_DOWN:
+        s->limits = c->limits;
+        memcpy(s->limiter_decision, c->limiter_decision, sizeof(s->limiter_decision));
         return;
-    }
     case TG_HOOK_PRICE:
-        snprintf(out, n, "cost %lld nano-USD", (long long)c->cost_nanousd);
+        s->cost_nanousd = c->cost_nanousd;
         return;
     default:
-        snprintf(out, n, "model %.127s, group %.63s", c->model, c->group);
+        copy_str(s->what, sizeof(s->what), c->model, c->model_len);
+        copy_str(s->group, sizeof(s->group), c->group, c->group_len);
         return;
     }
+}
+
+/* The name of shadow generation sg's first plugin at `hook`: looked up in Lua once. */
+static const char *first_name(tg_plugins_t *pl, tg_plugin_gen_t *sg, int hook) {
+    if (!(sg->first_name_known >> hook & 1)) {
+        int fc;
+        plugin_at(pl->L, sg, hook, 1, sg->first_name[hook], sizeof(sg->first_name[hook]), &fc);
+        sg->first_name_known |= 1u << hook;
+    }
+    return sg->first_name[hook];
 }
 
 /*
@@ -873,15 +887,15 @@ static int run_with_shadow(tg_plugins_t *pl, tg_plugin_gen_t *g, int hook, tg_ho
         counter_inc(&pl->shadow_agree[hook]);
     } else {
         counter_inc(&pl->shadow_disagree[hook]);
-        char lv[256], sh[256], name[64], text[640];
-        int fc;
-        describe(hook, ctx, has_live, lv, sizeof(lv));
-        describe(hook, sc, 1, sh, sizeof(sh));
-        plugin_at(pl->L, g->shadow, hook, 1, name, sizeof(name), &fc);
-        snprintf(text, sizeof(text), "request %.*s, group %.*s, %s: live %s; shadow %s: %s",
-                 (int)ctx->request_id_len, ctx->request_id, (int)ctx->group_len, ctx->group, tg_ffi_hook_name(hook),
-                 lv, name, sh);
-        tg__plugins_shadow_sample(text);
+        tg_shadow_sample_t smp;
+        smp.hook = hook;
+        copy_str(smp.request_id, sizeof(smp.request_id), ctx->request_id, ctx->request_id_len);
+        copy_str(smp.group, sizeof(smp.group), ctx->group, ctx->group_len);
+        const char *name = first_name(pl, g->shadow, hook);
+        copy_str(smp.plugin, sizeof(smp.plugin), name, strlen(name));
+        side_of(hook, ctx, has_live, &smp.live);
+        side_of(hook, sc, 1, &smp.shadow);
+        tg__plugins_shadow_sample(&smp);
     }
     return rc;
 }

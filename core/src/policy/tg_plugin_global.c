@@ -483,16 +483,63 @@ void tg__plugins_unregister(tg_plugins_t *pl) {
     pthread_mutex_unlock(&mu);
 }
 
-/* The last few shadow disagreements, newest last (a ring under mu). */
+/* The last few shadow disagreements, newest last (a ring under mu), raw: put into
+ * words when the status is read (sample_text). */
 #define SHADOW_SAMPLES 32
-static char shadow_samples[SHADOW_SAMPLES][512];
+static tg_shadow_sample_t shadow_samples[SHADOW_SAMPLES];
 static uint64_t shadow_nsamples;
 
-void tg__plugins_shadow_sample(const char *text) {
+void tg__plugins_shadow_sample(const tg_shadow_sample_t *s) {
     pthread_mutex_lock(&mu);
-    snprintf(shadow_samples[shadow_nsamples % SHADOW_SAMPLES], sizeof(shadow_samples[0]), "%s", text);
+    shadow_samples[shadow_nsamples % SHADOW_SAMPLES] = *s;
     shadow_nsamples++;
     pthread_mutex_unlock(&mu);
+}
+
+/* A decision in a few words. */
+static void describe(int hook, const tg_shadow_side_t *c, char *out, size_t n) {
+    static const char *const act[] = {"give up", "retry same", "retry other"};
+    static const char *const lim[] = {"closed", "open", "local"};
+    if (c->reject_status) {
+        snprintf(out, n, "reject %d %s", c->reject_status, c->code);
+        return;
+    }
+    switch (hook) {
+    case TG_HOOK_SELECT_ACCOUNT:
+        snprintf(out, n, "account %s", c->what);
+        return;
+    case TG_HOOK_ON_UPSTREAM_ERROR:
+        snprintf(out, n, "%s", c->retry_action >= 0 && c->retry_action <= 2 ? act[c->retry_action] : "?");
+        return;
+    case TG_HOOK_ON_LIMITER_DOWN: {
+        size_t o = 0;
+        out[0] = '\0';
+        for (int k = 0; k < 4 && o < n; k++) {
+            static const char *const names[] = {"rate", "tokens", "concurrency", "money"};
+            int d = c->limiter_decision[k];
+            if (c->limits & (1 << k))
+                o += (size_t)snprintf(out + o, n - o, "%s%s %s", o ? ", " : "", names[k],
+                                      d >= 0 && d <= 2 ? lim[d] : "default");
+        }
+        return;
+    }
+    case TG_HOOK_PRICE:
+        snprintf(out, n, "cost %lld nano-USD", (long long)c->cost_nanousd);
+        return;
+    default:
+        snprintf(out, n, "model %s, group %s", c->what, c->group);
+        return;
+    }
+}
+
+/* "request R, group G, HOOK: live DECISION; shadow PLUGIN: DECISION", at most 511 bytes. */
+static void sample_text(const tg_shadow_sample_t *s, char out[1024]) {
+    char lv[256], sh[256];
+    describe(s->hook, &s->live, lv, sizeof(lv));
+    describe(s->hook, &s->shadow, sh, sizeof(sh));
+    snprintf(out, 1024, "request %s, group %s, %s: live %s; shadow %s: %s", s->request_id, s->group,
+             tg_ffi_hook_name(s->hook), lv, s->plugin, sh);
+    out[511] = '\0';
 }
 
 static void record(const char *trigger, int ok, uint64_t number, const char *err) {
@@ -699,7 +746,11 @@ char *tg_plugins_status_json(void) {
     }
     uint64_t first = shadow_nsamples > SHADOW_SAMPLES ? shadow_nsamples - SHADOW_SAMPLES : 0;
     for (uint64_t i = first; i < shadow_nsamples; i++)
-        json_array_append_new(samples, json_string(shadow_samples[i % SHADOW_SAMPLES]));
+    {
+        char text[1024];
+        sample_text(&shadow_samples[i % SHADOW_SAMPLES], text);
+        json_array_append_new(samples, json_string(text));
+    }
     json_object_set_new(shadow, "hooks", sh);
     json_object_set_new(shadow, "disagreements", samples);
     json_object_set_new(root, "shadow", shadow);

@@ -109,6 +109,10 @@ struct tg_plugin_gen_s {
     uint64_t shadow_cut;            /* a request runs them when hash(id) < this (2^32: all) */
     unsigned live_mask;             /* 1 << hook: a plugin of this generation implements it */
     unsigned mask;                  /* live_mask | the shadow's: the hooks to call */
+    /* A shadow generation: the name of its first plugin at each hook (for the
+     * disagreement samples), looked up once per generation and hook. */
+    unsigned first_name_known;
+    char first_name[TG_HOOK__COUNT][64];
     tg_plugin_variant_t *variants;  /* a base: open-addressed by group id, one ref each */
     size_t nvariants, cap;
 };
@@ -189,8 +193,29 @@ void tg__plugins_unregister(tg_plugins_t *pl);
 /** The published source (a new reference), or NULL. */
 tg_plugin_src_t *tg__plugins_current_src(void);
 const tg_plugins_config_t *tg__plugins_global_cfg(void);
-/** Keeps one shadow disagreement (a line of text) among the last few, for the status. */
-void tg__plugins_shadow_sample(const char *text);
+/* One side of a shadow disagreement, as it stood: the fields describe() words, copied
+ * raw on the request path and put into words only when the status is read. */
+typedef struct {
+    int reject_status;   /* a reject (on_request, map_model, select_account), else 0 */
+    char code[64];       /* its code */
+    char what[128];      /* select_account: the account id ("none"); map_model, on_request: the model */
+    char group[64];      /* map_model, on_request: the group */
+    int retry_action;    /* on_upstream_error */
+    int limits;          /* on_limiter_down: the request's limits (TG_LIMIT_* bits) */
+    int limiter_decision[4];
+    int64_t cost_nanousd; /* price */
+} tg_shadow_side_t;
+
+typedef struct {
+    int hook;
+    char request_id[128];
+    char group[64]; /* the live request's */
+    char plugin[64]; /* the shadow plugin */
+    tg_shadow_side_t live, shadow;
+} tg_shadow_sample_t;
+
+/** Keeps one shadow disagreement among the last few, for the status (copied). */
+void tg__plugins_shadow_sample(const tg_shadow_sample_t *s);
 
 /** Reload with a trigger name for the status ("watch", "sighup", "api"). */
 long tg__plugins_reload(const char *trigger, char *err, size_t errlen);
