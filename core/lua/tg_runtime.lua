@@ -112,8 +112,8 @@ local account_mt = {
     end,
 }
 
--- The views are filled when a select_account call starts (by its dispatcher, which C
--- always uses for that hook): one compiled loop. Filling them lazily inside the
+-- The views are filled when a select_account call starts (by its dispatcher, or the
+-- wrapper of a single plugin): one compiled loop. Filling them lazily inside the
 -- compiled methods would put a branch there whose other side the JIT cannot compile
 -- (it would have to return into the plugin's interpreted frame), and every call taking
 -- that side would leave the trace and finish interpreted, at many times the cost.
@@ -606,10 +606,23 @@ local function assemble(list, number)
         gen.dispatch[id] = #sub > 0 and make_dispatch(id, sub) or false
         gen.names[id] = names
         gen.fail_closed[id] = closed
-        -- One plugin: C calls its function with (ctx, conf) itself; not for
-        -- select_account, whose dispatcher fills the account views first.
-        gen.single[id] = #sub == 1 and id ~= HOOK_ID.select_account
-            and { sub[1].handler[HOOKS[id + 1]], sub[1].conf } or false
+        -- One plugin: C calls its function with (ctx, conf) itself, without the
+        -- dispatcher's loop and pcall; for select_account through a wrapper that fills
+        -- the account views first (a tail call: the plugin's frame is where the
+        -- dispatcher's call put it).
+        gen.single[id] = false
+        if #sub == 1 then
+            local fn = sub[1].handler[HOOKS[id + 1]]
+            if id == HOOK_ID.select_account then
+                local plugin_fn = fn
+                fn = function(c, conf)
+                    refresh_accounts()
+                    return plugin_fn(c, conf)
+                end
+                jit.off(fn) -- it calls plugin code (see make_dispatch)
+            end
+            gen.single[id] = { fn, sub[1].conf }
+        end
     end
     return gen
 end
