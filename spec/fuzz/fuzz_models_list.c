@@ -2,7 +2,8 @@
  * libFuzzer target for the providers' models lists (tg_models_page in
  * core/src/proto/tg_models.c): what GET /v1/models reads from an upstream.
  *
- * Input: byte 0 picks the shape (OpenAI, Anthropic, Gemini, Azure, Bedrock, Vertex); the
+ * Input: byte 0 picks the shape (OpenAI, Anthropic, Gemini, Azure, Bedrock, Vertex,
+ * Bedrock's inference profiles); the
  * rest is the answer's body. Beyond ASan/UBSan, the target checks that a page is read
  * or refused whole (a refused page adds no entry), that every entry has a non-empty
  * string id and the fields the answer converts (created an integer, display_name and
@@ -26,7 +27,7 @@ static void check(int ok, const char *what) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1)
         return 0;
-    tg_models_shape_t shape = (tg_models_shape_t)(data[0] % 6);
+    tg_models_shape_t shape = (tg_models_shape_t)(data[0] % 7);
     char next[TG_MODELS_CURSOR_MAX];
     memset(next, 'x', sizeof(next));
     json_t *e = json_array();

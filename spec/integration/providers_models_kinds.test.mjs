@@ -2,7 +2,8 @@
 // (issue #19, item 7): each account's own list read in its provider's shape,
 // authenticated as its requests are — Azure OpenAI's /openai/models?api-version with
 // api-key or a Microsoft Entra ID token, Bedrock's ListFoundationModels on the control
-// plane signed with SigV4 (the mock recomputes the signature), Vertex AI's
+// plane (and ListInferenceProfiles, paged by nextToken) signed with SigV4 (the mock
+// recomputes the signature), Vertex AI's
 // publishers.models.list for Anthropic and Google with a service account's token, paged
 // by nextPageToken, OAuth refresh-token accounts with their bearer token — merged, and
 // answered to the official openai and @anthropic-ai/sdk clients. An upstream that fails
@@ -24,6 +25,8 @@ const OA_IDS = ['mock-gpt', 'mock-claude', 'mock-embed', ...EXTRA];
 const AKID = 'AKIDEXAMPLE';
 const SECRET = 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY';
 const EMAIL = 'lister@proj-1.iam.gserviceaccount.com';
+// Bedrock: the Anthropic models served on demand, then the Anthropic inference profiles.
+const BD_IDS = ANTH_IDS.map((id) => `anthropic.${id}`);
 const KINDS = ['az', 'azm', 'bd', 'vx', 'en', 'oo', 'oo2', 'ao', 'broken', 'garbled', 'partial'];
 
 let mock, db, gw;
@@ -128,18 +131,22 @@ test('an Azure account with a model_map lists its deployments\' names, asking no
   assert.equal(await total(), before);
 });
 
-test('Bedrock: ListFoundationModels signed with SigV4 (service bedrock), the Anthropic models', async () => {
+test('Bedrock: ListFoundationModels and ListInferenceProfiles (paged) signed with SigV4, the Anthropic models', async () => {
+  const before = await total();
   const models = await listAll((await openai('bd')).models.list());
-  assert.deepEqual(models.map((m) => m.id), ANTH_IDS.map((id) => `anthropic.${id}`), 'amazon.titan-* left out');
+  // amazon.* left out, and the model served only through a profile; the profiles after.
+  const want = [...BD_IDS, ...ANTH_IDS.map((id) => `us.anthropic.${id}`)];
+  assert.deepEqual(models.map((m) => m.id), want);
   assert.equal(models[0].owned_by, 'bedrock');
+  assert.equal(await total() - before, 1 + 3, 'the models, then three pages of profiles (14 in pages of 5)');
   const last = await mock.last();
   assert.equal(last.method, 'GET');
-  assert.equal(last.path, '/foundation-models');
+  assert.match(last.path, /^\/(foundation-models|inference-profiles\?maxResults=1000&nextToken=pt%2F10%3D)$/);
   assert.match(last.headers.authorization,
     /^AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE\/\d{8}\/us-east-1\/bedrock\/aws4_request, SignedHeaders=host;x-amz-date, Signature=[0-9a-f]{64}$/);
   // The Anthropic client: the same list, in its shape.
   const an = await listAll((await anthropic('bd')).models.list({ limit: 4 }));
-  assert.deepEqual(an.map((m) => m.id), ANTH_IDS.map((id) => `anthropic.${id}`));
+  assert.deepEqual(an.map((m) => m.id), want);
   assert.deepEqual(an[0], { type: 'model', id: 'anthropic.mock-claude', display_name: 'mock-claude', created_at: '1970-01-01T00:00:00Z' });
 });
 
@@ -207,7 +214,7 @@ test('an upstream that fails: 502 in the client\'s shape saying why; the worker 
     (e) => e.status === 502 && /the upstream's list could not be read/.test(e.message));
   // One of two failing: the other's list.
   const part = await listAll((await openai('partial')).models.list());
-  assert.deepEqual(part.map((m) => m.id), ANTH_IDS.map((id) => `anthropic.${id}`));
+  assert.deepEqual(part.map((m) => m.id), [...BD_IDS, ...ANTH_IDS.map((id) => `us.anthropic.${id}`)]);
   // Still serving.
   const az = await listAll((await openai('az')).models.list());
   assert.equal(az.length, OA_IDS.length);

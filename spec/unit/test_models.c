@@ -65,6 +65,17 @@ TG_TEST(providers, models_lists_each_shape) {
                                          "\"providerName\":\"Amazon\"},{\"modelId\":\"anthropic.claude-v2\"},"
                                          "{\"providerName\":\"Anthropic\"}]}"),
                   "anthropic.claude-3-haiku-20240307-v1:0,anthropic.claude-v2");
+    /* ... served on demand: one only through an inference profile is left out. */
+    ASSERT_EQ_STR(ids(TG_MODELS_BEDROCK, "{\"modelSummaries\":[{\"modelId\":\"anthropic.a\",\"inferenceTypesSupported\":"
+                                         "[\"INFERENCE_PROFILE\"]},{\"modelId\":\"anthropic.b\",\"inferenceTypesSupported\":"
+                                         "[\"PROVISIONED\",\"ON_DEMAND\"]}]}"),
+                  "anthropic.b");
+    ASSERT_EQ_STR(ids(TG_MODELS_BEDROCK_PROFILES,
+                      "{\"inferenceProfileSummaries\":[{\"inferenceProfileId\":\"us.anthropic.claude-sonnet-4-v1:0\","
+                      "\"status\":\"ACTIVE\"},{\"inferenceProfileId\":\"us.amazon.nova-lite-v1:0\"},{\"inferenceProfileId\":"
+                      "\"eu.anthropic.old\",\"status\":\"LEGACY\"}],\"nextToken\":\"abc/=\"}"),
+                  "us.anthropic.claude-sonnet-4-v1:0");
+    ASSERT_EQ_STR(next, "abc/=");
 
     /* The entries' fields: created from created_at, the provider's object kept. */
     json_t *e = json_array();
@@ -80,7 +91,7 @@ TG_TEST(providers, models_lists_each_shape) {
 TG_TEST(providers, models_lists_hostile) {
     static const char *const never[] = {"", "not json", "{\"data\":[{\"id\":\"cut", "[]", "null", "\"s\""};
     for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++)
-        for (int shape = TG_MODELS_OPENAI; shape <= TG_MODELS_VERTEX; shape++)
+        for (int shape = TG_MODELS_OPENAI; shape <= TG_MODELS_BEDROCK_PROFILES; shape++)
             ASSERT_EQ_STR(ids((tg_models_shape_t)shape, never[i]), "!");
     /* The list of another type than an array. */
     ASSERT_EQ_STR(ids(TG_MODELS_OPENAI, "{\"data\":\"not a list\"}"), "!");
@@ -89,6 +100,7 @@ TG_TEST(providers, models_lists_hostile) {
     ASSERT_EQ_STR(ids(TG_MODELS_GEMINI, "{\"models\":{}}"), "!");
     ASSERT_EQ_STR(ids(TG_MODELS_VERTEX, "{\"publisherModels\":\"x\"}"), "!");
     ASSERT_EQ_STR(ids(TG_MODELS_BEDROCK, "{\"modelSummaries\":null}"), "!");
+    ASSERT_EQ_STR(ids(TG_MODELS_BEDROCK_PROFILES, "{\"nextToken\":\"x\"}"), "!");
     /* A cursor of another type: no next page. */
     ASSERT_EQ_STR(ids(TG_MODELS_GEMINI, "{\"models\":[],\"nextPageToken\":5}"), "");
     ASSERT_EQ_STR(next, "");

@@ -13,7 +13,12 @@
  *                                           models the resource can serve (inference
  *                                           capable, not retired for inference)
  *   bedrock    GET /foundation-models      {"modelSummaries":[{modelId,modelName,
- *              (the control plane)          providerName,...}]}: the Anthropic ones
+ *              (the control plane)          providerName,inferenceTypesSupported,...}]}:
+ *                                           the Anthropic ones callable on demand
+ *   bedrock    GET /inference-profiles?maxResults&nextToken
+ *   profiles                               {"inferenceProfileSummaries":[{
+ *                                           inferenceProfileId,inferenceProfileName,
+ *                                           status,...}],"nextToken"}: the Anthropic ones
  *   vertex     GET /v1beta1/publishers/<p>/models?pageSize&pageToken
  *                                          {"publisherModels":[{name:"publishers/<p>/
  *                                           models/<id>",...}],"nextPageToken"}
@@ -36,6 +41,7 @@ typedef enum {
     TG_MODELS_AZURE,
     TG_MODELS_BEDROCK,
     TG_MODELS_VERTEX,
+    TG_MODELS_BEDROCK_PROFILES,
 } tg_models_shape_t;
 
 /** The largest page cursor followed (a longer one makes the page unreadable). */
@@ -50,7 +56,7 @@ json_t *tg_models_entry(const char *id, int64_t created, const char *display, co
  * Reads one page of a provider's list (the answer's body) and appends its entries to
  * `entries`. Returns 1 if the body is one such page, 0 if not (not JSON, the list not
  * an array, a cursor too long). `next` gets the next page's cursor (Anthropic's
- * last_id when has_more, Google's nextPageToken), "" when this is the last page.
+ * last_id when has_more, Google's nextPageToken, Bedrock's nextToken), "" when this is the last page.
  * `now_s` is the time an Azure model's retirement is compared with.
  */
 int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_t now_s, json_t *entries,

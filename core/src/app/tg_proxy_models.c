@@ -475,6 +475,13 @@ static void src_start(models_src_t *s) {
     case TG_MODELS_BEDROCK:
         tg_buf_appends(&path, "/foundation-models");
         break;
+    case TG_MODELS_BEDROCK_PROFILES:
+        tg_buf_appends(&path, "/inference-profiles?maxResults=1000");
+        if (cur) {
+            tg_buf_appends(&path, "&nextToken=");
+            append_query_value(&path, cur); /* SigV4's encoding too: the query is canonical */
+        }
+        break;
     case TG_MODELS_OPENAI:
         tg_buf_appends(&path, "/models");
         break;
@@ -483,13 +490,14 @@ static void src_start(models_src_t *s) {
     tg_buf_append(&b, path.data, path.len);
     tg_buf_appends(&b, " HTTP/1.1\r\nHost: ");
     tg_buf_appends(&b, tg_upstream_host_header(s->up));
-    if (s->shape == TG_MODELS_BEDROCK) {
+    if (s->shape == TG_MODELS_BEDROCK || s->shape == TG_MODELS_BEDROCK_PROFILES) {
         /* Signature Version 4, service bedrock, as the account's runtime calls. */
         tg_aws_creds_t cr;
         tg_aws_creds_split(s->credential, &cr);
         cr.region = tg_account_setting(s->acc, "region", "");
         cr.access_key = tg_account_setting(s->acc, "access_key_id", "");
-        tg_aws_sign_get(&b, &cr, "bedrock", tg_upstream_host_header(s->up), path.data, "", time(NULL));
+        const char *q = strchr(path.data, '?');
+        tg_aws_sign_get(&b, &cr, "bedrock", tg_upstream_host_header(s->up), path.data, q ? q + 1 : "", time(NULL));
     } else if (token && s->acc && s->acc->auth) {
         tg_buf_appends(&b, "\r\nAuthorization: Bearer ");
         tg_buf_appends(&b, token);
@@ -531,8 +539,17 @@ static tg_upstream_t *bedrock_control(proxy_worker_t *pw, const tg_account_t *ac
     return up ? up : acc->upstream;
 }
 
+static tg_models_shape_t shape_of(const char *provider) {
+    return !strcmp(provider, "anthropic") ? TG_MODELS_ANTHROPIC
+           : !strcmp(provider, "gemini")  ? TG_MODELS_GEMINI
+           : !strcmp(provider, "azure")   ? TG_MODELS_AZURE
+           : !strcmp(provider, "bedrock") ? TG_MODELS_BEDROCK
+           : !strcmp(provider, "vertex")  ? TG_MODELS_VERTEX
+                                          : TG_MODELS_OPENAI;
+}
+
 static void add_source(models_fetch_t *f, tg_upstream_t *up, const tg_account_t *acc, const char *credential,
-                       const char *provider, const char *publisher) {
+                       tg_models_shape_t shape, const char *publisher) {
     if (!up || f->nsrc >= MODELS_SOURCES_MAX)
         return;
     if (credential && tg_valid_no_ctl(credential, strlen(credential)))
@@ -540,7 +557,7 @@ static void add_source(models_fetch_t *f, tg_upstream_t *up, const tg_account_t 
     int ident = acc && acc->auth;
     for (int i = 0; i < f->nsrc; i++) { /* the same upstream and credential (or identity): asked once */
         models_src_t *o = &f->src[i];
-        if (o->up == up && !strcmp(o->publisher ? o->publisher : "", publisher ? publisher : "") &&
+        if (o->up == up && o->shape == shape && !strcmp(o->publisher ? o->publisher : "", publisher ? publisher : "") &&
             (ident ? o->acc && o->acc->auth && o->acc->id == acc->id
                    : !(o->acc && o->acc->auth) &&
                          !strcmp(o->credential ? o->credential : "", credential ? credential : "")))
@@ -552,12 +569,7 @@ static void add_source(models_fetch_t *f, tg_upstream_t *up, const tg_account_t 
     s->acc = acc;
     s->credential = ident ? NULL : credential;
     s->publisher = publisher;
-    s->shape = !strcmp(provider, "anthropic") ? TG_MODELS_ANTHROPIC
-               : !strcmp(provider, "gemini")  ? TG_MODELS_GEMINI
-               : !strcmp(provider, "azure")   ? TG_MODELS_AZURE
-               : !strcmp(provider, "bedrock") ? TG_MODELS_BEDROCK
-               : !strcmp(provider, "vertex")  ? TG_MODELS_VERTEX
-                                              : TG_MODELS_OPENAI;
+    s->shape = shape;
     tg_buf_init(&s->body);
     s->entries = json_array();
 }
@@ -625,13 +637,18 @@ int tg__models_list(proxy_req_t *p) {
              * is of models, not deployments). The others are asked. */
             int mapped = json_is_object(acc->model_map) && json_object_size(acc->model_map) > 0;
             if (acc->nmodels == 0 && !(mapped && !strcmp(acc->provider, "azure"))) {
-                if (!strcmp(acc->provider, "vertex")) {
+                tg_models_shape_t shape = shape_of(acc->provider);
+                if (shape == TG_MODELS_VERTEX) {
                     /* Claude through rawPredict, Google's models through generateContent. */
-                    add_source(f, acc->upstream, acc, acc->credential, acc->provider, "anthropic");
-                    add_source(f, acc->upstream, acc, acc->credential, acc->provider, "google");
+                    add_source(f, acc->upstream, acc, acc->credential, shape, "anthropic");
+                    add_source(f, acc->upstream, acc, acc->credential, shape, "google");
+                } else if (shape == TG_MODELS_BEDROCK) {
+                    /* The models served on demand, then the inference profiles. */
+                    tg_upstream_t *cp = bedrock_control(pw, acc);
+                    add_source(f, cp, acc, acc->credential, shape, NULL);
+                    add_source(f, cp, acc, acc->credential, TG_MODELS_BEDROCK_PROFILES, NULL);
                 } else {
-                    add_source(f, !strcmp(acc->provider, "bedrock") ? bedrock_control(pw, acc) : acc->upstream, acc,
-                               acc->credential, acc->provider, NULL);
+                    add_source(f, acc->upstream, acc, acc->credential, shape, NULL);
                 }
             }
             for (int k = 0; k < acc->nmodels; k++)
@@ -648,7 +665,7 @@ int tg__models_list(proxy_req_t *p) {
             fetch_free(f);
             return tg__proxy_fail(p, 502, "upstream_error", "upstream_unreachable", "no upstream is configured");
         }
-        add_source(f, pw->ctx->upstream, NULL, cfg->upstream.api_key, cfg->upstream.provider, NULL);
+        add_source(f, pw->ctx->upstream, NULL, cfg->upstream.api_key, shape_of(cfg->upstream.provider), NULL);
     }
     p->models_fetch = f;
     if (f->nsrc == 0) {

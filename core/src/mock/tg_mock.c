@@ -102,7 +102,12 @@
  * mock-tune-only (cannot infer); Bedrock's ListFoundationModels GET /foundation-models,
  * its SigV4 signature (GET, service bedrock) verified as InvokeModel's,
  * {"modelSummaries":[{modelArn,modelId:"anthropic.<id>",modelName,providerName:
- * "Anthropic",...}]} plus amazon.titan-text-express-v1.
+ * "Anthropic",...}]} plus amazon.titan-text-express-v1 and
+ * anthropic.claude-profile-only-v1:0 (inferenceTypesSupported INFERENCE_PROFILE only),
+ * and ListInferenceProfiles GET /inference-profiles (signed the same way)
+ * {"inferenceProfileSummaries":[{inferenceProfileId:"us.anthropic.<id>",...}]} plus
+ * us.amazon.nova-lite-v1:0, paged by maxResults and the page knob with an opaque
+ * nextToken like Google's.
  *
  * The credential of a request is the `Authorization: Bearer X` token, else the
  * `x-api-key` header, else "-". Control endpoints (never counted, any thread):
@@ -400,7 +405,8 @@ typedef struct {
     uint64_t gen;
     int models_anth, models_limit;    /* GET /models: Anthropic's shape, its page size */
     int models_gemini;                /* GET /models: Gemini's shape (x-goog-api-key) */
-    int models_azure, models_bedrock; /* Azure's /openai/models, Bedrock's /foundation-models */
+    int models_azure, models_bedrock; /* Azure's /openai/models, Bedrock's /foundation-models (1)
+                                       * and /inference-profiles (2) */
     char models_pub[16];              /* Vertex's /v1beta1/publishers/<p>/models: p ("" not) */
     int models_page_size;             /* Google's pageSize (0 none) */
     int models_offset;                /* Google's pageToken, read back: where the page starts */
@@ -934,6 +940,24 @@ static void models_put_azure(const char *id, size_t n, void *ud) {
     BUF_LIT(w->b, "\",\"created_at\":1700000000,\"object\":\"model\"}");
 }
 
+/* Bedrock's ListInferenceProfiles: entries from..to of the Anthropic models, each as
+ * <w->prefix><id>. */
+static void models_put_profile(const char *id, size_t n, void *ud) {
+    models_walk_t *w = ud;
+    int i = w->index++;
+    if (i < w->from || i >= w->to)
+        return;
+    tg_buf_t *b = w->b;
+    if (i > w->from)
+        BUF_LIT(b, ",");
+    BUF_LIT(b, "{\"inferenceProfileId\":\"");
+    tg_buf_appends(b, w->prefix);
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"inferenceProfileName\":\"US ");
+    tg_buf_append_json_escaped(b, id, n);
+    BUF_LIT(b, "\",\"status\":\"ACTIVE\",\"type\":\"SYSTEM_DEFINED\"}");
+}
+
 /* Bedrock's ListFoundationModels: the Anthropic models as anthropic.<id>. */
 static void models_put_bedrock(const char *id, size_t n, void *ud) {
     models_walk_t *w = ud;
@@ -996,14 +1020,42 @@ static void render_models(conn_t *c) {
                    "\"object\":\"model\"}],\"object\":\"list\"}");
         return;
     }
+    if (r->models_bedrock == 2) {
+        /* ListInferenceProfiles: us.anthropic.<id> for each Anthropic model and an
+         * Amazon one, paged by maxResults and the page knob, nextToken opaque. */
+        tg_buf_t *b2 = b;
+        models_each(1, models_find, &w);
+        w.total = w.index + 1;
+        int size = r->models_page_size > 0 ? r->models_page_size : 1000;
+        if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
+            size = r->k.v[K_PAGE];
+        w.from = TG_MIN(r->models_offset, w.total);
+        w.to = w.total - w.from > size ? w.from + size : w.total;
+        w.index = 0;
+        w.prefix = "us.anthropic.";
+        BUF_LIT(b2, "{\"inferenceProfileSummaries\":[");
+        models_each(1, models_put_profile, &w);
+        if (w.to == w.total)
+            tg_buf_printf(b2, "%s{\"inferenceProfileId\":\"us.amazon.nova-lite-v1:0\",\"inferenceProfileName\":"
+                              "\"US Nova Lite\",\"status\":\"ACTIVE\",\"type\":\"SYSTEM_DEFINED\"}",
+                          w.to - 1 > w.from ? "," : "");
+        BUF_LIT(b2, "]");
+        if (w.to < w.total)
+            tg_buf_printf(b2, ",\"nextToken\":\"pt/%d=\"", w.to);
+        BUF_LIT(b2, "}");
+        return;
+    }
     if (r->models_bedrock) {
-        /* Every provider's models; an Amazon one besides the Anthropic ones. */
+        /* Every provider's models; an Amazon one besides the Anthropic ones, and an
+         * Anthropic one served only through an inference profile. */
         BUF_LIT(b, "{\"modelSummaries\":[");
         models_each(1, models_put_bedrock, &w);
         BUF_LIT(b, ",{\"modelArn\":\"arn:aws:bedrock:us-east-1::foundation-model/amazon.titan-text-express-v1\","
                    "\"modelId\":\"amazon.titan-text-express-v1\",\"modelName\":\"Titan Text G1 - Express\","
                    "\"providerName\":\"Amazon\",\"inputModalities\":[\"TEXT\"],\"outputModalities\":[\"TEXT\"],"
-                   "\"responseStreamingSupported\":true,\"modelLifecycle\":{\"status\":\"ACTIVE\"}}]}");
+                   "\"responseStreamingSupported\":true,\"modelLifecycle\":{\"status\":\"ACTIVE\"}},"
+                   "{\"modelId\":\"anthropic.claude-profile-only-v1:0\",\"modelName\":\"Claude (profiles only)\","
+                   "\"providerName\":\"Anthropic\",\"inferenceTypesSupported\":[\"INFERENCE_PROFILE\"]}]}");
         return;
     }
     models_each(r->models_anth, models_find, &w);
@@ -1679,10 +1731,11 @@ static int route(const char *path, size_t n, int method, int *bad_method) {
     const char *dep, *rest;
     size_t dlen, rlen;
     int bst;
-    if ((n == 18 && !memcmp(path, "/foundation-models", 18)) ||
+    if ((n == 18 && !memcmp(path, "/foundation-models", 18)) || (n == 19 && !memcmp(path, "/inference-profiles", 19)) ||
         (path_segment(path, n, "/v1beta1/publishers/", &dep, &dlen, &rest, &rlen) && rlen == 7 &&
          !memcmp(rest, "/models", 7))) {
-        /* Bedrock's ListFoundationModels, Vertex's publishers.models.list. */
+        /* Bedrock's ListFoundationModels and ListInferenceProfiles, Vertex's
+         * publishers.models.list. */
         *bad_method = method != HTTP_GET;
         return API_MODELS;
     }
@@ -2062,7 +2115,8 @@ static void handle_request(conn_t *c) {
         }
     }
     /* Bedrock's control plane: ListFoundationModels, a GET signed for service bedrock. */
-    int bd_list = api == API_MODELS && plen == 18 && !memcmp(url, "/foundation-models", 18);
+    int bd_list = api == API_MODELS && ((plen == 18 && !memcmp(url, "/foundation-models", 18)) ||
+                                        (plen == 19 && !memcmp(url, "/inference-profiles", 19)));
     if (bd_list) {
         r->bedrock = 1; /* AWS's error shape */
         const char *why = sigv4_check(c, "GET", url, c->url.len, plen, bd_key, sizeof(bd_key));
@@ -2110,15 +2164,15 @@ static void handle_request(conn_t *c) {
         r->models_anth = hdr_get(c, "anthropic-version") != NULL;
         r->models_gemini = goog_key != NULL;
         r->models_azure = az_list;
-        r->models_bedrock = bd_list;
+        r->models_bedrock = bd_list ? (plen == 19 ? 2 : 1) : 0;
         const char *pub, *prest;
         size_t publen, prlen;
         if (path_segment(url, plen, "/v1beta1/publishers/", &pub, &publen, &prest, &prlen))
             snprintf(r->models_pub, sizeof(r->models_pub), "%.*s", (int)TG_MIN(publen, (size_t)15), pub);
         char ps[16], pt[256];
-        query_get(url, c->url.len, "pageSize", ps, sizeof(ps));
+        query_get(url, c->url.len, bd_list ? "maxResults" : "pageSize", ps, sizeof(ps));
         r->models_page_size = atoi(ps);
-        query_get(url, c->url.len, "pageToken", pt, sizeof(pt));
+        query_get(url, c->url.len, bd_list ? "nextToken" : "pageToken", pt, sizeof(pt));
         r->models_offset = 0;
         if (pt[0] && (sscanf(pt, "pt%%2F%d%%3D", &r->models_offset) != 1 || r->models_offset < 0) && !err_status) {
             err_status = 400; /* the token as given, percent-encoded: '/' and '=' are not plain */

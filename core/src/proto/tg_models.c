@@ -48,6 +48,18 @@ static int azure_serves(json_t *m, int64_t now_s) {
     return !retired || retired > now_s;
 }
 
+/* A foundation model InvokeModel serves by its modelId: inferenceTypesSupported names
+ * ON_DEMAND (or is not given); one served only through an inference profile or
+ * provisioned throughput is not. */
+static int on_demand(json_t *types) {
+    json_t *t;
+    size_t i;
+    if (!json_is_array(types))
+        return 1;
+    json_array_foreach(types, i, t) if (json_is_string(t) && !strcmp(json_string_value(t), "ON_DEMAND")) return 1;
+    return 0;
+}
+
 static void append(json_t *entries, size_t *n, json_t *e) {
     if (e && (*n)++ < TG_MODELS_PAGE_ENTRIES_MAX)
         json_array_append_new(entries, e);
@@ -63,7 +75,9 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
         json_decref(doc);
         return 0;
     }
-    static const char *const list_key[] = {"data", "data", "models", "data", "modelSummaries", "publisherModels"};
+    static const char *const list_key[] = {"data",           "data",           "models",
+                                           "data",           "modelSummaries", "publisherModels",
+                                           "inferenceProfileSummaries"};
     json_t *list = json_object_get(doc, list_key[shape]), *m;
     const char *cursor = NULL;
     size_t i, n = 0;
@@ -74,6 +88,8 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
         cursor = json_string_value(json_object_get(doc, "nextPageToken"));
     } else {
         ok = json_is_array(list);
+        if (shape == TG_MODELS_BEDROCK_PROFILES)
+            cursor = json_string_value(json_object_get(doc, "nextToken"));
         if (shape == TG_MODELS_ANTHROPIC && json_is_true(json_object_get(doc, "has_more")))
             cursor = json_string_value(json_object_get(doc, "last_id"));
     }
@@ -109,8 +125,18 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
             /* Bedrock accounts call Anthropic models (InvokeModel's Messages body). */
             const char *mid = json_string_value(json_object_get(m, "modelId"));
             const char *prov = json_string_value(json_object_get(m, "providerName"));
-            if (mid && *mid && ((prov && !strcasecmp(prov, "anthropic")) || !strncmp(mid, "anthropic.", 10)))
+            if (mid && *mid && ((prov && !strcasecmp(prov, "anthropic")) || !strncmp(mid, "anthropic.", 10)) &&
+                on_demand(json_object_get(m, "inferenceTypesSupported")))
                 e = tg_models_entry(mid, 0, json_string_value(json_object_get(m, "modelName")), "bedrock");
+            break;
+        }
+        case TG_MODELS_BEDROCK_PROFILES: {
+            /* A (cross-region) inference profile of an Anthropic model: its id is what
+             * InvokeModel takes for models that are not served on demand. */
+            const char *pid = json_string_value(json_object_get(m, "inferenceProfileId"));
+            const char *st = json_string_value(json_object_get(m, "status"));
+            if (pid && strstr(pid, "anthropic.") && (!st || !strcmp(st, "ACTIVE")))
+                e = tg_models_entry(pid, 0, json_string_value(json_object_get(m, "inferenceProfileName")), "bedrock");
             break;
         }
         case TG_MODELS_GEMINI:
