@@ -64,7 +64,7 @@ test('the quickstart prints the contract lines, a streamed answer, its cost and 
 
 test('the sample answer has a usage row and a ledger entry of the printed cost, for the demo key in the demo group', () => {
   const rid = qs.out.TOLLGATE_SAMPLE_REQUEST;
-  assert.match(rid, /^[0-9a-f]+$/);
+  assert.match(rid, /^[0-9a-f]{12}-[0-9a-f]{18}$/); // <ms in hex>-<random> (sql/0009_partitions.sql)
   const rows = qsPsql(qs, `SELECT u.cost, t.name, k.name, g.name, a.name, u.model, u.estimated,
       (SELECT string_agg(amount::text || ' ' || kind, ',') FROM ledger l WHERE l.request_id = u.request_id OR l.id = u.ledger_id)
     FROM usage u JOIN tenants t ON t.id = u.tenant_id JOIN api_keys k ON k.id = u.api_key_id
