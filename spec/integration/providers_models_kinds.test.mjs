@@ -27,7 +27,7 @@ const SECRET = 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY';
 const EMAIL = 'lister@proj-1.iam.gserviceaccount.com';
 // Bedrock: the Anthropic models served on demand, then the Anthropic inference profiles.
 const BD_IDS = ANTH_IDS.map((id) => `anthropic.${id}`);
-const KINDS = ['az', 'azm', 'bd', 'vx', 'en', 'oo', 'oo2', 'ao', 'broken', 'garbled', 'partial'];
+const KINDS = ['az', 'azm', 'bd', 'vx', 'en', 'oo', 'oo2', 'ao', 'broken', 'garbled', 'partial', 'badid'];
 
 let mock, db, gw;
 const keys = Object.fromEntries(KINDS.map((k) => [k, plainKey(`k-${k}`)]));
@@ -78,6 +78,8 @@ before(async () => {
       // Higher priority than bd in g-partial: its failure leaves bd's list.
       az('broken', 'az-broken', ['g-broken', 'g-partial'], { priority: 10 }),
       az('garbled', 'az-garbled', ['g-garbled']),
+      { name: 'badid', provider: 'openai', auth: 'oauth', base_url: `${mock.url}/v1`, credential: 'rt-never-issued',
+        groups: ['g-badid'], settings: oauth },
     ],
     keys: KINDS.map((k) => ({ name: `k-${k}`, tenant: 't', group: `g-${k}`, key: keys[k] })),
   });
@@ -212,6 +214,9 @@ test('an upstream that fails: 502 in the client\'s shape saying why; the worker 
   // Bytes that are not a list.
   await assert.rejects((await openai('garbled')).models.list(),
     (e) => e.status === 502 && /the upstream's list could not be read/.test(e.message));
+  // An identity whose token cannot be obtained: the OAuth error named.
+  await assert.rejects((await openai('badid')).models.list(),
+    (e) => e.status === 502 && /its credentials could not be renewed \(invalid_grant\)/.test(e.message));
   // One of two failing: the other's list.
   const part = await listAll((await openai('partial')).models.list());
   assert.deepEqual(part.map((m) => m.id), [...BD_IDS, ...ANTH_IDS.map((id) => `us.anthropic.${id}`)]);
