@@ -212,8 +212,17 @@ void tg_xlate_event(tg_xlate_t *x, const char *event, size_t elen, const char *d
  */
 void tg_xlate_finish(tg_xlate_t *x, tg_buf_t *out);
 
-/** Usage seen so far in the upstream events (the same numbers tg_usage extracts). */
+/** Usage seen so far in the upstream events: tg_usage_merge_json folded over every
+ *  event (an error event's and one after the end included), as the proxy bills them. */
 const tg_usage_t *tg_xlate_usage(const tg_xlate_t *x);
+
+/**
+ * The caller folds tg_usage_merge_json over the same events before handing each to
+ * tg_xlate_event (the proxy does, to bill them): the translator shows the client that
+ * usage (*u, read when a usage chunk is written; it must outlive x) instead of folding
+ * every event a second time.
+ */
+void tg_xlate_use_usage(tg_xlate_t *x, const tg_usage_t *u);
 
 /** Frees the translator; NULL is ignored. */
 void tg_xlate_destroy(tg_xlate_t *x);

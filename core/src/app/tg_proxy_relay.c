@@ -135,6 +135,8 @@ static void up_head(void *ud, const tg_uphead_t *head) {
         }
         if (translating) {
             p->at.xlate = tg_xlate_create(p->at.up_proto, p->proto, p->model, p->req->id);
+            if (p->at.xlate)
+                tg_xlate_use_usage(p->at.xlate, &p->at.usage); /* sse_event folds it, to bill */
             if (p->at.xlate && p->proto == TG_PROTO_OPENAI_CHAT)
                 tg_xlate_set_usage_chunk(p->at.xlate, !p->strip_usage_orig);
         }

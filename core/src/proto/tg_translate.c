@@ -654,7 +654,9 @@ tg_xlate_t *tg_xlate_create(tg_proto_t from_upstream, tg_proto_t to_client,
 
 void tg_xlate_set_usage_chunk(tg_xlate_t *x, int on) { x->usage_chunk = on != 0; }
 
-const tg_usage_t *tg_xlate_usage(const tg_xlate_t *x) { return &x->usage; }
+const tg_usage_t *tg_xlate_usage(const tg_xlate_t *x) { return tg__x_u(x); }
+
+void tg_xlate_use_usage(tg_xlate_t *x, const tg_usage_t *u) { x->billed = u; }
 
 void tg_xlate_destroy(tg_xlate_t *x) {
     if (!x)
@@ -695,8 +697,10 @@ void tg_xlate_event(tg_xlate_t *x, const char *event, size_t elen, const char *d
         data = "", dlen = 0;
     /* The usage is the fold over every event, as the proxy bills it (tg_proxy_relay.c):
      * also an error event's, one the translator cannot read, and one after the end —
-     * folded here once, for every protocol, never by the decoders. */
-    tg_usage_merge_json(&x->usage, x->from, data, dlen);
+     * folded here once, for every protocol, never by the decoders; or not at all when
+     * the caller shares the fold it makes anyway (tg_xlate_use_usage). */
+    if (!x->billed)
+        tg_usage_merge_json(&x->usage, x->from, data, dlen);
     if (x->ended)
         return;
     if (!x->enc) {

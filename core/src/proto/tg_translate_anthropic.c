@@ -540,7 +540,7 @@ static void an_start(tg_xlate_t *x, tg_buf_t *out) {
     tg_buf_appends(out, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
     tg__put_str(out, x->model.data, x->model.len);
     tg_buf_appends(out, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":");
-    tg__usage_anthropic(&x->usage, out);
+    tg__usage_anthropic(tg__x_u(x), out);
     tg_buf_appends(out, "}}\n\n");
 }
 
@@ -599,7 +599,7 @@ static void an_end(tg_xlate_t *x, tg_buf_t *out) {
                   "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"%s\",\"stop_sequence\":null},"
                   "\"usage\":",
                   tg__fin_anthropic(x->fin));
-    tg__usage_anthropic(&x->usage, out);
+    tg__usage_anthropic(tg__x_u(x), out);
     tg_buf_appends(out, "}\n\n");
     tg__sse_begin(out, "message_stop");
     tg_buf_appends(out, "{\"type\":\"message_stop\"}\n\n");

@@ -768,7 +768,7 @@ static void chat_end(tg_xlate_t *x, tg_buf_t *out) {
     if (x->usage_chunk) {
         chunk_begin(x, out);
         tg_buf_appends(out, ",\"choices\":[],\"usage\":");
-        tg__usage_chat(&x->usage, out);
+        tg__usage_chat(tg__x_u(x), out);
         tg_buf_appends(out, "}\n\n");
     }
     tg_buf_appends(out, "data: [DONE]\n\n");

@@ -125,7 +125,8 @@ struct tg_xlate_s {
     tg_buf_t model;        /* model shown to the client (NUL-terminated) */
     char req_id[64];
     int64_t created;       /* unix seconds */
-    tg_usage_t usage;
+    tg_usage_t usage;      /* the fold over the events, unless `billed` is set */
+    const tg_usage_t *billed; /* the caller's fold of the same events (tg_xlate_use_usage) */
     int fin;               /* the stop reason, TG__FIN_NONE until known */
     int started, stopped, ended;
     int tools;             /* tool calls started */
@@ -166,6 +167,9 @@ void tg__chat_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
 void tg__anthropic_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
 void tg__responses_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
 void tg__gemini_dec(tg_xlate_t *x, const json_t *doc, tg_buf_t *out);
+
+/* The usage the client is shown: the caller's fold when it shares it, else this one's. */
+static inline const tg_usage_t *tg__x_u(const tg_xlate_t *x) { return x->billed ? x->billed : &x->usage; }
 
 /* Sequencing (tg_translate.c); decoders call only these. */
 void tg__x_meta(tg_xlate_t *x, const char *id, const char *model, int64_t created);

@@ -620,7 +620,7 @@ static void put_response(tg_xlate_t *x, tg_buf_t *out, int final) {
         tg_buf_append(out, x->e_items.data, x->e_items.len);
     tg_buf_appends(out, "],\"usage\":");
     if (final)
-        tg__usage_responses(&x->usage, out);
+        tg__usage_responses(tg__x_u(x), out);
     else
         tg_buf_appends(out, "null");
     tg_buf_appends(out, "}}\n\n");
