@@ -169,6 +169,7 @@ test("the models list reads Gemini's list", async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);
   // The mock lists these three only in Gemini's shape ({"models":[{"name":"models/..."}]}),
-  // only to a request with x-goog-api-key.
+  // only to a request with x-goog-api-key; its text-embedding-mock (embedContent only)
+  // is left out.
   assert.deepEqual(ids, ['mock-gpt', 'mock-claude', 'mock-embed']);
 });

@@ -49,6 +49,10 @@ TG_TEST(providers, models_lists_each_shape) {
                   "gemini-2.0-flash");
     ASSERT_EQ_STR(next, "Ch0=");
     ASSERT_EQ_STR(ids(TG_MODELS_GEMINI, "{}"), ""); /* an empty list leaves "models" out */
+    ASSERT_EQ_STR(ids(TG_MODELS_GEMINI, "{\"models\":[{\"name\":\"models/text-embedding-004\",\"supportedGenerationMethods\":"
+                                        "[\"embedContent\"]},{\"name\":\"models/gemini-2.5-pro\",\"supportedGenerationMethods\":"
+                                        "[\"generateContent\",\"countTokens\"]}]}"),
+                  "gemini-2.5-pro");
     ASSERT_EQ_STR(ids(TG_MODELS_VERTEX, "{\"publisherModels\":[{\"name\":\"publishers/google/models/gemini-2.5-pro\","
                                         "\"versionId\":\"001\"},{\"name\":\"publishers/anthropic/models/claude-x\"}]}"),
                   "gemini-2.5-pro,claude-x");

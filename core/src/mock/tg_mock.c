@@ -92,7 +92,8 @@
  * {"object":"list","data":[{id,object,created,owned_by}]} listing mock-gpt, mock-claude,
  * mock-embed and the --models names. The providers' own lists, each with its auth
  * checked as on its API routes: Gemini's (x-goog-api-key) {"models":[{name:
- * "models/<id>",displayName,...}]} and Vertex AI's GET /v1beta1/publishers/<p>/models
+ * "models/<id>",displayName,supportedGenerationMethods}]} (plus text-embedding-mock,
+ * embedContent only) and Vertex AI's GET /v1beta1/publishers/<p>/models
  * (a bearer token this mock issued) {"publisherModels":[{name:"publishers/<p>/models/
  * <id>",...}]} (anthropic: mock-claude and --models; google: all), both paged by
  * pageSize (default 50) and the page knob with an opaque nextPageToken "pt/<offset>="
@@ -990,7 +991,8 @@ static void render_models(conn_t *c) {
             snprintf(prefix, sizeof(prefix), "models/");
         w.prefix = prefix;
         models_each(anth, models_find, &w);
-        w.total = w.index;
+        int gemini_extra = !r->models_pub[0]; /* Gemini: an embedding-only model last */
+        w.total = w.index + gemini_extra;
         int size = r->models_page_size > 0 ? r->models_page_size : 50;
         if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
             size = r->k.v[K_PAGE];
@@ -999,6 +1001,10 @@ static void render_models(conn_t *c) {
         w.to = w.total - w.from > size ? w.from + size : w.total;
         tg_buf_printf(b, "{\"%s\":[", r->models_pub[0] ? "publisherModels" : "models");
         models_each(anth, models_put_google, &w);
+        if (gemini_extra && w.to == w.total)
+            tg_buf_printf(b, "%s{\"name\":\"models/text-embedding-mock\",\"displayName\":\"Text Embedding\","
+                             "\"supportedGenerationMethods\":[\"embedContent\"]}",
+                          w.to - 1 > w.from ? "," : "");
         BUF_LIT(b, "]");
         if (w.to < w.total)
             tg_buf_printf(b, ",\"nextPageToken\":\"pt/%d=\"", w.to);

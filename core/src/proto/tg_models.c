@@ -48,15 +48,13 @@ static int azure_serves(json_t *m, int64_t now_s) {
     return !retired || retired > now_s;
 }
 
-/* A foundation model InvokeModel serves by its modelId: inferenceTypesSupported names
- * ON_DEMAND (or is not given); one served only through an inference profile or
- * provisioned throughput is not. */
-static int on_demand(json_t *types) {
+/* 1 if `list` is not an array (not given: no restriction) or holds the string s. */
+static int has_string(json_t *list, const char *s) {
     json_t *t;
     size_t i;
-    if (!json_is_array(types))
+    if (!json_is_array(list))
         return 1;
-    json_array_foreach(types, i, t) if (json_is_string(t) && !strcmp(json_string_value(t), "ON_DEMAND")) return 1;
+    json_array_foreach(list, i, t) if (json_is_string(t) && !strcmp(json_string_value(t), s)) return 1;
     return 0;
 }
 
@@ -122,11 +120,13 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
                 e = tg_models_entry(id, int_of(json_object_get(m, "created_at")), NULL, "azure");
             break;
         case TG_MODELS_BEDROCK: {
-            /* Bedrock accounts call Anthropic models (InvokeModel's Messages body). */
+            /* Bedrock accounts call Anthropic models (InvokeModel's Messages body), those
+             * served on demand: one served only through an inference profile or
+             * provisioned throughput is not called by its modelId. */
             const char *mid = json_string_value(json_object_get(m, "modelId"));
             const char *prov = json_string_value(json_object_get(m, "providerName"));
             if (mid && *mid && ((prov && !strcasecmp(prov, "anthropic")) || !strncmp(mid, "anthropic.", 10)) &&
-                on_demand(json_object_get(m, "inferenceTypesSupported")))
+                has_string(json_object_get(m, "inferenceTypesSupported"), "ON_DEMAND"))
                 e = tg_models_entry(mid, 0, json_string_value(json_object_get(m, "modelName")), "bedrock");
             break;
         }
@@ -141,6 +141,10 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
         }
         case TG_MODELS_GEMINI:
         case TG_MODELS_VERTEX:
+            /* Gemini: the models generateContent serves (supportedGenerationMethods,
+             * when given, names it; an embedding-only model does not). */
+            if (shape == TG_MODELS_GEMINI && !has_string(json_object_get(m, "supportedGenerationMethods"), "generateContent"))
+                break;
             if ((id = name_id(json_string_value(json_object_get(m, "name")))) != NULL)
                 e = tg_models_entry(id, 0, json_string_value(json_object_get(m, "displayName")),
                                     shape == TG_MODELS_GEMINI ? "google" : "vertex");
