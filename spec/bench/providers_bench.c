@@ -213,6 +213,7 @@ static void feed(op_t *o, void (*cb)(void *, const char *, size_t, const char *,
 
 static void op_stream(op_t *o) {
     o->x = tg_xlate_create(TG_PROTO_GEMINI, o->client, "client-model", "bench");
+    tg_xlate_use_usage(o->x, &o->usage); /* the relay's fold, shared as the proxy does */
     feed(o, xlate_cb);
     tg_xlate_finish(o->x, &o->out);
     tg_xlate_destroy(o->x);
@@ -286,6 +287,8 @@ static void op_bedrock_stream(op_t *o) {
     tg_buf_reset(&o->out);
     memset(&o->usage, 0, sizeof(o->usage));
     o->x = o->client == TG_PROTO_ANTHROPIC ? NULL : tg_xlate_create(TG_PROTO_ANTHROPIC, o->client, "client-model", "bench");
+    if (o->x)
+        tg_xlate_use_usage(o->x, &o->usage); /* the relay's fold, shared as the proxy does */
     tg_bedrock_stream_t s;
     tg_bedrock_stream_init(&s, 1 << 20, aws_cb, o);
     for (size_t at = 0; at < o->aws.len; at += 4096)
@@ -301,6 +304,8 @@ static void op_anthropic_stream(op_t *o) {
     tg_buf_reset(&o->out);
     memset(&o->usage, 0, sizeof(o->usage));
     o->x = o->client == TG_PROTO_ANTHROPIC ? NULL : tg_xlate_create(TG_PROTO_ANTHROPIC, o->client, "client-model", "bench");
+    if (o->x)
+        tg_xlate_use_usage(o->x, &o->usage); /* the relay's fold, shared as the proxy does */
     tg_sse_parser_t p;
     tg_sse_init(&p, 1 << 20, relay_cb, o);
     for (size_t at = 0; at < o->anth.len; at += 4096) {
