@@ -268,3 +268,32 @@ TG_TEST(providers, bedrock_metrics_usage) {
     ASSERT_EQ_INT(w.output, 5);
     ASSERT_EQ_INT(tg_bedrock_metrics_usage(&w, "{\"type\":\"ping\"}", 15), 0);
 }
+
+TG_TEST(providers, sigv4_get_signed) {
+    /* tg_aws_sign_get: the SigV4 test suite's get-vanilla (its published signature), and
+     * Bedrock's ListInferenceProfiles with a query and a session token as an independent
+     * implementation (Python's hmac/hashlib) signs it. */
+    tg_aws_creds_t c;
+    tg_aws_creds_split(SECRET, &c);
+    c.region = "us-east-1";
+    c.access_key = "AKIDEXAMPLE";
+    tg_buf_t head;
+    tg_buf_init(&head);
+    tg_aws_sign_get(&head, &c, "service", "example.amazonaws.com", "/", "", 1440938160);
+    ASSERT_EQ_STR(head.data, "\r\nX-Amz-Date: 20150830T123600Z\r\nAuthorization: AWS4-HMAC-SHA256 "
+                             "Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, "
+                             "SignedHeaders=host;x-amz-date, "
+                             "Signature=5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
+    tg_buf_reset(&head);
+    tg_aws_creds_split("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY:TOKEN/abc+=", &c);
+    c.region = "us-east-1";
+    c.access_key = "AKIDEXAMPLE";
+    tg_aws_sign_get(&head, &c, "bedrock", "bedrock.us-east-1.amazonaws.com",
+                    "/inference-profiles?maxResults=1000&nextToken=pt%2F5%3D", "maxResults=1000&nextToken=pt%2F5%3D",
+                    1440938160);
+    ASSERT_EQ_STR(head.data, "\r\nX-Amz-Date: 20150830T123600Z\r\nX-Amz-Security-Token: TOKEN/abc+=\r\nAuthorization: "
+                             "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/bedrock/aws4_request, "
+                             "SignedHeaders=host;x-amz-date;x-amz-security-token, "
+                             "Signature=cd5baba5ea07f19bb968970d11b29b040c43aadc2039f68cd3862d438f1af71a");
+    tg_buf_free(&head);
+}
