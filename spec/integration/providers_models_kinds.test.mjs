@@ -156,14 +156,15 @@ test('Vertex AI: both publishers\' lists with the service account\'s token, foll
   const before = await total();
   const tokensBefore = (await mockIdentity()).by_grant.jwt_bearer ?? 0;
   const models = await listAll((await openai('vx')).models.list());
-  // Anthropic's publisher first (13 models, pages of 5), then Google's new ones (15, pages of 5).
-  assert.deepEqual(models.map((m) => m.id), [...ANTH_IDS, 'mock-gpt', 'mock-embed']);
+  // Anthropic's publisher first (13 models, pages of 5), then Google's Gemini models (16,
+  // imagen-mock left out: it takes predict, not generateContent).
+  assert.deepEqual(models.map((m) => m.id), [...ANTH_IDS, ...OA_IDS.map((id) => `gemini-${id}`)]);
   assert.equal(models[0].owned_by, 'vertex');
-  assert.equal(await total() - before, 3 + 3, 'three pages from each publisher');
+  assert.equal(await total() - before, 3 + 4, 'three pages from anthropic, four from google');
   const last = await mock.last();
-  assert.match(last.path, /^\/v1beta1\/publishers\/(anthropic|google)\/models\?pageSize=1000&pageToken=pt%2F10%3D$/);
+  assert.match(last.path, /^\/v1beta1\/publishers\/(anthropic\/models\?pageSize=1000&pageToken=pt%2F10%3D|google\/models\?pageSize=1000&pageToken=pt%2F15%3D)$/);
   assert.match(last.headers.authorization, /^Bearer mt-/);
-  assert.equal((await mockIdentity()).by_grant.jwt_bearer - tokensBefore, 1, 'one token for all six pages');
+  assert.equal((await mockIdentity()).by_grant.jwt_bearer - tokensBefore, 1, 'one token for all seven pages');
   // The Anthropic client pages the merged list across the upstream's page boundary.
   const page = await (await fetchT(`${gw.url}/v1/models?limit=3&after_id=claude-y-02`, {
     headers: { 'x-api-key': keys.vx, 'anthropic-version': '2023-06-01' },
@@ -171,7 +172,7 @@ test('Vertex AI: both publishers\' lists with the service account\'s token, foll
   assert.deepEqual(page.data.map((m) => m.id), ['claude-y-03', 'claude-y-04', 'claude-y-05']);
   assert.equal(page.has_more, true);
   const an = await listAll((await anthropic('vx')).models.list({ limit: 4 }));
-  assert.equal(an.length, ANTH_IDS.length + 2);
+  assert.equal(an.length, ANTH_IDS.length + OA_IDS.length);
 });
 
 test('Azure with a Microsoft Entra ID app: the list asked with its bearer token', async () => {

@@ -54,7 +54,8 @@ TG_TEST(providers, models_lists_each_shape) {
                                         "[\"generateContent\",\"countTokens\"]}]}"),
                   "gemini-2.5-pro");
     ASSERT_EQ_STR(ids(TG_MODELS_VERTEX, "{\"publisherModels\":[{\"name\":\"publishers/google/models/gemini-2.5-pro\","
-                                        "\"versionId\":\"001\"},{\"name\":\"publishers/anthropic/models/claude-x\"}]}"),
+                                        "\"versionId\":\"001\"},{\"name\":\"publishers/anthropic/models/claude-x\"},"
+                                        "{\"name\":\"publishers/google/models/imagen-4.0-generate-001\"}]}"),
                   "gemini-2.5-pro,claude-x");
     /* Azure: a model that cannot infer and one retired for inference are left out. */
     ASSERT_EQ_STR(ids(TG_MODELS_AZURE, "{\"data\":[{\"id\":\"gpt-4o\",\"created_at\":1715558400,\"capabilities\":"

@@ -95,7 +95,8 @@
  * "models/<id>",displayName,supportedGenerationMethods}]} (plus text-embedding-mock,
  * embedContent only) and Vertex AI's GET /v1beta1/publishers/<p>/models
  * (a bearer token this mock issued) {"publisherModels":[{name:"publishers/<p>/models/
- * <id>",...}]} (anthropic: mock-claude and --models; google: all), both paged by
+ * <id>",...}]} (anthropic: mock-claude and --models; google: gemini-<each id> and
+ * imagen-mock), both paged by
  * pageSize (default 50) and the page knob with an opaque nextPageToken "pt/<offset>="
  * that must come back percent-encoded (else 400); Azure's GET /openai/models?api-version
  * (api-key or an Entra token) {"data":[{id,created_at,status,capabilities,deprecation,
@@ -986,12 +987,13 @@ static void render_models(conn_t *c) {
         char prefix[48];
         int anth = r->models_pub[0] && !strcmp(r->models_pub, "anthropic");
         if (r->models_pub[0])
-            snprintf(prefix, sizeof(prefix), "publishers/%s/models/", r->models_pub);
+            snprintf(prefix, sizeof(prefix), "publishers/%s/models/%s", r->models_pub, anth ? "" : "gemini-");
         else
             snprintf(prefix, sizeof(prefix), "models/");
         w.prefix = prefix;
         models_each(anth, models_find, &w);
-        int gemini_extra = !r->models_pub[0]; /* Gemini: an embedding-only model last */
+        /* Gemini: an embedding-only model last; Vertex's google: an image model last. */
+        int gemini_extra = !anth;
         w.total = w.index + gemini_extra;
         int size = r->models_page_size > 0 ? r->models_page_size : 50;
         if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
@@ -1001,7 +1003,10 @@ static void render_models(conn_t *c) {
         w.to = w.total - w.from > size ? w.from + size : w.total;
         tg_buf_printf(b, "{\"%s\":[", r->models_pub[0] ? "publisherModels" : "models");
         models_each(anth, models_put_google, &w);
-        if (gemini_extra && w.to == w.total)
+        if (gemini_extra && w.to == w.total && r->models_pub[0])
+            tg_buf_printf(b, "%s{\"name\":\"publishers/google/models/imagen-mock\",\"versionId\":\"001\"}",
+                          w.to - 1 > w.from ? "," : "");
+        else if (gemini_extra && w.to == w.total)
             tg_buf_printf(b, "%s{\"name\":\"models/text-embedding-mock\",\"displayName\":\"Text Embedding\","
                              "\"supportedGenerationMethods\":[\"embedContent\"]}",
                           w.to - 1 > w.from ? "," : "");

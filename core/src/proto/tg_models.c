@@ -98,7 +98,7 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
         return 0;
     }
     json_array_foreach(list, i, m) {
-        const char *id = json_string_value(json_object_get(m, "id"));
+        const char *id = json_string_value(json_object_get(m, "id")), *name;
         json_t *e = NULL;
         switch (shape) {
         case TG_MODELS_OPENAI:
@@ -145,9 +145,15 @@ int tg_models_page(tg_models_shape_t shape, const char *body, size_t len, int64_
              * when given, names it; an embedding-only model does not). */
             if (shape == TG_MODELS_GEMINI && !has_string(json_object_get(m, "supportedGenerationMethods"), "generateContent"))
                 break;
-            if ((id = name_id(json_string_value(json_object_get(m, "name")))) != NULL)
-                e = tg_models_entry(id, 0, json_string_value(json_object_get(m, "displayName")),
-                                    shape == TG_MODELS_GEMINI ? "google" : "vertex");
+            name = json_string_value(json_object_get(m, "name"));
+            if ((id = name_id(name)) == NULL)
+                break;
+            /* Vertex: Google's models through generateContent are its Gemini models (its
+             * image, speech and embedding models take predict). */
+            if (shape == TG_MODELS_VERTEX && !strncmp(name, "publishers/google/", 18) && strncmp(id, "gemini", 6) != 0)
+                break;
+            e = tg_models_entry(id, 0, json_string_value(json_object_get(m, "displayName")),
+                                shape == TG_MODELS_GEMINI ? "google" : "vertex");
             break;
         }
         append(entries, &n, e);
