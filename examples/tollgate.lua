@@ -48,10 +48,17 @@ return {
   -- Redis (redis://[[user]:password@]host[:port][/db] or unix:///path): limits,
   -- balances, leases, cache invalidation. A Redis Cluster: its seed nodes,
   -- redis-cluster://[[user]:password@]host:port[,host:port...] (examples/README.md).
-  -- No TLS (rediss://). Default: none (limits then follow `limiter`'s Redis-down
-  -- policies).
+  -- Over TLS: rediss://... and rediss-cluster://..., set up by `redis_tls` below.
+  -- Default: none (limits then follow `limiter`'s Redis-down policies).
   redis = os.getenv("TOLLGATE_REDIS"),
   redis_timeout_ms = 250,       -- a Redis command slower than this counts as Redis down
+  -- TLS to Redis, for a rediss:// or rediss-cluster:// URL (examples/README.md):
+  -- redis_tls = {
+  --   ca_file = "/etc/redis/ca.pem",   -- CA bundle; default: the system store
+  --   cert = "/etc/tollgate/redis-client.pem", key = "/etc/tollgate/redis-client.key", -- mutual TLS (both or neither)
+  --   server_name = "redis.internal",  -- SNI and the name checked; default: each node's host (an IP: its IP SAN)
+  --   verify = true,                   -- verify the certificate and the name (false: a warning at start)
+  -- },
 
   log_level = "info",   -- error | warn | info | debug (stderr)
   access_log = true,    -- one JSON line per request on stdout

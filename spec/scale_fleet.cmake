@@ -10,6 +10,9 @@ endif()
 
 tg_services_test(scale_readyz ${CMAKE_CURRENT_SOURCE_DIR}/integration/scale_readyz.test.mjs "scale;integration" 60)
 
+# TLS to Redis (rediss://, redis_tls): a private TLS-only redis-server with a throwaway CA.
+tg_services_test(scale_redis_tls ${CMAKE_CURRENT_SOURCE_DIR}/integration/scale_redis_tls.test.mjs "scale;limits;integration" 60)
+
 # The Postgres pair (spec/lib/pg_pair.sh), made once for the tests that need it and
 # removed after them, in spec/run.sh's scratch directory (skipped without one).
 add_test(NAME scale.pg_pair_start

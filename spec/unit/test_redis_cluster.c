@@ -157,12 +157,22 @@ TG_TEST(redis_cluster, seed_urls) {
     ASSERT(strcmp(u.seeds, "10.0.0.1:7000,10.0.0.2:7001,[::1]:7002") == 0);
     tg_redis_url_free(&u);
     ASSERT_EQ_INT(tg_redis_url_parse("redis-cluster://h", &u), TG_OK);
-    ASSERT(u.port == 6379);
+    ASSERT(u.port == 6379 && u.tls == 0);
     tg_redis_url_free(&u);
+    /* TLS: the same seeds, and tg_redis_url_is_cluster says so. */
+    ASSERT_EQ_INT(tg_redis_url_parse("rediss-cluster://:pw@10.0.0.1:7000,node-b:7001", &u), TG_OK);
+    ASSERT(u.cluster == 1 && u.tls == 1 && strcmp(u.host, "10.0.0.1") == 0 && u.port == 7000);
+    ASSERT(strcmp(u.pass, "pw") == 0 && strcmp(u.seeds, "10.0.0.1:7000,node-b:7001") == 0);
+    tg_redis_url_free(&u);
+    ASSERT(tg_redis_url_is_cluster("rediss-cluster://h:1") && !tg_redis_url_is_cluster("rediss://h:1"));
     const char *bad[] = {"redis-cluster://", "redis-cluster://h:1,", "redis-cluster://h:1,,h:2",
                          "redis-cluster://h:1/2", "redis-cluster://h:0",
                          "redis-cluster://h:x",
-                         "rediss-cluster://h:1"};
+                         "rediss-cluster://",
+                         "rediss-cluster://h:1,",
+                         "rediss-cluster://h:1/0",
+                         "rediss-clusterx://h:1",
+                         "redis-clusters://h:1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         if (tg_redis_url_parse(bad[i], &u) != TG_ERROR) {
             fprintf(stderr, "accepted: %s\n", bad[i]);

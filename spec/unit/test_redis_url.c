@@ -53,7 +53,23 @@ TG_TEST(redis_url, anything_else_is_refused) {
                          "redis://[::1",
                          "redis://[::1]x",
                          "unix://relative.sock",
-                         "rediss://host"};
+                         /* TLS URLs take the same checks, and nothing near them passes */
+                         "rediss://",
+                         "rediss://:pw@",
+                         "rediss://host:0",
+                         "rediss://host:65536",
+                         "rediss://host:1x",
+                         "rediss://[::1",
+                         "rediss://host/x",
+                         "rediss:/host",
+                         "rediss//host",
+                         "redisss://host",
+                         "rediss:host",
+                         "redis",
+                         "rediss",
+                         "rediss-://host",
+                         "rediss-clust://host",
+                         "unixs:///tmp/r.sock"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         tg_redis_url_t u;
         memset(&u, 0x5a, sizeof(u));
@@ -63,6 +79,46 @@ TG_TEST(redis_url, anything_else_is_refused) {
         }
         ASSERT(u.host == NULL && u.path == NULL && u.user == NULL && u.pass == NULL);
     }
+}
+
+static void parses_tls(const char *url, const char *host, const char *pass, int port, int db) {
+    tg_redis_url_t u;
+    ASSERT_EQ_INT(tg_redis_url_parse(url, &u), TG_OK);
+    ASSERT(u.tls == 1 && u.cluster == 0 && u.path == NULL);
+    STR_OR_NULL(u.host, host);
+    STR_OR_NULL(u.pass, pass);
+    ASSERT_EQ_INT(u.port, port);
+    ASSERT_EQ_INT(u.db, db);
+    tg_redis_url_free(&u);
+}
+
+TG_TEST(redis_url, rediss_is_the_same_url_over_tls) {
+    parses_tls("rediss://127.0.0.1:6380", "127.0.0.1", NULL, 6380, 0);
+    parses_tls("rediss://redis.internal", "redis.internal", NULL, 6379, 0);
+    parses_tls("rediss://ops:s3cret@[::1]:7000/2", "::1", "s3cret", 7000, 2);
+    tg_redis_url_t u;
+    ASSERT_EQ_INT(tg_redis_url_parse("redis://127.0.0.1:6380", &u), TG_OK);
+    ASSERT(u.tls == 0);
+    tg_redis_url_free(&u);
+    /* A very long host or password is read as it is, not cut or overflowed. */
+    char url[9000], host[4001];
+    memset(host, 'h', sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(url, sizeof(url), "rediss://:%s@%s:7000", host, host);
+    parses_tls(url, host, host, 7000, 0);
+}
+
+TG_TEST(redis_url, rediss_without_tls_set_up_is_refused_clearly) {
+    /* This process never called tg_redis_tls_setup (the config's redis_tls does). */
+    char err[400];
+    ASSERT(tg_redis_connect_sync("rediss://:hunter2@127.0.0.1:1", 500, err, sizeof(err)) == NULL);
+    ASSERT(strstr(err, "TLS is not set up"));
+    ASSERT(!strstr(err, "hunter2"));
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ASSERT(tg_redis_create(&loop, "rediss://:hunter2@127.0.0.1:1", 100) == NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ASSERT_EQ_INT(uv_loop_close(&loop), 0);
 }
 
 TG_TEST(redis_url, connect_sync_names_the_place_not_the_password) {

@@ -127,6 +127,12 @@ typedef struct {
     int key_stale_ms;     /* past that, while Postgres cannot answer, it is still used this long */
     char *redis_url;
     int redis_timeout_ms; /* per command */
+    struct { /* redis_tls: for rediss:// and rediss-cluster:// URLs */
+        char *ca_file;     /* NULL: the system's CA store */
+        char *cert, *key;  /* a client certificate (mutual TLS) */
+        char *server_name; /* SNI and the name checked; NULL: each node's host */
+        int verify;        /* 1 (default): verify the certificate and the name */
+    } redis_tls;
     char *log_level;
     int access_log;
     struct {

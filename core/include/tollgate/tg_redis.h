@@ -65,6 +65,8 @@ typedef struct {
  *  bracketed IPv6 literal; "redis://secret@host" is a password alone),
  *  "unix:///path/to.sock", or a Redis Cluster's seed nodes
  *  "redis-cluster://[[user]:password@]host[:port][,host[:port]...]" (database 0 only).
+ *  "rediss://" and "rediss-cluster://" are the same over TLS (tg_redis_tls.h; the
+ *  settings are the process's, from tg_redis_tls_setup).
  *  The strings are owned by the struct (tg_redis_url_free). */
 typedef struct {
     char *host;        /* NULL for a socket */
@@ -74,6 +76,7 @@ typedef struct {
     int db;            /* 0 when not given */
     int cluster;       /* redis-cluster://: host and port are the first seed */
     char *seeds;       /* redis-cluster://: "host:port,host:port..." as given */
+    int tls;           /* rediss:// or rediss-cluster:// */
 } tg_redis_url_t;
 
 /** The one parser of Redis URLs (the client, `tollgate ledger`). TG_OK, or TG_ERROR for

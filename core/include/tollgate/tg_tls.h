@@ -32,6 +32,15 @@ int tg_tls_write(tg_tls_t *t, const char *p, size_t n, tg_buf_t *net_out);
 /** Starts a client handshake; the ClientHello lands in net_out. */
 int tg_tls_connect(tg_tls_t *t, tg_buf_t *net_out);
 int tg_tls_handshake_done(const tg_tls_t *t);
+/** Adds a client certificate chain and its key (PEM) to a client context. TG_OK, or
+ *  TG_ERROR with the reason in err. */
+int tg_tls_client_cert(SSL_CTX *ctx, const char *cert, const char *key, char *err, size_t errlen);
+/** Client side: the peer's certificate must name this IP address (an IP literal host:
+ *  no SNI is sent for it, and tg_tls_create got NULL). TG_OK or TG_ERROR. */
+int tg_tls_expect_ip(tg_tls_t *t, const char *ip);
+/** Why the session failed, for a log line: the OpenSSL error and, when the peer's
+ *  certificate was refused, the verification's verdict. Clears the error queue. */
+void tg_tls_describe_error(const tg_tls_t *t, char *buf, size_t n);
 /** The last OpenSSL error as text, for logs. */
 const char *tg_tls_last_error(void);
 

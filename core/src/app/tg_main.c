@@ -16,6 +16,7 @@
 #include "tollgate/tg_db.h"
 #include "tollgate/tg_mock.h"
 #include "tollgate/tg_plugin.h"
+#include "tollgate/tg_redis_tls.h"
 #include "tollgate/tg_server.h"
 #include "tollgate/tg_trace.h"
 #include "tollgate/tg_usage_store.h"
@@ -204,6 +205,15 @@ static int load(int argc, char **argv, tg_config_t *cfg) {
         return 2;
     }
     tg_log_level = tg_log_level_parse(cfg->log_level);
+    /* TLS to Redis: one client context for the process, before any worker starts. */
+    if (cfg->redis_url && strncmp(cfg->redis_url, "rediss", 6) == 0) {
+        tg_redis_tls_opts_t o = {cfg->redis_tls.ca_file, cfg->redis_tls.cert, cfg->redis_tls.key,
+                                 cfg->redis_tls.server_name, cfg->redis_tls.verify};
+        if (tg_redis_tls_setup(&o, err, sizeof(err)) != TG_OK) {
+            fprintf(stderr, "config: redis_tls: %s\n", err);
+            return 2;
+        }
+    }
     /* The budgets' clock (tg_budgets.h): TZ made a variable of its own before any
      * thread starts, and shifted for tests only when the config asks for it. */
     tg_budget_tz_init();

@@ -229,6 +229,23 @@ static int load_tls(cfg_ctx *c, tg_config_t *cfg) {
     return TG_OK;
 }
 
+static int load_redis_tls(cfg_ctx *c, tg_config_t *cfg) {
+    static const char *const keys[] = {"ca_file", "cert", "key", "server_name", "verify", NULL};
+    c->prefix = "redis_tls.";
+    int rc = check_keys(c, keys);
+    rc = rc ?: get_str(c, "ca_file", &cfg->redis_tls.ca_file);
+    rc = rc ?: get_str(c, "cert", &cfg->redis_tls.cert);
+    rc = rc ?: get_str(c, "key", &cfg->redis_tls.key);
+    rc = rc ?: get_str(c, "server_name", &cfg->redis_tls.server_name);
+    rc = rc ?: get_bool(c, "verify", &cfg->redis_tls.verify);
+    if (rc)
+        return rc;
+    if (!cfg->redis_tls.cert != !cfg->redis_tls.key)
+        return fail(c, cfg->redis_tls.cert ? "key" : "cert", "is required with a client certificate (cert and key)");
+    c->prefix = "";
+    return TG_OK;
+}
+
 static int load_keys(cfg_ctx *c, tg_config_t *cfg) {
     lua_getfield(c->L, -1, "keys");
     if (lua_isnil(c->L, -1)) {
@@ -459,6 +476,7 @@ static int load_tracing(cfg_ctx *c, void *arg) {
 static int upstream_fn(cfg_ctx *c, void *a) { return load_upstream(c, a); }
 static int http_limits_fn(cfg_ctx *c, void *a) { return load_http_limits(c, a); }
 static int tls_fn(cfg_ctx *c, void *a) { return load_tls(c, a); }
+static int redis_tls_fn(cfg_ctx *c, void *a) { return load_redis_tls(c, a); }
 
 static void defaults(tg_config_t *cfg) {
     memset(cfg, 0, sizeof(*cfg));
@@ -472,6 +490,7 @@ static void defaults(tg_config_t *cfg) {
     cfg->key_cache_ms = 30000;
     cfg->key_stale_ms = 600000;
     cfg->redis_timeout_ms = 250;
+    cfg->redis_tls.verify = 1;
     tg_plugins_config_defaults(&cfg->plugins);
     cfg->routing.max_attempts = 3;
     cfg->routing.deadline_ms = 120000;
@@ -529,7 +548,7 @@ static void env_override(char **field, const char *name) {
 int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen) {
     static const char *const keys[] = {"listen", "workers", "tls", "admin_token", "secret_key",
                                        "postgres", "postgres_pool", "postgres_timeout_ms", "redis",
-                                       "redis_timeout_ms", "log_level", "access_log", "keys",
+                                       "redis_timeout_ms", "redis_tls", "log_level", "access_log", "keys",
                                        "limits", "upstream", "limiter", "plugins", "billing", "routing",
                                        "max_tokens_models", "key_cache_ms", "key_stale_ms", "tracing", NULL};
     defaults(cfg);
@@ -561,6 +580,7 @@ int tg_config_load(const char *path, tg_config_t *cfg, char *err, size_t errlen)
         rc = rc ?: get_int(&c, "key_stale_ms", &cfg->key_stale_ms, 0, 86400000);
         rc = rc ?: get_str(&c, "redis", &cfg->redis_url);
         rc = rc ?: get_int(&c, "redis_timeout_ms", &cfg->redis_timeout_ms, 1, 600000);
+        rc = rc ?: sub_table(&c, "redis_tls", redis_tls_fn, cfg);
         rc = rc ?: get_str(&c, "log_level", &cfg->log_level);
         rc = rc ?: get_bool(&c, "access_log", &cfg->access_log);
         rc = rc ?: load_keys(&c, cfg);
@@ -603,6 +623,10 @@ void tg_config_free(tg_config_t *cfg) {
     free(cfg->secret_key);
     free(cfg->pg_conninfo);
     free(cfg->redis_url);
+    free(cfg->redis_tls.ca_file);
+    free(cfg->redis_tls.cert);
+    free(cfg->redis_tls.key);
+    free(cfg->redis_tls.server_name);
     free(cfg->log_level);
     for (size_t i = 0; i < cfg->nkeys; i++)
         free(cfg->keys[i]);

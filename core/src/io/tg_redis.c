@@ -24,6 +24,7 @@
 
 #include <assert.h>
 #include "tollgate/tg_redis_cluster.h"
+#include "tollgate/tg_redis_tls.h"
 #include <hiredis/async.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -68,6 +69,7 @@ typedef struct {
     int port;
     int wanted;        /* cluster: a seed, or a primary of the map; else not reconnected */
     char *own_host;    /* cluster: the node's address, freed with the client */
+    tg_rtls_t *tun;    /* rediss: the TLS tunnel under ac (counted in r->handles) */
 } tg__redis_conn_t;
 
 struct tg_redis_req_s {
@@ -462,6 +464,8 @@ static void conn_gone(tg__redis_conn_t *c) {
     tg_redis_t *r = c->r;
     int was_up = c->state == S_UP;
     c->ac = NULL;
+    tg_rtls_close(c->tun);
+    c->tun = NULL;
     c->inflight = 0;
     c->broken = c->freeing = 0;
     c->state = S_DOWN;
@@ -573,12 +577,42 @@ static void conn_subscribe(tg__redis_conn_t *c, const char *channel) {
     redisAsyncCommandArgv(c->ac, conn_on_sub_reply, NULL, 2, argv, NULL);
 }
 
+/* The TLS tunnel could not reach the node or complete the handshake; hiredis reads
+ * EOF next and conn_gone schedules the retry. */
+static void conn_on_tun_fail(void *ud, const char *why) {
+    tg__redis_conn_t *c = ud;
+    conn_log_failure(c, why);
+    c->tried = 1;
+}
+
+static void conn_on_tun_closed(void *ud, tg_rtls_t *t) {
+    tg__redis_conn_t *c = ud;
+    tg_redis_t *r = c->r;
+    if (c->tun == t)
+        c->tun = NULL;
+    if (--r->handles == 0)
+        redis_free(r);
+}
+
 static void conn_connect(tg__redis_conn_t *c) {
     tg_redis_t *r = c->r;
-    char why[128];
+    char why[600];
     if (c->is_sub && r->cluster)
         sub_pick_node(r); /* classic Pub/Sub: any node hears every PUBLISH */
-    redisAsyncContext *ac = c->path ? redisAsyncConnectUnix(c->path) : redisAsyncConnect(c->host, c->port);
+    redisAsyncContext *ac;
+    if (r->url.tls) {
+        ac = tg_redis_tls_connect_async(r->loop, c->host, c->port, &c->tun, conn_on_tun_fail, conn_on_tun_closed, c,
+                                        why, sizeof(why));
+        if (!ac) {
+            conn_log_failure(c, why);
+            c->tried = 1;
+            conn_retry(c);
+            return;
+        }
+        r->handles++; /* the tunnel's, until conn_on_tun_closed */
+    } else {
+        ac = c->path ? redisAsyncConnectUnix(c->path) : redisAsyncConnect(c->host, c->port);
+    }
     if (!ac) {
         conn_log_failure(c, "out of memory");
         c->tried = 1;
@@ -588,6 +622,8 @@ static void conn_connect(tg__redis_conn_t *c) {
     if (ac->err) {
         snprintf(why, sizeof(why), "%s", ac->errstr);
         redisAsyncFree(ac);
+        tg_rtls_close(c->tun);
+        c->tun = NULL;
         conn_log_failure(c, why);
         c->tried = 1;
         conn_retry(c);
@@ -595,12 +631,14 @@ static void conn_connect(tg__redis_conn_t *c) {
     }
     if (ev_attach(ac, r) != REDIS_OK) {
         redisAsyncFree(ac);
+        tg_rtls_close(c->tun);
+        c->tun = NULL;
         conn_log_failure(c, "cannot watch the socket");
         c->tried = 1;
         conn_retry(c);
         return;
     }
-    if (!c->path)
+    if (!c->path && !c->tun)
         redisEnableKeepAlive(&ac->c);
     ac->data = c;
     ac->ev.cleanup = conn_on_cleanup;
@@ -1164,11 +1202,19 @@ static int url_parse(tg_redis_url_t *u, const char *url) {
         u->path = strdup(url + 7);
         return 0;
     }
-    if (strncmp(url, "redis-cluster://", 16) == 0)
-        return url_parse_cluster(u, url + 16);
-    if (strncmp(url, "redis://", 8) != 0)
+    if (strncmp(url, "rediss", 6) == 0) { /* TLS: rediss:// and rediss-cluster:// */
+        u->tls = 1;
+        url += 6;
+    } else if (strncmp(url, "redis", 5) == 0) {
+        url += 5;
+    } else {
         return -1;
-    const char *p = url + 8;
+    }
+    if (strncmp(url, "-cluster://", 11) == 0)
+        return url_parse_cluster(u, url + 11);
+    if (strncmp(url, "://", 3) != 0)
+        return -1;
+    const char *p = url + 3;
     const char *end = p + strcspn(p, "/");
     const char *at = NULL;
     for (const char *s = p; s < end; s++)
@@ -1245,7 +1291,14 @@ static redisContext *sync_connect(const tg_redis_url_t *u, const char *host, int
     else
         snprintf(where, sizeof(where), "%.256s:%d/%d", host, port, u->db);
     struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    redisContext *c = !host ? redisConnectUnixWithTimeout(u->path, tv) : redisConnectWithTimeout(host, port, tv);
+    redisContext *c;
+    if (u->tls) {
+        c = tg_redis_tls_connect_sync(host, port, timeout_ms, err, errlen);
+        if (!c)
+            return NULL;
+    } else {
+        c = !host ? redisConnectUnixWithTimeout(u->path, tv) : redisConnectWithTimeout(host, port, tv);
+    }
     if (!c || c->err) {
         snprintf(err, errlen, "%s: %s", where, c ? c->errstr : "out of memory");
         goto fail;
@@ -1275,8 +1328,8 @@ redisContext *tg_redis_connect_sync_node(const char *url, const char *host, int 
     tg_redis_url_t u;
     if (tg_redis_url_parse(url, &u) != TG_OK) {
         snprintf(err, errlen,
-                 "bad URL (expected redis://[[user]:password@]host[:port][/db], "
-                 "redis-cluster://[[user]:password@]host:port[,host:port...] or unix:///path/to.sock)");
+                 "bad URL (expected redis[s]://[[user]:password@]host[:port][/db], "
+                 "redis[s]-cluster://[[user]:password@]host:port[,host:port...] or unix:///path/to.sock)");
         return NULL;
     }
     redisContext *c = NULL;
@@ -1301,7 +1354,9 @@ redisContext *tg_redis_connect_sync(const char *url, int timeout_ms, char *err, 
     return tg_redis_connect_sync_node(url, NULL, 0, timeout_ms, err, errlen);
 }
 
-int tg_redis_url_is_cluster(const char *url) { return url && strncmp(url, "redis-cluster://", 16) == 0; }
+int tg_redis_url_is_cluster(const char *url) {
+    return url && (strncmp(url, "redis-cluster://", 16) == 0 || strncmp(url, "rediss-cluster://", 17) == 0);
+}
 
 redisReply *tg_redis_sync_argv(redisContext **c, const char *url, int timeout_ms, int argc, const char **argv,
                                const size_t *argvlen) {
@@ -1312,6 +1367,8 @@ redisReply *tg_redis_sync_argv(redisContext **c, const char *url, int timeout_ms
         int kind = tg_redis_parse_redirect(rep->str, rep->len, &slot, host, &port);
         if (kind == TG_REDIS_REDIRECT_NONE)
             break;
+        if (!host[0] && !(*c)->tcp.host)
+            break; /* a TLS connection (a tunnel's socket) knows no host of its own */
         redisContext *n = tg_redis_connect_sync_node(url, host[0] ? host : (*c)->tcp.host, port, timeout_ms, err,
                                                      sizeof(err));
         if (!n)
@@ -1340,7 +1397,7 @@ int tg_redis_sync_map(redisContext *c, tg_redis_slotmap_t *m) {
             freeReplyObject(rep);
         if (ok) {
             for (int i = 0; i < m->nnodes; i++)
-                if (!m->nodes[i].host[0])
+                if (!m->nodes[i].host[0] && c->tcp.host)
                     snprintf(m->nodes[i].host, sizeof(m->nodes[i].host), "%s", c->tcp.host);
             return TG_OK;
         }
@@ -1365,13 +1422,13 @@ tg_redis_t *tg_redis_create(uv_loop_t *loop, const char *url, int timeout_ms) {
     if (!r)
         abort();
     if (tg_redis_url_parse(url, &r->url) != TG_OK) {
-        if (strncmp(url, "rediss", 6) == 0)
-            tg_log_error("redis: TLS (rediss://) is not supported: hiredis 0.14, Debian 12's, has no TLS; "
-                         "reach a TLS Redis through a local TLS proxy (stunnel, a sidecar) on loopback");
-        else
-            tg_log_error("redis: bad URL \"%s\": expected redis://[[user]:password@]host[:port][/db], "
-                         "redis-cluster://[[user]:password@]host:port[,host:port...] or unix:///path/to.sock",
-                         url);
+        tg_log_error("redis: bad URL: expected redis[s]://[[user]:password@]host[:port][/db], "
+                     "redis[s]-cluster://[[user]:password@]host:port[,host:port...] or unix:///path/to.sock");
+        redis_free(r);
+        return NULL;
+    }
+    if (r->url.tls && !tg_redis_tls_ready()) {
+        tg_log_error("redis: a rediss:// URL but TLS is not set up (tg_redis_tls_setup)");
         redis_free(r);
         return NULL;
     }

@@ -185,3 +185,27 @@ int tg_tls_connect(tg_tls_t *t, tg_buf_t *net_out) {
 }
 
 int tg_tls_handshake_done(const tg_tls_t *t) { return t->done; }
+
+int tg_tls_client_cert(SSL_CTX *ctx, const char *cert, const char *key, char *err, size_t errlen) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1 || SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+        snprintf(err, errlen, "tls: client certificate: %s", tg_tls_last_error());
+        ERR_clear_error();
+        return TG_ERROR;
+    }
+    return TG_OK;
+}
+
+int tg_tls_expect_ip(tg_tls_t *t, const char *ip) {
+    return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), ip) == 1 ? TG_OK : TG_ERROR;
+}
+
+void tg_tls_describe_error(const tg_tls_t *t, char *buf, size_t n) {
+    long v = SSL_get_verify_result(t->ssl);
+    const char *e = ERR_peek_error() ? tg_tls_last_error() : "the session failed";
+    if (v != X509_V_OK)
+        snprintf(buf, n, "%s (certificate: %s)", e, X509_verify_cert_error_string(v));
+    else
+        snprintf(buf, n, "%s", e);
+    ERR_clear_error();
+}

@@ -348,14 +348,15 @@ export function redisCli(url, ...args) {
  * A private redis-server on a unix socket in a temp dir (no TCP port, no persistence).
  * Returns {url, sock, pid, stop(sig), restart()}; stop() kills by PID and waits for the
  * exit. restart() starts a new server on the same socket. Register it with after().
+ * `args` are added to redis-server's (e.g. a --tls-port; `url` stays the socket's).
  */
-export async function startRedis() {
+export async function startRedis({ args = [] } = {}) {
   const dir = tempDir('redis');
   const sock = path.join(dir, 'redis.sock');
   const r = { dir, sock, url: `unix://${sock}`, proc: null, pid: null };
   const launch = async () => {
     const child = spawn('redis-server', ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--save', '',
-      '--appendonly', 'no', '--dir', dir, '--daemonize', 'no', '--logfile', ''], { stdio: ['ignore', 'pipe', 'pipe'] });
+      '--appendonly', 'no', '--dir', dir, '--daemonize', 'no', '--logfile', '', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     child.stdout.on('data', (d) => {
       out += d;
