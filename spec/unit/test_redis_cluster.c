@@ -134,6 +134,31 @@ TG_TEST(redis_cluster, the_map_from_cluster_shards) {
     free(m);
 }
 
+/* A node's entry with a "port" and a "tls-port" (both given: "port" then "tls-port";
+ * one only: port NULL or tls NULL). */
+#define NODE_TLS(fields, extra)                                                                            \
+    "*" fields "\r\n$2\r\nid\r\n$1\r\na\r\n" extra "$2\r\nip\r\n$9\r\n127.0.0.1\r\n$4\r\nrole\r\n" MASTER \
+    "\r\n$6\r\nhealth\r\n" ONLINE "\r\n"
+#define ONE_SHARD(node) "*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n" node
+
+TG_TEST(redis_cluster, a_tls_client_takes_the_tls_port) {
+    const char *both = ONE_SHARD(NODE_TLS("12", "$4\r\nport\r\n:7000\r\n$8\r\ntls-port\r\n:8000\r\n"));
+    const char *tls_only = ONE_SHARD(NODE_TLS("10", "$8\r\ntls-port\r\n:8001\r\n"));
+    tg_redis_slotmap_t *m = calloc(1, sizeof(*m));
+    struct {
+        const char *reply;
+        int tls, port;
+    } cases[] = {{both, 0, 7000}, {both, 1, 8000}, {tls_only, 1, 8001}, {tls_only, 0, 8001}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        redisReply *r = resp(cases[i].reply);
+        m->tls = cases[i].tls;
+        ASSERT_EQ_INT(tg_redis_slotmap_parse(r, 1, m), 16384);
+        ASSERT_EQ_INT(m->nodes[m->slot[100]].port, cases[i].port);
+        freeReplyObject(r);
+    }
+    free(m);
+}
+
 TG_TEST(redis_cluster, the_map_from_cluster_slots) {
     const char *slots = "*2\r\n"
                         "*4\r\n:0\r\n:8191\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$1\r\na\r\n"

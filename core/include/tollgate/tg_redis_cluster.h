@@ -43,6 +43,8 @@ typedef struct tg_redis_slotmap_s {
     int nnodes;
     int16_t slot[TG_REDIS_SLOTS];
     int covered; /* slots that have a primary */
+    int tls;     /* in: the client talks TLS, so a node's "tls-port" comes first (CLUSTER SHARDS
+                  * names both when a node serves both; a TLS-only node has no "port") */
 } tg_redis_slotmap_t;
 
 /**

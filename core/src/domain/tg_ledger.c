@@ -271,6 +271,8 @@ int tg_ledger_reconcile_main(const char *pg_conninfo, const char *redis_url, int
         fprintf(stderr, "ledger reconcile: Redis: %s: the holds of the requests settled here stay there\n", rerr);
     if (rc && tg_redis_url_is_cluster(redis_url)) { /* every primary's holds */
         tg_redis_slotmap_t *m = malloc(sizeof(*m));
+        if (m)
+            m->tls = strncmp(redis_url, "rediss", 6) == 0;
         if (!m || tg_redis_sync_map(rc, m) != TG_OK) {
             fprintf(stderr, "ledger reconcile: Redis: could not read the cluster's slot map\n");
         } else {

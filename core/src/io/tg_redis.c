@@ -1006,6 +1006,7 @@ static void cluster_on_map(redisAsyncContext *ac, void *reply_, void *privdata) 
     }
     if (!r->map && !(r->map = malloc(sizeof(*r->map))))
         abort();
+    r->map->tls = r->url.tls;
     if (tg_redis_slotmap_parse(reply, !r->use_slots, r->map) < 0) {
         tg_log_warn("redis: cluster map from %s:%d: not a map of slots (is it a cluster node?)", c->host, c->port);
         return;

@@ -185,7 +185,8 @@ static int shard_node(tg_redis_slotmap_t *m, const redisReply *n) {
     const redisReply *a = rep_is_str(ep) && ep->len > 0 && !rep_eq(ep, "?") ? ep : ip;
     if (!rep_is_str(a))
         return -1;
-    return map_node(m, a->str, a->len, rep_int(field(n, "port")));
+    const redisReply *port = field(n, "port"), *tls_port = field(n, "tls-port");
+    return map_node(m, a->str, a->len, rep_int((m->tls && tls_port) || !port ? tls_port : port));
 }
 
 static int parse_shards(const redisReply *rep, tg_redis_slotmap_t *m) {
