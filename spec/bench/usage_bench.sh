@@ -10,8 +10,9 @@
 #   3. the admin API's report queries over the last 14 days, each 20 times, p50/p95 (ms):
 #      summary by model, by account, by tenant, by day, by day+account, and the capacity
 #      report by account and by group;
-#   4. the settlement throughput with the rollups on and off (billing_settle_bench.sh
-#      --quick, TG_BENCH_ROLLUPS=on|off), twice each, interleaved.
+#   4. the settlement throughput with the rollups on and off (billing_settle_bench.sh,
+#      TG_BENCH_SETTLE_N requests a run (20,000), TG_BENCH_ROLLUPS=on|off), twice each,
+#      interleaved.
 # The report queries read only the rollups, so their cost follows the number of
 # combinations per hour, not the number of usage rows: once every combination appears in
 # every hour (it does at 3M rows over 30 days here), more rows make the same rollups.
@@ -32,6 +33,7 @@ set -euo pipefail
 
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
 ROWS=${TG_BENCH_ROWS:-3000000}
+SETTLE_N=${TG_BENCH_SETTLE_N:-20000}
 REPS=20
 SETTLE=1
 for a in "$@"; do
@@ -58,7 +60,9 @@ snapshot_bin tollgate
 bench_services pg
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$TOLLGATE_PG" "$@"; }
 echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua"
-"$T/tollgate" migrate -c "$T/tool.lua" >/dev/null
+tm0=$(date +%s.%N)
+"$T/tollgate" migrate -c "$T/tool.lua" >"$T/migrate.out"
+tm1=$(date +%s.%N)
 FRESH=1
 [ -z "${REUSE:-}" ] || [ "$(sql -c "SELECT count(*) > 0 FROM usage_hourly")" != t ] || FRESH=0
 
@@ -118,13 +122,19 @@ if [ "$FRESH" = 1 ]; then echo "$t0 $t1 $t2" >"$T/gen.times"; else read -r t0 t1
 t2c=$(date +%s.%N)
 sql -c "SELECT tg_usage_compact()" >/dev/null
 t3=$(date +%s.%N)
-sql -c "VACUUM ANALYZE usage_hourly, usage_daily, usage_capacity_hourly, usage_days_compacted" >/dev/null
+sql -c "VACUUM ANALYZE usage_hourly, usage_daily, usage_capacity_hourly, usage_days_compacted, usage_hourly_acct,
+        usage_daily_acct" >/dev/null
 HOURLY=$(sql -c "SELECT count(*) FROM usage_hourly")
 DAILY=$(sql -c "SELECT count(*) FROM usage_daily")
 PERHOUR=$(sql -c "SELECT round(avg(n)) FROM (SELECT count(*) n FROM usage_hourly GROUP BY hour) x")
+AHOURLY=$(sql -c "SELECT count(*) FROM usage_hourly_acct")
+ADAILY=$(sql -c "SELECT count(*) FROM usage_daily_acct")
+APERHOUR=$(sql -c "SELECT round(avg(n)) FROM (SELECT count(*) n FROM usage_hourly_acct GROUP BY hour) x")
 echo "- $NROWS usage rows over 30 days ($SIZE with indexes), generated in SQL in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f", b-a}') s;"
 echo "  rollups rebuilt from them in $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.0f", b-a}') s, compacted in $(awk -v a="$t2c" -v b="$t3" 'BEGIN{printf "%.1f", b-a}') s:"
-echo "  $HOURLY hourly rows ($PERHOUR combinations per hour), $DAILY daily rows."
+echo "  $HOURLY hourly rows ($PERHOUR combinations per hour), $DAILY daily rows; coarse (sql/0014):"
+echo "  $AHOURLY hourly rows ($APERHOUR per hour), $ADAILY daily rows."
+[ "$FRESH" = 1 ] || echo "  Reused: migrated by this commit's binary in $(awk -v a="$tm0" -v b="$tm1" 'BEGIN{printf "%.0f", b-a}') s ($(grep -c '^applied' "$T/migrate.out") migration(s) applied: $(grep '^applied' "$T/migrate.out" | cut -d' ' -f2 | tr '\n' ' ')), then compacted."
 echo ""
 [ -z "${GENONLY:-}" ] || exit 0
 
@@ -157,11 +167,12 @@ timeit "capacity by=group" "SELECT length(tg_usage_capacity('$FROM', '$TO', 'gro
 echo ""
 
 if [ "$SETTLE" = 1 ]; then
-    echo "Settlement throughput, rollups on vs off (billing_settle_bench.sh --quick, 2 instances line):"
+    echo "Settlement throughput, rollups on vs off (billing_settle_bench.sh, $SETTLE_N requests a run; the build's"
+    echo "tollgate and libtollgate_core.a, so the SQL measured is this commit's):"
     echo ""
     for round in 1 2; do
         for mode in on off; do
-            TG_BENCH_BIN=$BIN TG_BENCH_ROLLUPS=$mode "$ROOT/spec/bench/billing_settle_bench.sh" --quick >"$T/settle.$mode.$round" 2>&1 || true
+            TG_BENCH_BIN=$BIN_SRC TG_BENCH_ROLLUPS=$mode TG_BENCH_N=$SETTLE_N "$ROOT/spec/bench/billing_settle_bench.sh" >"$T/settle.$mode.$round" 2>&1 || true
             # the committed / s of each run (1 and 2 workers)
             rate=$(grep '^| ' "$T/settle.$mode.$round" | grep -v '^| run' |
                 awk -F'|' '{ gsub(/[ *]/, "", $3); gsub(/[ *]/, "", $6); printf "%s worker(s): %s/s; ", $3, $6 }' || true)
