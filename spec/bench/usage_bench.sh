@@ -7,7 +7,8 @@
 #      each key on 1-2 models and its group's accounts: about 3,500 combinations per hour,
 #      what a busy gateway has; then the rollups rebuilt from them (`tollgate usage
 #      rebuild`) and the finished days compacted (tg_usage_compact);
-#   3. the admin API's report queries over the last 14 days, each 20 times, p50/p95 (ms):
+#   3. the admin API's report queries over the last 14 days, each 20 times on a new
+#      connection and 20 times on one (warm), p50/p95 (ms):
 #      summary by model, by account, by tenant, by day, by day+account, and the capacity
 #      report by account and by group;
 #   4. the settlement throughput with the rollups on and off (billing_settle_bench.sh,
@@ -140,20 +141,23 @@ echo ""
 
 FROM=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') - interval '14 days', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
 TO=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') + interval '1 hour', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
-# p50 and p95 (ms) of $REPS runs of one query, each in its own psql (a new connection, like
-# the gateway's pool the first time; the plan is not cached between runs).
+# p50 and p95 (ms) of $REPS runs of one query, each in its own psql (a new connection: the
+# backend's caches and the PL/pgSQL function compiled anew each time), then of $REPS runs in
+# one session after one more (warm: what the gateway's pooled connections see).
+pcts() { sort -n "$1" | awk '{ a[NR] = $1 } END { printf "%.1f | %.1f", a[int((NR + 1) / 2)], a[int(NR * 0.95 + 0.999)] }'; }
 timeit() {
-    local name=$1 q=$2 f="$T/times.$RANDOM"
+    local name=$1 q=$2 f="$T/times.$RANDOM" w="$T/warm.$RANDOM"
     for _ in $(seq "$REPS"); do
         psql -X -q -At -d "$TOLLGATE_PG" -c '\timing on' -c "$q" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' >>"$f"
     done
-    sort -n "$f" | awk -v n="$name" '{ a[NR] = $1 } END { p50 = a[int((NR + 1) / 2)]; p95 = a[int(NR * 0.95 + 0.999)];
-        printf "| %s | %.1f | %.1f |\n", n, p50, p95 }'
+    { echo '\timing on'; for _ in $(seq $((REPS + 1))); do echo "$q;"; done; } |
+        psql -X -q -At -d "$TOLLGATE_PG" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | tail -n +2 >"$w"
+    echo "| $name | $(pcts "$f") | $(pcts "$w") |"
 }
 echo "Queries over 14 days (from $FROM to $TO, the admin API's SQL), $REPS runs each:"
 echo ""
-echo "| query | p50 ms | p95 ms |"
-echo "|---|---:|---:|"
+echo "| query | p50 ms | p95 ms | warm p50 ms | warm p95 ms |"
+echo "|---|---:|---:|---:|---:|"
 rep() { echo "SELECT length(tg_usage_report('$FROM', '$TO', '$1', NULL, NULL, NULL, NULL, NULL, ${2:-100}, 0))"; }
 timeit "report group_by=model" "$(rep '{model}')"
 timeit "report group_by=account" "$(rep '{account}')"
