@@ -10,8 +10,8 @@
 //   line, and the gateway fails as core/README.md's "When Redis is down" says for
 //   limits `closed` (503, no crash, /healthz still answers);
 // - mutual TLS: with tls-auth-clients yes, the configured client certificate is accepted
-//   and its absence is refused; a server name that the certificate does not carry is
-//   refused.
+//   (a gateway's workers and `tollgate ledger`) and its absence is refused and logged; a
+//   server name that the certificate does not carry is refused.
 
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
@@ -143,6 +143,18 @@ test('mutual TLS and the server name: a client certificate when Redis asks for o
     const without = await ledgerVerify({ ca_file: pki.ca });
     assert.notEqual(without.code, 0, without.out);
     assert.match(without.out, /TLS to 127\.0\.0\.1:\d+/, without.out);
+    // The workers' client: with the certificate a limited request is served ...
+    const gw = await startBilledGateway(bill, { workers: 1, limiter: closed,
+      redis_tls: { ca_file: pki.ca, cert: pki.clientCert, key: pki.clientKey } }, { mock });
+    const r = await chat(gw, bill.key, chatReq(MODEL, 'mutual'), { timeout: 10000 });
+    assert.equal(r.status, 200, r.text);
+    await gw.stop();
+    // ... and without it the connection is refused, and the log says so.
+    const gw2 = await startBilledGateway(bill, { workers: 1, limiter: closed, redis_tls: { ca_file: pki.ca } }, { mock });
+    const line = await gw2.proc.waitForLine('stderr', /redis: .*connect failed: TLS to 127\.0\.0\.1:\d+/, 10000);
+    assert.match(line, /certificate required|client certificate/, line);
+    assert.equal((await chat(gw2, bill.key, chatReq(MODEL, 'no cert'), { timeout: 10000 })).status, 503);
+    await gw2.stop();
   } finally {
     await redisCli(redis.url, 'CONFIG', 'SET', 'tls-auth-clients', 'optional');
   }

@@ -143,7 +143,11 @@ static void rtls_on_written(uv_write_t *req, int status) {
     tg_rtls_t *t = req->data;
     free(req);
     if (status < 0 && status != UV_ECANCELED)
-        rtls_shut(t);
+        rtls_fail(t,
+                  t->up && !t->answered ? "the server dropped the session before answering "
+                                          "(a client certificate missing or refused? redis_tls.cert)"
+                                        : "write failed",
+                  uv_strerror(status));
 }
 
 static void rtls_send(tg_rtls_t *t, uv_stream_t *s, tg_buf_t *b) {
@@ -177,8 +181,10 @@ static void rtls_on_net(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         if (nread == UV_EOF && t->answered)
             rtls_shut(t); /* hiredis tells */
         else
-            rtls_fail(t, nread != UV_EOF ? "read failed" : t->up ? "the server closed the connection" :
-                                                                     "the server closed the connection during the handshake",
+            rtls_fail(t,
+                      !t->up ? "the server closed the connection during the handshake"
+                             : "the server dropped the session before answering (a client certificate missing or "
+                               "refused? redis_tls.cert)",
                       nread == UV_EOF ? NULL : uv_strerror((int)nread));
         return;
     }
