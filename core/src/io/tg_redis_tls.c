@@ -481,6 +481,10 @@ redisContext *tg_redis_tls_connect_sync(const char *host, int port, int timeout_
         sync_unref(s);
         return NULL;
     }
+    /* Where it leads, as hiredis keeps it for a TCP connection (redisFree frees it): a
+     * cluster's map names the answering node by an empty host. */
+    c->tcp.host = strdup(host);
+    c->tcp.port = port;
     /* A first answer: a node that refuses this client (its certificate) says so only now. */
     struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     redisSetTimeout(c, tv);
