@@ -64,6 +64,15 @@ after(async () => {
   await bill?.db.drop();
 });
 
+/** With TG_SCREENSHOT_DIR set, the page as it is (admin-ui/screenshots/ holds reviewed ones). */
+async function shot(name) {
+  if (!process.env.TG_SCREENSHOT_DIR) return;
+  fs.mkdirSync(process.env.TG_SCREENSHOT_DIR, { recursive: true });
+  await page.evaluate(() => document.querySelector('main')?.scrollTo?.(0, 0) ?? window.scrollTo(0, 0));
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: `${process.env.TG_SCREENSHOT_DIR}/${name}.png` });
+}
+
 async function go(label) {
   await page.locator('nav.side').getByRole('link', { name: label, exact: true }).click();
   await page.getByRole('heading', { level: 1, name: label, exact: true }).waitFor();
@@ -126,6 +135,7 @@ test('usage page: totals, chart, grouped rows a page at a time and the CSV expor
   assert.equal(count(await p2.locator('td[data-col="requests"]').textContent()), hours.data[100].requests);
   assert.equal(dollars(await p2.locator('td[data-col="cost"]').textContent()), Number(hours.data[100].cost));
   assert.deepEqual(await axeSerious(page), [], 'axe-core on the usage page');
+  await shot('usage-report');
   await page.getByRole('button', { name: 'Previous page' }).click();
   await page.locator('[data-testid="usage-pager"]').getByText('Page 1', { exact: true }).waitFor();
 
@@ -185,6 +195,7 @@ test('capacity page: per account and per group, the API\'s capacity report with 
   assert.match(cap.rule, /recommended_concurrency/);
   await page.locator('[data-testid="capacity-chart"] canvas').waitFor();
   assert.deepEqual(await axeSerious(page), [], 'axe-core on the capacity page');
+  await shot('capacity-report');
 
   // Per group, 7 days.
   await page.getByRole('button', { name: 'per group' }).click();
