@@ -11,7 +11,11 @@
 //   limits `closed` (503, no crash, /healthz still answers);
 // - mutual TLS: with tls-auth-clients yes, the configured client certificate is accepted
 //   (a gateway's workers and `tollgate ledger`) and its absence is refused and logged; a
-//   server name that the certificate does not carry is refused.
+//   server name that the certificate does not carry is refused;
+// - rediss-cluster://: a one-node TLS-only cluster (tls-cluster yes, no plaintext port,
+//   so CLUSTER SHARDS names its tls-port alone and no host): the map is read over TLS
+//   and the limit holds. (The 3 + 3 cluster of scale.cluster_up stays plaintext; this
+//   node costs about a second.)
 
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
@@ -20,7 +24,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { freePort, HOST, startGateway, startMock, stopAll, tempDir, TG_BIN, toLua, waitFor } from './lib/harness.mjs';
-import { chat, chatReq, redisCli, SECRET_KEY, startRedis, tally } from './lib/db.mjs';
+import { chat, chatReq, metrics, redisCli, SECRET_KEY, startRedis, tally } from './lib/db.mjs';
 import { billedEnv, billedSetup, liveMoney, MODEL, startBilledGateway } from './lib/billing.mjs';
 
 const C = 2; // the key's concurrency limit
@@ -166,4 +170,36 @@ test('mutual TLS and the server name: a client certificate when Redis asks for o
   const bad = await ledgerVerify({ ca_file: pki.ca, cert: pki.clientCert });
   assert.equal(bad.code, 2, bad.out);
   assert.match(bad.out, /redis_tls\.key/, bad.out);
+});
+
+test('rediss-cluster://: a TLS-only cluster node, its map read over TLS, the limit holds', async () => {
+  const port = await freePort();
+  const bus = await freePort();
+  const node = await startRedis({ args: ['--bind', '127.0.0.1', '--tls-port', String(port), '--cluster-port', String(bus),
+    '--tls-cert-file', pki.cert, '--tls-key-file', pki.key, '--tls-ca-cert-file', pki.ca, '--tls-auth-clients', 'optional',
+    '--tls-cluster', 'yes', '--tls-replication', 'yes', '--cluster-enabled', 'yes', '--cluster-config-file', 'nodes.conf'] });
+  try {
+    assert.equal(await redisCli(node.url, 'CLUSTER', 'ADDSLOTSRANGE', '0', '16383'), 'OK');
+    await waitFor(async () => /cluster_state:ok/.test(await redisCli(node.url, 'CLUSTER', 'INFO')), { timeout: 10000, what: 'cluster_state:ok' });
+    const shards = await redisCli(node.url, 'CLUSTER', 'SHARDS');
+    assert.match(shards, /^tls-port$/m);
+    assert.doesNotMatch(shards, /^port$/m); // a TLS-only node: the client must take tls-port
+    await mock.reset();
+    const gw = await startBilledGateway({ ...bill, redis: `rediss-cluster://127.0.0.1:${port}` },
+      { workers: 1, limiter: closed, redis_tls: { ca_file: pki.ca } }, { mock });
+    const slow = (i) => chatReq(MODEL, `cluster ${i} [mock chunks=4 interval_ms=80]`, { stream: true });
+    const rs = await Promise.all(Array.from({ length: 6 }, (_, i) => chat(gw, bill.key, slow(i), { timeout: 20000 })));
+    const t = tally(rs.map((r) => r.status));
+    assert.equal((t[200] || 0) + (t[429] || 0), 6, JSON.stringify(t));
+    const s = (await mock.stats()).credentials[bill.cred];
+    assert.equal(s.max_inflight, C, `upstream saw ${s.max_inflight} at once, limit ${C}: ${JSON.stringify(t)}`);
+    const m = await metrics(gw);
+    assert.ok((m['tollgate_redis_total{event="map_read"}'] ?? 0) >= 1, 'the slot map was read');
+    const clients = (await redisCli(node.url, 'CLIENT', 'LIST')).split('\n').filter((l) => /name=tollgate:/.test(l));
+    assert.ok(clients.length >= 2, clients.join('\n'));
+    for (const l of clients) assert.match(l, new RegExp(`laddr=127\\.0\\.0\\.1:${port} `), l);
+    await gw.stop();
+  } finally {
+    await node.stop();
+  }
 });
