@@ -69,10 +69,12 @@ test("from the quickstart's console URL: log in, the sample request with its pri
   await page.goto(qs.consoleUrl);
   await logIn(qs.out.TOLLGATE_ADMIN_TOKEN);
   await page.getByRole('heading', { level: 1, name: 'Usage' }).waitFor();
-  const row = page.locator('tbody tr', { hasText: qs.out.TOLLGATE_SAMPLE_REQUEST });
-  await row.waitFor();
-  // The console shows money as stored ($0.00000975 for 0.00000975).
-  assert.match(await row.textContent(), new RegExp(`\\$${qs.out.TOLLGATE_SAMPLE_COST.replace('.', '\\.')}`));
+  // The Usage page reports from the rollups (the server's usage/report): the sample is
+  // the one request of the range, at its printed cost — money shown as stored
+  // ($0.00000975 for 0.00000975).
+  await page.locator('[data-testid="usage-count"]', { hasText: /^1$/ }).waitFor();
+  assert.match((await page.locator('[data-testid="usage-cost"]').textContent()).trim(),
+    new RegExp(`^\\$${qs.out.TOLLGATE_SAMPLE_COST.replace('.', '\\.')}$`));
 
   await page.locator('nav.side').getByRole('link', { name: 'Dashboard', exact: true }).click();
   const guide = page.locator('[data-testid="guide"]');
