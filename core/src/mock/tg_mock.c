@@ -871,6 +871,18 @@ typedef struct {
     const char *prefix; /* Google's lists: the resource name's prefix */
 } models_walk_t;
 
+/* A paged list's window over w->total entries: the page size (its default, the
+ * account's models_page_size, the page knob when smaller) from the offset the page
+ * token carried; the walk starts again at index 0. */
+static void models_window(models_walk_t *w, const resp_t *r, int dflt) {
+    int size = r->models_page_size > 0 ? r->models_page_size : dflt;
+    if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
+        size = r->k.v[K_PAGE];
+    w->index = 0;
+    w->from = TG_MIN(r->models_offset, w->total);
+    w->to = w->total - w->from > size ? w->from + size : w->total;
+}
+
 static void models_find(const char *id, size_t n, void *ud) {
     models_walk_t *w = ud;
     if (strlen(w->r->models_after) == n && !memcmp(w->r->models_after, id, n))
@@ -995,12 +1007,7 @@ static void render_models(conn_t *c) {
         /* Gemini: an embedding-only model last; Vertex's google: an image model last. */
         int gemini_extra = !anth;
         w.total = w.index + gemini_extra;
-        int size = r->models_page_size > 0 ? r->models_page_size : 50;
-        if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
-            size = r->k.v[K_PAGE];
-        w.index = 0;
-        w.from = TG_MIN(r->models_offset, w.total);
-        w.to = w.total - w.from > size ? w.from + size : w.total;
+        models_window(&w, r, 50);
         tg_buf_printf(b, "{\"%s\":[", r->models_pub[0] ? "publisherModels" : "models");
         models_each(anth, models_put_google, &w);
         if (gemini_extra && w.to == w.total && r->models_pub[0])
@@ -1034,26 +1041,20 @@ static void render_models(conn_t *c) {
     if (r->models_bedrock == 2) {
         /* ListInferenceProfiles: us.anthropic.<id> for each Anthropic model and an
          * Amazon one, paged by maxResults and the page knob, nextToken opaque. */
-        tg_buf_t *b2 = b;
         models_each(1, models_find, &w);
         w.total = w.index + 1;
-        int size = r->models_page_size > 0 ? r->models_page_size : 1000;
-        if (r->k.v[K_PAGE] > 0 && r->k.v[K_PAGE] < size)
-            size = r->k.v[K_PAGE];
-        w.from = TG_MIN(r->models_offset, w.total);
-        w.to = w.total - w.from > size ? w.from + size : w.total;
-        w.index = 0;
+        models_window(&w, r, 1000);
         w.prefix = "us.anthropic.";
-        BUF_LIT(b2, "{\"inferenceProfileSummaries\":[");
+        BUF_LIT(b, "{\"inferenceProfileSummaries\":[");
         models_each(1, models_put_profile, &w);
         if (w.to == w.total)
-            tg_buf_printf(b2, "%s{\"inferenceProfileId\":\"us.amazon.nova-lite-v1:0\",\"inferenceProfileName\":"
+            tg_buf_printf(b, "%s{\"inferenceProfileId\":\"us.amazon.nova-lite-v1:0\",\"inferenceProfileName\":"
                               "\"US Nova Lite\",\"status\":\"ACTIVE\",\"type\":\"SYSTEM_DEFINED\"}",
                           w.to - 1 > w.from ? "," : "");
-        BUF_LIT(b2, "]");
+        BUF_LIT(b, "]");
         if (w.to < w.total)
-            tg_buf_printf(b2, ",\"nextToken\":\"pt/%d=\"", w.to);
-        BUF_LIT(b2, "}");
+            tg_buf_printf(b, ",\"nextToken\":\"pt/%d=\"", w.to);
+        BUF_LIT(b, "}");
         return;
     }
     if (r->models_bedrock) {
