@@ -151,16 +151,22 @@ test('OpenAI Responses, not streamed and streamed', async () => {
   await upstreamBedrock(true);
 });
 
-test('without usage in the events, the invocation metrics are billed', async () => {
+test('without usage in the events, the invocation metrics are billed, and the client\'s usage chunk shows them', async () => {
   const client = await openai();
   const text = 'metrics only [mock chunks=6 usage=0]';
   const { data: stream, response } = await client.chat.completions
-    .create({ model: MODEL, messages: [{ role: 'user', content: text }], stream: true })
+    .create({ model: MODEL, messages: [{ role: 'user', content: text }], stream: true, stream_options: { include_usage: true } })
     .withResponse();
   let got = '';
-  for await (const ch of stream) got += ch.choices[0]?.delta?.content ?? '';
+  let usage = null;
+  for await (const ch of stream) {
+    got += ch.choices[0]?.delta?.content ?? '';
+    if (ch.usage) usage = ch.usage;
+  }
   assert.equal(got, mockText(6));
-  await billed(response.headers.get('x-request-id'), { input: mockInputTokens({ messages: [{ content: text }] }), output: 6 });
+  const input = mockInputTokens({ messages: [{ content: text }] });
+  await billed(response.headers.get('x-request-id'), { input, output: 6 });
+  assert.deepEqual([usage?.prompt_tokens, usage?.completion_tokens], [input, 6], 'the usage chunk is the bill');
 });
 
 test("a stream's exception reaches each client as an error in its shape", async () => {

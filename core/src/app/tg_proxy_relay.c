@@ -77,9 +77,12 @@ static void sse_event(void *ud, const char *event, size_t event_len, const char 
  * written as one for a client that gets the events as they are. */
 static void aws_event(void *ud, const char *event, size_t event_len, const char *data, size_t data_len) {
     proxy_req_t *p = ud;
-    sse_event(p, event, event_len, data, data_len);
+    /* Before the event is relayed: a translator writes its usage chunk at message_stop
+     * from this fold (tg_xlate_use_usage), so the chunk shows the bill. The metrics fill
+     * only what no event gave, so the order does not change the bill. */
     if (event_len == 12 && !memcmp(event, "message_stop", 12))
         tg_bedrock_metrics_usage(&p->at.usage, data, data_len);
+    sse_event(p, event, event_len, data, data_len);
     if (p->at.xlate || p->at.strip_usage_chunk)
         return;
     tg_buf_t b;
