@@ -16,10 +16,24 @@
 --
 -- KEYS: 1 marker, 2 key buckets, 3 key leases, then when the tenant has a
 -- limit 4 tenant buckets, 5 tenant leases.
--- ARGV: 1 id, 2 lease ttl ms, 3 lease set ttl ms, then per scope (key at 4, tenant at
---       10): +0 rpm, +1 rpm bucket capacity in milli-tokens (burst · 1000), +2 tpm, +3
---       tpm charge in milli-tokens (min(estimate, tpm) · 1000), +4 concurrency, +5
---       bucket ttl ms ('' when the scope has neither rpm nor tpm); -1 = no such limit.
+-- ARGV: 1 id, 2 lease ttl ms, then per scope (key at 3, tenant at 10): +0 rpm, +1 rpm
+--       bucket capacity in milli-tokens (burst · 1000), +2 tpm, +3 tpm charge in
+--       milli-tokens (min(estimate, tpm) · 1000), +4 concurrency, +5 bucket ttl ms (''
+--       when the scope has neither rpm nor tpm), +6 the TPM corrections of earlier
+--       requests, in milli-tokens ('' none); -1 = no such limit.
+--
+-- The corrections: a request that ends gives back (or pays) the difference between its
+-- TPM charge and what it really used. The gateway does not send a script for that; it
+-- sums a bucket's corrections in memory and sends them with the next admission that
+-- reads the bucket (tg_limits.c, fix_take), or alone after a few milliseconds
+-- (correct.lua). They are added to the stored level, clamped to [0, capacity], before
+-- the charge, like release.lua's correction. A refusal writes nothing, so the gateway
+-- keeps them for the next admission; an admission whose answer is lost may have
+-- applied them, so they are dropped (the safe side: fewer tokens, never more).
+--
+-- The lease sets have no TTL: the last ZREM of a set deletes it, a member left by a
+-- gateway that died is swept when the set looks full (slot() below), so a set lives
+-- only while it holds leases (a PEXPIRE per set per admission cost two commands).
 -- Returns 0 (admitted), 1 (already admitted: leases refreshed, nothing charged) or
 -- {which, retry_after_ms}, which = 1 key rpm, 2 tenant rpm, 3 key tpm, 4 tenant tpm,
 -- 5 key concurrency, 6 tenant concurrency (checked in that order), then the money:
@@ -28,7 +42,7 @@
 --
 -- The money (with billing: the first attempt's reservation, see tg_billing.h) follows
 -- the limits' keys and arguments, and the script tells the layouts apart by #ARGV (9 or
--- 15 without money, +3 or +4 with it; 4 or 5 for money alone):
+-- 16 without money, +3 to +5 with it; 4 to 6 for money alone):
 -- KEYS +1 {t:T}:money, +2 {t:T}:res:<id>:1, +3 {t:T}:holds, +4 {t:T}:kmoney:<key> (only
 -- when the key has a budget, or periodic budgets follow), then the periodic budgets'
 -- keys. ARGV +1 amount (nano-USD), +2 the tenant's available balance to load (''
@@ -50,7 +64,7 @@
 local id = ARGV[1]
 local n = #ARGV
 local mk, ma = 0, 1
-if n >= 15 then mk, ma = 5, 15 elseif n >= 9 then mk, ma = 3, 9 end
+if n >= 16 then mk, ma = 5, 16 elseif n >= 9 then mk, ma = 3, 9 end
 local money, reserve
 if n > ma then
   local mkey, rkey, hkey, kkey = KEYS[mk + 1], KEYS[mk + 2], KEYS[mk + 3], KEYS[mk + 4]
@@ -77,7 +91,7 @@ local trpm, ttpm, tconc, tttl = '-1', '-1', '-1', ''
 if mk == 5 then trpm, ttpm, tconc, tttl = ARGV[10], ARGV[12], ARGV[14], ARGV[15] end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', '600000') then
   local exp = string.format('%d', now + ARGV[2])
-  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], 'XX', exp, id) end
+  if ARGV[7] ~= '-1' then redis.call('ZADD', KEYS[3], 'XX', exp, id) end
   if tconc ~= '-1' then redis.call('ZADD', KEYS[5], 'XX', exp, id) end
   return 1
 end
@@ -102,25 +116,31 @@ local function take(level, per_min, cap, cost, dt)
   if per_min <= 0 then return nil, 60000 end
   return nil, math.ceil((cost - level) * 60 / per_min)
 end
-local kr, km, kdt = load(KEYS[2], ARGV[9])
+local function fix(level, diff, cap)
+  if level < 0 or diff == '' then return level end
+  level = level + diff
+  if level < 0 then return 0 elseif level > cap then return cap end
+  return level
+end
+local kr, km, kdt = load(KEYS[2], ARGV[8])
 local tr, tm, tdt = load(KEYS[4], tttl)
 local ms
-if ARGV[4] == '-1' then kr = -1 else
-  kr, ms = take(kr, ARGV[4] + 0, ARGV[5] + 0, 1000, kdt)
+if ARGV[3] == '-1' then kr = -1 else
+  kr, ms = take(kr, ARGV[3] + 0, ARGV[4] + 0, 1000, kdt)
   if not kr then return refuse(1, ms) end
 end
 if trpm == '-1' then tr = -1 else
   tr, ms = take(tr, trpm + 0, ARGV[11] + 0, 1000, tdt)
   if not tr then return refuse(2, ms) end
 end
-if ARGV[6] == '-1' then km = -1 else
-  local per_min = ARGV[6] + 0
-  km, ms = take(km, per_min, per_min * 1000, ARGV[7] + 0, kdt)
+if ARGV[5] == '-1' then km = -1 else
+  local per_min = ARGV[5] + 0
+  km, ms = take(fix(km, ARGV[9], per_min * 1000), per_min, per_min * 1000, ARGV[6] + 0, kdt)
   if not km then return refuse(3, ms) end
 end
 if ttpm == '-1' then tm = -1 else
   local per_min = ttpm + 0
-  tm, ms = take(tm, per_min, per_min * 1000, ARGV[13] + 0, tdt)
+  tm, ms = take(fix(tm, ARGV[16], per_min * 1000), per_min, per_min * 1000, ARGV[13] + 0, tdt)
   if not tm then return refuse(4, ms) end
 end
 local function slot(key, limit)
@@ -129,18 +149,18 @@ local function slot(key, limit)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
   return redis.call('ZSCORE', key, id) or redis.call('ZCARD', key) < limit
 end
-if ARGV[8] ~= '-1' and not slot(KEYS[3], ARGV[8]) then return refuse(5, 1000) end
+if ARGV[7] ~= '-1' and not slot(KEYS[3], ARGV[7]) then return refuse(5, 1000) end
 if tconc ~= '-1' and not slot(KEYS[5], tconc) then return refuse(6, 1000) end
 if money then
   local m = money()
   if m then return refuse(m, 0) end
 end
-if ARGV[9] ~= '' then redis.call('SET', KEYS[2], string.format('%d %d %d', kr, km, now), 'PX', ARGV[9]) end
+if ARGV[8] ~= '' then redis.call('SET', KEYS[2], string.format('%d %d %d', kr, km, now), 'PX', ARGV[8]) end
 if tttl ~= '' then redis.call('SET', KEYS[4], string.format('%d %d %d', tr, tm, now), 'PX', tttl) end
-if ARGV[8] ~= '-1' or tconc ~= '-1' then
+if ARGV[7] ~= '-1' or tconc ~= '-1' then
   local exp = string.format('%d', now + ARGV[2])
-  if ARGV[8] ~= '-1' then redis.call('ZADD', KEYS[3], exp, id); redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
-  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], exp, id); redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
+  if ARGV[7] ~= '-1' then redis.call('ZADD', KEYS[3], exp, id) end
+  if tconc ~= '-1' then redis.call('ZADD', KEYS[5], exp, id) end
 end
 if reserve then reserve() end
 return 0

@@ -1,8 +1,8 @@
 -- Renewal, every third of the lease TTL while a request with a concurrency limit runs
 -- (every third of the marker's TTL, MARKER_TTL_MS in tg_limits.c, when it has only a
 -- TPM limit). KEYS: 1 the request's marker, then its lease sets (the key's, the
--- tenant's: those with a limit). ARGV: 1 id, 2 lease ttl ms, 3 lease set ttl ms, 4
--- marker ttl ms.
+-- tenant's: those with a limit). ARGV: 1 id, 2 lease ttl ms, 3 marker ttl ms. The sets
+-- have no TTL (see admit.lua).
 --
 --   - The lease is re-acquired, not just extended (plain ZADD, idempotent): after a Redis
 --     restart or failover that lost it, or when it expired while Redis was unreachable,
@@ -17,10 +17,9 @@
 -- Returns the number of leases that had to be added back.
 local t = redis.call('TIME')
 local exp = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local added = 0
 for i = 2, #KEYS do
   added = added + redis.call('ZADD', KEYS[i], exp, ARGV[1])
-  redis.call('PEXPIRE', KEYS[i], ARGV[3])
 end
 return added

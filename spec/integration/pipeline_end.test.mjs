@@ -1,11 +1,13 @@
 // The end of a billed request in Redis (issue #17 "pipeline", goal 4), counted with
-// MONITOR on a private redis-server: the limiter gives back the request's concurrency
-// leases (the key's and the tenant's) and corrects its TPM estimate in one script
-// (core/redis/release.lua), once per request; the account's concurrency slot, under its
-// own hash tag {a:<id>}, goes back with one plain ZREM, not a script (it was an EVALSHA
-// of a one-line script); the hold goes back by billing's settle.lua once the settlement is
-// durable (not counted here: billing's). After the requests every lease and slot is gone
-// and the TPM bucket holds what the requests really used, not their estimates.
+// MONITOR on a private redis-server: no script at all. The limiter gives back the
+// request's concurrency leases (the key's and the tenant's) with one plain ZREM each; its
+// TPM correction (estimate minus use) waits in the worker's table and goes with the next
+// admission that reads the same bucket (admit.lua's correction arguments), or alone by
+// core/redis/correct.lua 20 ms later when none comes; the account's concurrency slot,
+// under its own hash tag {a:<id>}, goes back with one plain ZREM; the hold goes back by
+// billing's settle.lua once the settlement is durable (not counted here: billing's).
+// After the requests every lease and slot is gone and the TPM bucket holds what the
+// requests really used, not their estimates.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
@@ -69,36 +71,57 @@ function monitor(sock) {
   return { cmds, ready, stop: () => c.destroy() };
 }
 
-test('per request: one script gives back the leases and corrects the TPM; the account slot is a ZREM', async () => {
-  const releaseSha = crypto.createHash('sha1').update(fs.readFileSync(path.join(REPO, 'core/redis/release.lua'))).digest('hex');
+function sha(name) {
+  return crypto.createHash('sha1').update(fs.readFileSync(path.join(REPO, `core/redis/${name}.lua`))).digest('hex');
+}
+
+test('per request: no script at the end; the leases and the account slot go back with a ZREM each, the TPM correction rides on the next admission', async () => {
   for (let i = 0; i < 3; i++) assert.equal((await chat(gw, KEY, chatBody('warm [mock chunks=2]'))).status, 200);
-  assert.equal(String(await redisCli(redis.url, 'SCRIPT', 'EXISTS', releaseSha)).trim(), '1', 'release.lua is loaded as it is in core/redis');
+  await new Promise((r) => setTimeout(r, 100)); // the warm-up's corrections go out
   const bucketKey = `{t:${tenant}}:b:k:${await keyId(db, 'k')}`;
+  const keyLeases = `{t:${tenant}}:conc:k:${await keyId(db, 'k')}`;
+  const tenantLeases = `{t:${tenant}}:conc:t`;
   await redisCli(redis.url, 'DEL', bucketKey); // a full TPM bucket from here
   const m = monitor(redis.sock);
   await m.ready;
   const ids = [];
-  let spent = 0;
+  const used = [];
   for (let i = 0; i < N; i++) {
     const r = await chat(gw, KEY, chatBody(`end ${i} [mock chunks=2]`));
     assert.equal(r.status, 200, r.text);
     ids.push(r.headers['x-request-id']);
-    spent += r.json.usage.total_tokens;
+    used.push(r.json.usage.total_tokens);
   }
   await new Promise((r) => setTimeout(r, 500)); // the releases go out after the responses
   m.stop();
+  const spent = used.reduce((a, b) => a + b, 0);
   const slotKey = `{a:${account}}:conc`;
+  // admit.lua is sent with money.lua inside: it is told by its first key, the marker.
+  const isAdmit = (a) => a[0].toLowerCase() === 'evalsha' && /^\{t:\d+\}:a:/.test(a[3]);
+  const settleSha = sha('settle');
   for (const id of ids) {
     const mine = m.cmds.filter((a) => a.slice(1).some((x) => x.includes(id)));
-    const evalsha = mine.filter((a) => a[0].toLowerCase() === 'evalsha');
-    assert.equal(evalsha.filter((a) => a[1] === releaseSha).length, 1, `${id}: one release.lua: ${JSON.stringify(mine)}`);
-    assert.equal(evalsha.filter((a) => a[3] === slotKey).length, 1, `${id}: one account-slot script (taking it), none to give it back`);
-    assert.equal(mine.filter((a) => a[0].toLowerCase() === 'zrem' && a[1] === slotKey && a[2] === id).length, 1,
-      `${id}: the account slot goes back with one ZREM`);
+    const evalsha = mine.filter((a) => a[0].toLowerCase() === 'evalsha' && a[1] !== settleSha); // settle: billing's, per batch
+    assert.deepEqual(evalsha.map((a) => isAdmit(a) ? 'admit' : a[3] === slotKey ? 'slot' : a[1]).sort(), ['admit', 'slot'],
+      `${id}: two scripts, both before the upstream: the admission and the account slot: ${JSON.stringify(mine)}`);
+    const zrem = mine.filter((a) => a[0].toLowerCase() === 'zrem' && a[2] === id).map((a) => a[1]).sort();
+    assert.deepEqual(zrem, [keyLeases, slotKey, tenantLeases].sort(), `${id}: its key lease, tenant lease and account slot go back with a ZREM each`);
   }
+  // The corrections: each admission after the first carries the sum of those that ended
+  // before it was sent (argument 9 of admit.lua, after EVALSHA, sha, numkeys and 5 keys);
+  // what no admission carried went alone by correct.lua.
+  const admits = m.cmds.filter(isAdmit);
+  assert.equal(admits.length, N);
+  // Two buckets: the key's (argument 9) and the tenant's (argument 16).
+  const carried = admits.flatMap((a) => [a[3 + Number(a[2]) + 9 - 1], a[3 + Number(a[2]) + 16 - 1]]).filter((x) => x !== '').map(Number);
+  assert.ok(carried.every((x) => x > 0), `each carries a correction the size of an estimate minus a use: ${carried}`);
+  const alone = m.cmds.filter((a) => a[0].toLowerCase() === 'evalsha' && a[1] === sha('correct'));
+  assert.ok(carried.length >= 2 * (N - 3), `most corrections ride on the next admission: ${carried.length} of ${2 * (N - 1)}`);
+  assert.ok(alone.length >= 2 && alone.length <= 2 * N - carried.length, `the last two go alone: ${alone.length}`);
+  assert.equal(m.cmds.filter((a) => a[0].toLowerCase() === 'evalsha' && a[1] === sha('release')).length, 0, 'release.lua is not used on this path');
   // Everything went back, and the TPM bucket was corrected to the real usage.
-  for (const k of [`{t:${tenant}}:conc:k:${await keyId(db, 'k')}`, `{t:${tenant}}:conc:t`, slotKey]) {
-    assert.equal(Number(await redisCli(redis.url, 'ZCARD', k)), 0, `${k} is empty`);
+  for (const k of [keyLeases, tenantLeases, slotKey]) {
+    assert.equal(Number(await redisCli(redis.url, 'EXISTS', k)), 0, `${k} is gone (empty)`);
   }
   const left = Number(String(await redisCli(redis.url, 'GET', bucketKey)).split(' ')[1]) / 1000;
   assert.ok(left >= TPM - spent - 1 && left <= TPM, `TPM bucket ${left} after ${spent} tokens really used`);

@@ -12,7 +12,7 @@
 #include "tollgate/tg_embed.h"
 #include "tollgate/tg_scripts.h"
 
-static const char *const NAMES[] = {"admit", "release", "renew", "reserve", "settle", "debit", "topup", "lock", "unlock"};
+static const char *const NAMES[] = {"admit", "release", "correct", "renew", "reserve", "settle", "debit", "topup", "lock", "unlock"};
 
 TG_TEST(scripts, every_script_assembles_and_money_is_one_fragment) {
     const char *money = NULL;

@@ -140,7 +140,9 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
 void tg_admit_cancel(tg_admit_t *a);
 /**
  * The request ended: releases its concurrency leases and corrects the TPM buckets by
- * (actual_tokens - estimate) once (actual < 0: unknown, no correction). Frees `a`.
+ * (actual_tokens - estimate) once (actual < 0: unknown, no correction): the correction
+ * goes with this worker's next admission that reads the bucket, or alone within
+ * 20 ms (tg_limits.c). Frees `a`.
  */
 void tg_admit_release(tg_admit_t *a, int64_t actual_tokens);
 
@@ -153,6 +155,7 @@ typedef struct {
     uint64_t down[TG_DOWN__COUNT][3]; /* per limit kind and tg_fail_policy_t */
     uint64_t round_trips;
     uint64_t leases_reacquired; /* leases a renewal had to add back (Redis lost them) */
+    uint64_t corrections_alone; /* TPM corrections no admission carried (correct.lua) */
 } tg_limits_stats_t;
 const tg_limits_stats_t *tg_limits_stats(const tg_limits_t *l);
 /** Registers admission's collector (tollgate_admission_*, tollgate_limiter_*) on a

@@ -180,6 +180,11 @@ tg_redis_req_t *tg_redis_eval(tg_redis_t *r, int script_id, int nkeys, int argc,
 int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
                              const size_t *argvlen, tg_redis_cb cb, void *ud);
 
+/** tg_redis_eval_idempotent for one plain command (a ZREM of a lease: a second run
+ *  changes nothing). Same contract. */
+int tg_redis_command_idempotent(tg_redis_t *r, int argc, const char **argv, const size_t *argvlen, tg_redis_cb cb,
+                                void *ud);
+
 /** The callback will not run; a late reply is dropped. Call it only before the callback
  *  has run (inside its own callback it does nothing). NULL is ignored. */
 void tg_redis_cancel(tg_redis_req_t *req);

@@ -47,7 +47,8 @@
 /* The account's own concurrency slot: KEYS[1] {a:<id>}:conc; ARGV id, limit, ttl_ms.
  * Expired slots (a gateway that died holding them) are swept only when the set looks
  * full, as admit.lua does for leases: a set below its limit admits without the sweep
- * (was a ZREMRANGEBYSCORE and a ZSCORE on every request). */
+ * (was a ZREMRANGEBYSCORE and a ZSCORE on every request). Like the lease sets, the set
+ * has no TTL: its last ZREM deletes it (was a PEXPIRE on every request). */
 static const char SLOT_LUA[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -57,7 +58,6 @@ static const char SLOT_LUA[] =
     "  if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end\n"
     "end\n"
     "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])\n"
-    "redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)\n"
     "return 1\n";
 
 /* ---- per-worker state --------------------------------------------------------------- */

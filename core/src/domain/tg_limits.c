@@ -13,12 +13,32 @@
 #include "tollgate/tg_scripts.h"
 
 /* The scripts are core/redis/admit.lua (with money.lua, billing's reservation),
- * release.lua and renew.lua (tg_scripts.h): their header comments say what each key and
- * argument is and what the script returns; admit_send, release_args and renew_cb build
- * those arguments. */
+ * release.lua, correct.lua and renew.lua (tg_scripts.h): their header comments say what
+ * each key and argument is and what the script returns; admit_send, release_args,
+ * fix_flush and renew_cb build those arguments.
+ *
+ * The end of a request admitted in Redis is no script (issue #17, goal 4): its leases go
+ * back with a plain ZREM each (sent again when the answer is lost, like the script was),
+ * and its TPM correction (charged minus used) is summed per bucket in this worker's
+ * table (fix_add) and travels with the next admission that reads that bucket
+ * (fix_take), or alone by correct.lua FIX_DELAY_MS later (fix_flush). release.lua stays
+ * for the ends whose admission may not have run (a cancelled or lost admission): its
+ * marker makes that correction conditional and once. */
 
 /* The marker's TTL: admit.lua sets it (SET NX PX 600000), renewal keeps it. */
 #define MARKER_TTL_MS 600000
+
+/* TPM corrections waiting for an admission to carry them: at most FIX_MAX buckets (a
+ * new one beyond sends the oldest alone), each sent alone after FIX_DELAY_MS at most. */
+#define FIX_MAX 64
+#define FIX_DELAY_MS 20
+
+typedef struct {
+    char key[112];   /* the bucket's key: tg_admit_t.keys[K_KEY_BUCKETS or K_TENANT_BUCKETS] */
+    size_t keylen;
+    int64_t diff;    /* milli-tokens to add to the TPM level (charged minus used, summed) */
+    int64_t cap;     /* the TPM capacity, milli-tokens, of the last request that added */
+} fix_t;
 
 /* How long requests of a scope occupied their concurrency slot, for Retry-After (see
  * conc_retry_ms): a small direct-mapped table per worker; a collision just replaces. */
@@ -37,6 +57,10 @@ struct tg_limits_s {
     tg_admit_t *queue_head, *queue_tail;
     int queued;
     occupancy_t occupancy[OCCUPANCY_SLOTS];
+    int correct_script;
+    fix_t fix[FIX_MAX]; /* the pending corrections, fix[0 .. nfix) */
+    int nfix;
+    uv_timer_t *fix_timer; /* armed while nfix > 0; allocated (freed by its close) */
     tg_limits_stats_t stats;
 };
 
@@ -56,6 +80,7 @@ struct tg_admit_s {
     int limited;        /* some limit applies (else only the money is checked) */
     int has_money;      /* `money` is sent with the admission */
     int reserved;       /* the script took the reservation */
+    int charged;        /* the script charged the buckets (0, not 1: already admitted) */
     int budget;         /* the periodic budget that refused (TG_ADMIT_PERIOD_BUDGET) */
     tg_limit_money_t money;
     tg_redis_req_t *rq;
@@ -67,6 +92,8 @@ struct tg_admit_s {
     int refused_by;     /* 5 key, 6 tenant concurrency (see admit.lua) */
     uint64_t admitted_ms;
     int64_t actual;     /* A_RELEASING: the usage the release corrects to */
+    int64_t fixed[2];   /* the corrections the admission in flight carries (key, tenant) */
+    int fixing[2];      /* ... for each bucket: 1 when it carries one */
     tg_admit_t *qnext, *qprev;
     /* marker, key buckets, key leases, tenant buckets, tenant leases (see admit.lua) */
     char keys[5][112]; /* the longest: 25 bytes of tag + "a:" + a 71-byte id */
@@ -605,12 +632,97 @@ static void renew_cb(uv_timer_t *t) {
     int nkeys = g.n;
     arg_s(&g, a->id, a->idlen);
     arg_i(&g, a->l->cfg.lease_ttl_ms);
-    arg_i(&g, 2 * (int64_t)a->l->cfg.lease_ttl_ms);
     arg_i(&g, MARKER_TTL_MS);
     tg_redis_eval(redis, a->l->renew_script, nkeys, g.n, g.v, g.len, renew_done, a->l);
 }
 
 static int has_tpm(const tg_limit_req_t *l) { return l->key_tpm >= 0 || l->tenant_tpm >= 0; }
+
+/* ---- TPM corrections, carried by the next admission ------------------------------------ */
+
+static int fix_find(const tg_limits_t *l, const char *key, size_t keylen) {
+    for (int i = 0; i < l->nfix; i++)
+        if (l->fix[i].keylen == keylen && !memcmp(l->fix[i].key, key, keylen))
+            return i;
+    return -1;
+}
+
+static void fix_remove(tg_limits_t *l, int i) { l->fix[i] = l->fix[--l->nfix]; }
+
+/* Sends correction i alone (correct.lua) and forgets it: once, never again (see there). */
+static void fix_send(tg_limits_t *l, int i) {
+    tg_redis_t *redis = tg_state_redis(l->st);
+    const fix_t *f = &l->fix[i];
+    if (redis && f->diff) {
+        char n[2][24];
+        const char *v[3] = {f->key, n[0], n[1]};
+        size_t len[3] = {f->keylen, (size_t)(put_i64(n[0], f->diff) - n[0]), (size_t)(put_i64(n[1], f->cap) - n[1])};
+        l->stats.round_trips++;
+        l->stats.corrections_alone++;
+        tg_redis_eval(redis, l->correct_script, 1, 3, v, len, NULL, NULL);
+    }
+    fix_remove(l, i);
+}
+
+static void fix_flush(uv_timer_t *t) {
+    tg_limits_t *l = t->data;
+    while (l->nfix)
+        fix_send(l, l->nfix - 1);
+}
+
+/* Adds `diff` milli-tokens to bucket `key`'s pending correction. */
+static void fix_add(tg_limits_t *l, const char *key, size_t keylen, int64_t diff, int64_t cap) {
+    if (!diff)
+        return;
+    int i = fix_find(l, key, keylen);
+    if (i < 0) {
+        if (l->nfix == FIX_MAX)
+            fix_send(l, 0);
+        i = l->nfix++;
+        fix_t *f = &l->fix[i];
+        memcpy(f->key, key, keylen);
+        f->keylen = keylen;
+        f->diff = 0;
+    }
+    l->fix[i].diff += diff;
+    l->fix[i].cap = cap;
+    if (!l->fix_timer) {
+        l->fix_timer = malloc(sizeof(*l->fix_timer));
+        uv_timer_init(l->loop, l->fix_timer);
+        l->fix_timer->data = l;
+    }
+    if (!uv_is_active((uv_handle_t *)l->fix_timer))
+        uv_timer_start(l->fix_timer, fix_flush, FIX_DELAY_MS, 0);
+}
+
+/* The correction admission a carries for bucket `k` (K_KEY_BUCKETS or K_TENANT_BUCKETS),
+ * taken out of the table: its argument, or "" for none. */
+static void fix_take(tg_admit_t *a, args_t *g, int k) {
+    tg_limits_t *l = a->l;
+    int s = k == K_KEY_BUCKETS ? 0 : 1;
+    int i = (s ? a->lim.tenant_tpm : a->lim.key_tpm) >= 0 && l->nfix ? fix_find(l, a->keys[k], a->keylen[k]) : -1;
+    a->fixing[s] = i >= 0;
+    if (i < 0) {
+        arg_s(g, "", 0);
+        return;
+    }
+    a->fixed[s] = l->fix[i].diff;
+    fix_remove(l, i);
+    arg_i(g, a->fixed[s]);
+}
+
+/* The admission's reply came: what it carried was applied (`applied`), or certainly not
+ * (a refusal writes nothing), or perhaps (a lost answer: dropped, the safe side). */
+static void fix_settle(tg_admit_t *a, int put_back) {
+    for (int s = 0; s < 2; s++) {
+        if (!a->fixing[s])
+            continue;
+        a->fixing[s] = 0;
+        if (put_back)
+            fix_add(a->l, a->keys[s ? K_TENANT_BUCKETS : K_KEY_BUCKETS], a->keylen[s ? K_TENANT_BUCKETS : K_KEY_BUCKETS],
+                    a->fixed[s], (s ? a->lim.tenant_tpm : a->lim.key_tpm) * 1000);
+    }
+}
 
 /* Leases are renewed at a third of their TTL; a request with only a TPM limit renews
  * its marker (which its correction needs) at a third of the marker's TTL. */
@@ -629,6 +741,7 @@ static void start_renewal(tg_admit_t *a) {
 /* ---- the admission round trip -------------------------------------------------------- */
 
 static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual);
+static void release_by_script(tg_limits_t *l, tg_admit_t *a, int64_t actual);
 
 /* The command went out and no answer came: it may have run in Redis. */
 static int maybe_ran(const tg_admit_t *a, const char *err) {
@@ -659,14 +772,20 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
                   r->element[0]->integer >= 1 && r->element[0]->integer <= 10 + 6;
     /* 1 (already admitted) took nothing: the caller reserves separately. */
     a->reserved = admitted && a->has_money && r->integer == 0;
+    a->charged = admitted && r->integer == 0;
+    /* Only 0 applied the corrections it carried; a refusal, 1, or a command that never
+     * went out applied none; a lost answer perhaps (dropped). */
+    fix_settle(a, !(admitted && r->integer == 0) && !maybe_ran(a, err));
     if (a->cancelled) {
         /* The client left while we asked: give back whatever was taken (its lease, and its
          * TPM estimate: nothing was used, and its money), also when the answer did not
          * come in time. */
         if (a->reserved || maybe_ran(a, err))
             money_undo(a);
-        if (admitted || maybe_ran(a, err))
+        if (admitted)
             release_begin(l, a, 0);
+        else if (maybe_ran(a, err))
+            release_by_script(l, a, 0);
         else
             admit_free(a);
         return;
@@ -686,7 +805,7 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
             c->local = 0;
             c->cb = NULL;
             c->ud = NULL;
-            release_begin(l, c, 0);
+            release_by_script(l, c, 0);
         }
         if (maybe_ran(a, err))
             money_undo(a); /* its money too; the separate reservation follows */
@@ -731,7 +850,7 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     deliver(a, which >= 3 ? TG_ADMIT_TOKENS : TG_ADMIT_RATE, name, r->element[1]->integer, 0);
 }
 
-/* One scope's six arguments (see admit.lua). */
+/* One scope's first six arguments (see admit.lua; fix_take adds the seventh). */
 static void scope_args(args_t *g, int64_t rpm, int64_t burst, int64_t tpm, int64_t conc, int64_t est) {
     arg_i(g, rpm);
     arg_i(g, rpm >= 0 ? burst * 1000 : -1);
@@ -769,10 +888,12 @@ static void admit_send(tg_admit_t *a) {
     arg_s(&g, a->id, a->idlen);
     if (a->limited) {
         arg_i(&g, l->cfg.lease_ttl_ms);
-        arg_i(&g, 2 * (int64_t)l->cfg.lease_ttl_ms);
         scope_args(&g, m->key_rpm, m->key_burst, m->key_tpm, m->key_conc, est);
-        if (has_tenant(m))
+        fix_take(a, &g, K_KEY_BUCKETS);
+        if (has_tenant(m)) {
             scope_args(&g, m->tenant_rpm, m->tenant_burst, m->tenant_tpm, m->tenant_conc, est);
+            fix_take(a, &g, K_TENANT_BUCKETS);
+        }
     }
     if (a->has_money) {
         arg_s(&g, money->amount, strlen(money->amount));
@@ -857,9 +978,11 @@ static void release_send(tg_admit_t *a) {
         admit_free(a);
 }
 
-/* Gives back a's leases and corrects its TPM charge to `actual` (< 0: unknown, no
- * correction); a belongs to the release from here on and is freed when it is done. */
-static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
+/* release.lua: gives back a's leases and corrects its TPM charge to `actual` (< 0:
+ * unknown, no correction) if its admission ran (its marker says so, and is spent); for
+ * an admission that may not have run. a belongs to the release from here on and is freed
+ * when it is done. */
+static void release_by_script(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
     tg_redis_t *redis = tg_state_redis(l->st);
     const tg_limit_req_t *m = &a->lim;
     int fix = actual >= 0 && has_tpm(m);
@@ -874,6 +997,47 @@ static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
     a->rq = NULL;
     a->qnext = a->qprev = NULL;
     release_send(a);
+}
+
+static void zrem_done(void *ud, redisReply *r, const char *err) {
+    TG_UNUSED(ud);
+    TG_UNUSED(r);
+    if (err)
+        tg_log_warn("limits: a lease was not given back (%s); it expires by its TTL", err);
+}
+
+/* ZREM of a's lease in set k, sent again when its answer is lost. */
+static void zrem_lease(tg_redis_t *redis, const tg_admit_t *a, int k) {
+    const char *v[3] = {"ZREM", a->keys[k], a->id};
+    size_t len[3] = {4, a->keylen[k], a->idlen};
+    tg_redis_command_idempotent(redis, 3, v, len, zrem_done, NULL);
+}
+
+/* The end of a request whose admission ran: its leases back (a ZREM each), its TPM
+ * correction (charged minus `actual`; < 0: unknown, none) to the table, to go with the
+ * next admission that reads the bucket. No script. An admission answered 1 (the same id
+ * admitted before) charged nothing, so it corrects nothing: the correction is made
+ * once, by the handle that charged. a is freed. */
+static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
+    tg_redis_t *redis = tg_state_redis(l->st);
+    const tg_limit_req_t *m = &a->lim;
+    if (redis && has_conc(m)) {
+        l->stats.round_trips++;
+        if (m->key_conc >= 0)
+            zrem_lease(redis, a, K_KEY_LEASES);
+        if (m->tenant_conc >= 0)
+            zrem_lease(redis, a, K_TENANT_LEASES);
+    }
+    if (redis && actual >= 0 && a->charged) {
+        int64_t est = TG_MAX(m->est_tokens, 0);
+        if (m->key_tpm >= 0)
+            fix_add(l, a->keys[K_KEY_BUCKETS], a->keylen[K_KEY_BUCKETS],
+                    (TG_MIN(est, m->key_tpm) - TG_MIN(actual, m->key_tpm)) * 1000, m->key_tpm * 1000);
+        if (m->tenant_tpm >= 0)
+            fix_add(l, a->keys[K_TENANT_BUCKETS], a->keylen[K_TENANT_BUCKETS],
+                    (TG_MIN(est, m->tenant_tpm) - TG_MIN(actual, m->tenant_tpm)) * 1000, m->tenant_tpm * 1000);
+    }
+    admit_free(a);
 }
 
 void tg_admit_cancel(tg_admit_t *a) {
@@ -930,6 +1094,7 @@ tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admissio
     if (redis) {
         l->admit_script = tg_redis_script_register(redis, tg_scripts_source("admit"));
         l->release_script = tg_redis_script_register(redis, tg_scripts_source("release"));
+        l->correct_script = tg_redis_script_register(redis, tg_scripts_source("correct"));
         l->renew_script = tg_redis_script_register(redis, tg_scripts_source("renew"));
     }
     return l;
@@ -954,6 +1119,11 @@ void tg_limits_destroy(tg_limits_t *l) {
         local_tab.n = 0;
     }
     pthread_mutex_unlock(&local_tab.mu);
+    if (l->fix_timer) { /* corrections still waiting are dropped (the safe side) */
+        uv_timer_stop(l->fix_timer);
+        l->fix_timer->data = l->fix_timer;
+        uv_close((uv_handle_t *)l->fix_timer, timer_closed);
+    }
     free(l);
 }
 
@@ -993,8 +1163,12 @@ static void limits_collect(const void *const *stats, int n, tg_buf_t *out) {
                   "# HELP tollgate_limiter_lease_total Lease events: added back by a renewal (Redis lost "
                   "them).\n"
                   "# TYPE tollgate_limiter_lease_total counter\n"
-                  "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n",
-                  (unsigned long long)s.leases_reacquired);
+                  "tollgate_limiter_lease_total{event=\"reacquired\"} %llu\n"
+                  "# HELP tollgate_limiter_corrections_alone_total TPM corrections sent alone (no admission "
+                  "carried them within 20 ms).\n"
+                  "# TYPE tollgate_limiter_corrections_alone_total counter\n"
+                  "tollgate_limiter_corrections_alone_total %llu\n",
+                  (unsigned long long)s.leases_reacquired, (unsigned long long)s.corrections_alone);
 }
 
 void tg_limits_metrics(tg_metrics_t *m, const tg_limits_t *l) {

@@ -103,8 +103,9 @@ typedef struct {
     char sha[41];
 } tg__redis_script_t;
 
-/* An idempotent script until its last answer (tg_redis_eval_idempotent): sent, and
- * while it waits for a resend, its timer; the arguments are copied behind it. */
+/* An idempotent script (or plain command: script -1) until its last answer
+ * (tg_redis_eval_idempotent, tg_redis_command_idempotent): sent, and while it waits for
+ * a resend, its timer; the arguments are copied behind it. */
 typedef struct tg__redis_resend_s {
     tg_redis_t *r;
     struct tg__redis_resend_s *prev, *next; /* r->resends */
@@ -1547,18 +1548,31 @@ static void resend_done(void *ud, redisReply *reply, const char *err) {
     resend_finish(x, reply, err);
 }
 
+static tg_redis_req_t *resend_go(tg__redis_resend_t *x) {
+    if (x->script < 0)
+        return tg_redis_command(x->r, resend_done, x, x->argc, x->argv, x->argvlen);
+    return tg_redis_eval(x->r, x->script, x->nkeys, x->argc, x->argv, x->argvlen, resend_done, x);
+}
+
 /* The resend, when its timer fires. */
 static void resend_send(tg__redis_resend_t *x) {
     tg_redis_t *r = x->r;
     x->sends++;
     r->stats.resends++;
-    if (!tg_redis_eval(r, x->script, x->nkeys, x->argc, x->argv, x->argvlen, resend_done, x))
+    if (!resend_go(x))
         resend_finish(x, NULL, tg_redis_err_shutdown); /* only while closing: the arguments were checked */
+}
+
+int tg_redis_command_idempotent(tg_redis_t *r, int argc, const char **argv, const size_t *argvlen, tg_redis_cb cb,
+                                void *ud) {
+    if (!r || argc < 1)
+        return TG_ERROR;
+    return tg_redis_eval_idempotent(r, -1, 0, argc, argv, argvlen, cb, ud);
 }
 
 int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
                              const size_t *argvlen, tg_redis_cb cb, void *ud) {
-    if (!r || r->closing || script_id < 0 || script_id >= r->nscripts || nkeys < 0 || argc < nkeys ||
+    if (!r || r->closing || script_id < -1 || script_id >= r->nscripts || nkeys < 0 || argc < nkeys ||
         (argc > 0 && !argv))
         return TG_ERROR;
     /* One allocation: x, argv, argvlen and the copies of the arguments. */
@@ -1582,7 +1596,7 @@ int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, 
     r->resends = x;
     r->nresends++;
     x->sends = 1;
-    if (!tg_redis_eval(r, script_id, nkeys, argc, x->argv, x->argvlen, resend_done, x)) {
+    if (!resend_go(x)) {
         x->cb = NULL; /* failed at once: no callback */
         resend_finish(x, NULL, NULL);
         return TG_ERROR;
