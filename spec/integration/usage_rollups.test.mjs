@@ -296,3 +296,155 @@ test('coarse rollups: compaction and late settlements keep them equal to the usa
   // (no ledger verify here: these settlements went to Postgres only, as a replay of
   // another instance's spool would, so Redis's balance does not know them)
 });
+
+/** Sums fine aggregates (from aggregate()) into those of another key (`keyOf(fineKey)`). */
+function regroup(fine, keyOf) {
+  const out = {};
+  for (const [k, v] of Object.entries(fine)) {
+    const ck = keyOf(k.split('|'));
+    if (ck === null) continue;
+    const a = out[ck];
+    if (!a) {
+      out[ck] = { ...v, hist: [...v.hist] };
+      continue;
+    }
+    for (const f of Object.keys(v)) {
+      if (f === 'hist') a.hist = a.hist.map((x, i) => x + v.hist[i]);
+      else a[f] += v[f];
+    }
+  }
+  return out;
+}
+
+/**
+ * Every cube table (sql/0016) in one query: {"<table>": {key: aggregate}}, keyed by its
+ * time and dimensions; hourly rows below `upto` only.
+ */
+async function cubeRows(cubes, upto) {
+  const FINE = ['tenant_id', 'api_key_id', 'group_id', 'account_id', 'model'];
+  const parts = [];
+  for (const [cube, dims] of Object.entries(cubes)) {
+    const cols = FINE.map((d) => (dims.includes(d) ? d : `NULL${d === 'model' ? '::text' : '::bigint'} AS ${d}`)).join(', ');
+    parts.push(`SELECT 'usage_hourly_${cube}' AS tbl, to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.000"Z"') AS t,
+      ${cols}, ${MEASURES} FROM usage_hourly_${cube} WHERE hour < '${new Date(upto).toISOString()}'`);
+    parts.push(`SELECT 'usage_daily_${cube}', to_char(day, 'YYYY-MM-DD'), ${cols}, ${MEASURES} FROM usage_daily_${cube}`);
+  }
+  const out = {};
+  for (const r of await bill.db.query(parts.join(' UNION ALL '))) {
+    const dims = cubes[r.tbl.replace(/^usage_(hourly|daily)_/, '')];
+    (out[r.tbl] ??= {})[[r.t, ...dims.map((d) => r[d])].join('|')] = {
+      requests: r.requests, successes: r.successes, err_429: r.err_429, err_5xx: r.err_5xx, err_timeout: r.err_timeout,
+      err_client_gone: r.err_client_gone, err_other: r.err_other, estimated: r.estimated,
+      input_tokens: BigInt(r.input_tokens), output_tokens: BigInt(r.output_tokens), cost: toNano(r.cost),
+      list_value: toNano(r.list_value), busy_ms: r.busy_ms, ttft_n: r.ttft_n, hist: r.hist,
+    };
+  }
+  return out;
+}
+const MEASURES = `requests, successes, err_429, err_5xx, err_timeout, err_client_gone, err_other, estimated, input_tokens,
+  output_tokens, cost::text AS cost, list_value::text AS list_value, busy_ms, ttft_n,
+  ARRAY[${Array.from({ length: 48 }, (_, i) => `h${i}`).join(',')}] AS hist`;
+
+test('usage cubes (sql/0016): every cube equals the usage rows summed by its dimensions, per hour and per day, after a load, late settlements and a rebuild; reports on each cube agree with the rows', async () => {
+  const HOUR = 3600e3;
+  const DAY = 24 * HOUR;
+  const FINE = ['tenant_id', 'api_key_id', 'group_id', 'account_id', 'model'];
+  const CUBES = {
+    acct: ['group_id', 'account_id', 'model'],
+    key: ['tenant_id', 'api_key_id', 'group_id', 'model'],
+    tenant: ['tenant_id', 'group_id', 'model'],
+    model: ['group_id', 'model'],
+    account_group: ['group_id', 'account_id'],
+  };
+  // Two more tenants with a key in each of two groups, a second model priced as the first.
+  await bill.db.exec(`INSERT INTO groups (name) VALUES ('cube-g2');
+    INSERT INTO tenants (name, balance, opening_balance) VALUES ('cube-t1', 100, 100), ('cube-t2', 100, 100);
+    INSERT INTO api_keys (tenant_id, group_id, name, key_hash, prefix)
+    SELECT t.id, g.id, t.name || '-k' || n, sha256(convert_to(t.name || '-' || n, 'UTF8')), 'tg-cube'
+    FROM tenants t, generate_series(1, 2) n, groups g
+    WHERE t.name LIKE 'cube-t%' AND g.name = CASE WHEN n = 1 THEN 'g' ELSE 'cube-g2' END;
+    INSERT INTO model_prices (model, input, output) SELECT 'cube-model', input, output FROM model_prices WHERE model = 'mock-gpt'`);
+  const keys = await bill.db.query('SELECT id, tenant_id, group_id FROM api_keys ORDER BY id');
+  const accounts = (await bill.db.query('SELECT id FROM accounts ORDER BY id')).map((r) => r.id);
+  assert.ok(keys.length >= 5 && accounts.length >= 2);
+  const rand = rng(1816);
+  const pick = (xs) => xs[Math.floor(rand() * xs.length)];
+  const idAt = (ms) => `${Math.floor(ms).toString(16).padStart(12, '0')}-${crypto.randomBytes(9).toString('hex')}`;
+  const now = Date.now();
+  const yesterday = Math.floor(now / DAY) * DAY - DAY;
+  // hours of yesterday (compacted into daily rows) and of today before this hour
+  const hours = [yesterday + 2 * HOUR, yesterday + 3 * HOUR, yesterday + 20 * HOUR, now - 2 * HOUR, now - HOUR];
+  const load = (n) => Array.from({ length: n }, () => {
+    const k = pick(keys);
+    return {
+      ...settlement(bill, {
+        requestId: idAt(pick(hours) + Math.floor(rand() * 1000)),
+        input: 1 + Math.floor(rand() * 90),
+        output: Math.floor(rand() * 40),
+        status: pick([200, 200, 200, 200, 429, 500, 499, 504, 400]),
+      }),
+      tenant_id: k.tenant_id,
+      api_key_id: k.id,
+      group_id: k.group_id,
+      account_id: pick(accounts),
+      model: pick(['mock-gpt', 'cube-model']),
+    };
+  });
+  await settleBatch(bill.conninfo, load(80));
+  await bill.db.scalar('SELECT tg_usage_compact()');
+
+  const check = async (what) => {
+    const [w] = await bill.db.query(`SELECT (SELECT to_char(upto AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+      FROM usage_acct_until) AS upto, ARRAY(SELECT to_char(day, 'YYYY-MM-DD') FROM usage_days_compacted) AS days`);
+    const upto = Date.parse(w.upto);
+    const days = new Set(w.days);
+    assert.ok(days.has(new Date(yesterday).toISOString().slice(0, 10)), 'yesterday is compacted');
+    const detail = await bill.db.query('SELECT * FROM usage');
+    const fine = aggregate(detail);
+    const got = await cubeRows(CUBES, upto);
+    for (const [cube, dims] of Object.entries(CUBES)) {
+      const pos = dims.map((d) => 1 + FINE.indexOf(d));
+      const hourly = regroup(fine, (f) => (Date.parse(f[0]) < upto ? [f[0], ...pos.map((i) => f[i])].join('|') : null));
+      assertSame(got[`usage_hourly_${cube}`] ?? {}, hourly, `${what}: usage_hourly_${cube}`);
+      const daily = regroup(fine, (f) => (days.has(f[0].slice(0, 10)) ? [f[0].slice(0, 10), ...pos.map((i) => f[i])].join('|') : null));
+      assertSame(got[`usage_daily_${cube}`] ?? {}, daily, `${what}: usage_daily_${cube}`);
+    }
+    // A report from yesterday to now on each cube (and on the fine rows: tenant and
+    // account) counts every request in the range, per group as the rows do.
+    const from = new Date(yesterday).toISOString();
+    const to = new Date(Math.floor(now / HOUR) * HOUR + HOUR).toISOString();
+    const rows = detail.filter((r) => hourOf(r) >= from);
+    const field = { tenant: 'tenant_id', key: 'api_key_id', group: 'group_id', account: 'account_id', model: 'model' };
+    const groupings = ['model', 'hour', 'day', 'group', 'account', 'day,account', 'tenant', 'account,model', 'key',
+      'key,model', 'tenant,account'];
+    const reports = await bill.db.query(`SELECT g, tg_usage_report('${from}', '${to}', string_to_array(g, ','), NULL, NULL,
+      NULL, NULL, NULL, 1000, 0) AS r FROM unnest(ARRAY['${groupings.join("','")}']) g`);
+    for (const { g, r } of reports) {
+      const want = {};
+      for (const u of rows) {
+        const k = g.split(',').map((x) => (x === 'hour' ? hourOf(u) : x === 'day' ? hourOf(u).slice(0, 10) : String(u[field[x]] ?? 0))).join('|');
+        want[k] = (want[k] ?? 0) + 1;
+      }
+      const gotBy = {};
+      for (const x of JSON.parse(r).data) {
+        const k = g.split(',').map((y) => (y === 'hour' ? new Date(x.hour).toISOString() : y === 'day' ? x.day
+          : String(x[field[y]] ?? 0))).join('|');
+        gotBy[k] = x.requests;
+      }
+      assert.deepEqual(gotBy, want, `${what}: report group_by=${g}`);
+    }
+  };
+  await check('after the compaction');
+
+  // Late settlements of compacted hours and of yesterday: each batch recomputes the
+  // cube rows it touched, new combinations too.
+  await settleBatch(bill.conninfo, load(30));
+  await check('after late settlements');
+
+  // The rebuild recomputes every cube from the usage rows.
+  await bill.db.exec(`TRUNCATE usage_hourly_key, usage_daily_key, usage_hourly_tenant, usage_daily_tenant,
+    usage_hourly_model, usage_daily_model, usage_hourly_acct, usage_daily_acct`);
+  const rb = await tool(['usage', 'rebuild'], { db: bill.db, redis: null });
+  assert.equal(rb.code, 0, rb.stderr + rb.stdout);
+  await check('after `tollgate usage rebuild`');
+});
