@@ -12,10 +12,12 @@
 -- "API disabled in the context of <hook>". Plugins never touch cdata themselves.
 --
 -- Plugin code runs with the JIT off (jit.off(chunk, true)) so that the instruction
--- budget hook set by C fires inside plugin loops; this file's own code stays
--- JIT-compiled. See plugins/README.md, "Isolation".
+-- budget hook set by C fires inside plugin loops, except the functions that cannot
+-- loop (see M.compile); this file's own code stays JIT-compiled (its loops run over
+-- its own finite lists, whatever plugin function they call). See plugins/README.md,
+-- "Isolation".
 --
--- Cost. Plugin code runs interpreted, and in the interpreter every cdata access is a
+-- Cost. Plugin loops run interpreted, and in the interpreter every cdata access is a
 -- metamethod call into C that allocates. So cdata is touched only in the small Ctx
 -- methods, which plugins call often enough that each becomes its own compiled trace:
 -- C writes the hook's context into `cell` (C memory, so compiled code reloads it on
@@ -477,13 +479,71 @@ function M.sandbox(name)
     return env
 end
 
+-- Which plugin functions may be compiled. A function qualifies when its bytecode has
+-- no loop (FORL, ITERL, ITERN, LOOP and their variants), no backward jump (a `goto`
+-- loop is a plain JMP or UCLO backwards) and no tail call (CALLT, CALLMT: tail
+-- recursion, direct or mutual, is a loop that does not grow the stack). Every other
+-- function stays interpreted. Then compiled plugin code cannot run forever on its own:
+-- an endless run must keep passing a loop back-edge or a tail call (recursion that
+-- grows the stack ends at its limit), and those are all in interpreted functions,
+-- where the budget's count hook fires. See plugins/README.md, "Isolation".
+-- Off (everything interpreted) when max_instructions counts every instruction, or when
+-- the opcode names cannot be read.
+M.jit_plugins = false
+local bcnames = {}
+do
+    local ok, vmdef = pcall(require, "jit.vmdef")
+    if ok and type(vmdef) == "table" and type(vmdef.bcnames) == "string" then
+        local names = vmdef.bcnames
+        for i = 0, #names / 6 - 1 do
+            bcnames[i] = names:sub(i * 6 + 1, i * 6 + 6):gsub(" +$", "")
+        end
+    end
+end
+local NO_JIT_OPS = { FORL = true, IFORL = true, JFORL = true, ITERL = true, IITERL = true,
+    JITERL = true, ITERN = true, LOOP = true, ILOOP = true, JLOOP = true, CALLT = true,
+    CALLMT = true }
+local BACKWARD_OPS = { JMP = true, UCLO = true, ISNEXT = true }
+local jutil = require("jit.util")
+local rshift = require("bit").rshift
+
+-- Whether the function or prototype `f` may run compiled (see above).
+local function may_compile(f)
+    local info = jutil.funcinfo(f)
+    for pc = 1, info.bytecodes - 1 do
+        local ins = jutil.funcbc(f, pc)
+        if not ins then return false end
+        local name = bcnames[ins % 256]
+        if name == nil or NO_JIT_OPS[name] then return false end
+        -- The jump's target is pc + 1 + (D - 0x8000).
+        if BACKWARD_OPS[name] and rshift(ins, 16) < 0x8000 then return false end
+    end
+    return true
+end
+M._may_compile = may_compile
+
+-- Switches the JIT back on for the functions `f` defines that qualify, at any depth.
+local function jit_on_qualifying(f)
+    local info = jutil.funcinfo(f)
+    if not info.children then return end
+    for i = -1, -info.gcconsts, -1 do
+        local k = jutil.funck(f, i)
+        if type(k) == "proto" then
+            if may_compile(k) then jit.on(k) end
+            jit_on_qualifying(k)
+        end
+    end
+end
+
 -- Compiles plugin source into a function running in `env`, with the JIT off for it
--- and every function it defines (so the budget hook can interrupt its loops).
+-- and every function it defines that has a loop, a backward jump or a tail call (so
+-- the budget hook can interrupt its loops), on for the others when M.jit_plugins.
 function M.compile(src, chunkname, env)
     if src:byte(1) == 27 then return nil, chunkname:sub(2) .. ": bytecode is not accepted" end
     local fn, err = load(src, chunkname, "t", env)
     if not fn then return nil, err end
     jit.off(fn, true)
+    if M.jit_plugins and bcnames[0] then jit_on_qualifying(fn) end
     return fn
 end
 

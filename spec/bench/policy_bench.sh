@@ -22,12 +22,14 @@
 #   spec/bench/policy_bench.sh --callgrind             instructions per request instead
 #
 # TG_BENCH_VARIANTS="off shadow ..." runs only those variants (off first, the baseline);
+# TG_BENCH_CG_SECONDS=N measures N seconds per variant under callgrind instead of 4 (more
+# requests: less weight for a GC cycle or a trace compiled in the window);
 # TG_BENCH_CG_KEEP=DIR keeps each variant's callgrind output there (DIR/cg.VARIANT.1)
 # for callgrind_annotate --inclusive=yes.
 #
 # --callgrind: each variant in turn under valgrind --tool=callgrind (all threads, the
 # capture's writer included), warmed with 1 s of wrk -c8, counters zeroed, 4 s of
-# wrk -c8, dumped: instructions per request, which a loaded machine does not move.
+# wrk -c8 (TG_BENCH_CG_SECONDS), dumped: instructions per request, which a loaded machine does not move.
 set -euo pipefail
 CALLGRIND=0
 if [ "${1:-}" = --callgrind ]; then
@@ -136,7 +138,8 @@ warm() { # VARIANT: the key cache and the account snapshot
 }
 if [ $CALLGRIND = 1 ]; then
     need valgrind callgrind_control
-    echo "| variant (1 worker, under callgrind, wrk -c8 4 s after 1 s of warm-up) | requests | instructions / request | vs off |"
+    CG_SECONDS=${TG_BENCH_CG_SECONDS:-4}
+    echo "| variant (1 worker, under callgrind, wrk -c8 $CG_SECONDS s after 1 s of warm-up) | requests | instructions / request | vs off |"
     echo "|---|---:|---:|---:|"
     base=0
     for v in "${VARIANTS[@]}"; do
@@ -147,7 +150,7 @@ if [ $CALLGRIND = 1 ]; then
         URL=http://127.0.0.1:${PORT[$v]}/v1/chat/completions
         wrk -t1 -c8 -d1s -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >/dev/null
         callgrind_control -z $G >/dev/null
-        wrk -t1 -c8 -d4s -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >"$T/wrk.out"
+        wrk -t1 -c8 -d"${CG_SECONDS}s" -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >"$T/wrk.out"
         callgrind_control -d $G >/dev/null
         sleep 1
         stop_pid $G

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../core/src/policy/tg_plugin_internal.h"
 #include "tg_test.h"
 #include "tollgate/tg_plugin.h"
 
@@ -358,6 +359,26 @@ TG_TEST(plugin, endless_loop_is_stopped_by_the_budget) {
     stop(pl, &loop);
 }
 
+/* Runs on_request with `x-spin: value`, which must fail in the plugin (one error), then
+ * map_model, which must work at once; returns on_request's time in ms. */
+static uint64_t spin_once(tg_plugins_t *pl, const char *value) {
+    tg_ffi_header_t h = {"x-spin", 6, value, strlen(value)};
+    tg_hookctx_t ctx;
+    begin(pl, &ctx, "m");
+    ctx.headers = &h;
+    ctx.nheaders = 1;
+    uint64_t t0 = tg_now_ns();
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_OK);
+    uint64_t took_ms = (tg_now_ns() - t0) / 1000000;
+    ASSERT_EQ_INT(ctx.plugin_errors, 1);
+    /* The state is usable afterwards, at full speed (no hook left behind). */
+    ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &ctx), TG_OK);
+    ASSERT_EQ_STR(ctx.model, "after");
+    ASSERT_EQ_INT(ctx.plugin_errors, 1);
+    tg_plugins_end(pl, &ctx);
+    return took_ms;
+}
+
 /* Without instruction counting, the watchdog stops the loop after max_hook_ms. */
 TG_TEST(plugin, endless_loop_is_stopped_by_the_watchdog) {
     make_dir();
@@ -372,22 +393,9 @@ TG_TEST(plugin, endless_loop_is_stopped_by_the_watchdog) {
                "  map_model = function(ctx) ctx:set_model('after') end }\n");
     uv_loop_t loop;
     tg_plugins_t *pl = start("{'spin'}", &loop);
-    tg_ffi_header_t h = {"x-spin", 6, "1", 1};
     for (int i = 0; i < 3; i++) {
-        tg_hookctx_t ctx;
-        begin(pl, &ctx, "m");
-        ctx.headers = &h;
-        ctx.nheaders = 1;
-        uint64_t t0 = tg_now_ns();
-        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_OK);
-        uint64_t took_ms = (tg_now_ns() - t0) / 1000000;
+        uint64_t took_ms = spin_once(pl, "1");
         ASSERT(took_ms >= 20 && took_ms < 1000);
-        ASSERT_EQ_INT(ctx.plugin_errors, 1);
-        /* The state is usable afterwards, at full speed (no hook left behind). */
-        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_MAP_MODEL, &ctx), TG_OK);
-        ASSERT_EQ_STR(ctx.model, "after");
-        ASSERT_EQ_INT(ctx.plugin_errors, 1);
-        tg_plugins_end(pl, &ctx);
     }
     stop(pl, &loop);
 
@@ -399,6 +407,117 @@ TG_TEST(plugin, endless_loop_is_stopped_by_the_watchdog) {
     ASSERT_EQ_INT(tg_plugins_global_init(&cfg, err, sizeof(err)), TG_ERROR);
     ASSERT(strstr(err, "plugin budget exceeded: ran longer than") != NULL);
     tg_plugins_config_free(&cfg);
+}
+
+/*
+ * Module plugin_jit (label `policy`): plugin functions without a loop, a backward jump or
+ * a tail call run compiled when max_instructions is off (core/lua/tg_runtime.lua,
+ * M.compile), and compiled code cannot escape max_hook_ms.
+ */
+
+/* Records, in the runtime's own globals, the start of every trace the JIT finishes:
+ * tg_test_traces["<file>:<linedefined>"] = true. */
+static void watch_traces(tg_plugins_t *pl) {
+    lua_State *L = pl->L;
+    ASSERT(luaL_dostring(L, "local util = require('jit.util')\n"
+                            "local starts = {}\n"
+                            "tg_test_traces = {}\n"
+                            "jit.attach(function(what, tr, func)\n"
+                            "  if what == 'start' then\n"
+                            "    local i = util.funcinfo(func)\n"
+                            "    starts[tr] = (i.source or '?'):match('[^/]*$') .. ':' .. tostring(i.linedefined)\n"
+                            "  elseif what == 'stop' and starts[tr] then\n"
+                            "    tg_test_traces[starts[tr]] = true\n"
+                            "  end\n"
+                            "end, 'trace')\n") == 0);
+}
+
+static int traced(tg_plugins_t *pl, const char *where) {
+    lua_State *L = pl->L;
+    lua_getglobal(L, "tg_test_traces");
+    lua_getfield(L, -1, where);
+    int yes = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+    return yes;
+}
+
+static void run_hot(int with_instruction_budget, int *twice, int *sum, int *hook) {
+    make_dir();
+    budget = with_instruction_budget ? "max_instructions = 10000000, max_hook_ms = 1000"
+                                     : "max_instructions = 0, max_hook_ms = 1000";
+    write_file("hot.lua", "local function twice(x) return x * 2 end\n"
+                          "local function sum(n) local s = 0 for i = 1, n do s = s + i end return s end\n"
+                          "return { name = 'hot', priority = 1, version = '1',\n"
+                          "  on_request = function(ctx)\n"
+                          "    local v = 0\n"
+                          "    for i = 1, 300 do v = v + twice(i) + sum(3) end\n"
+                          "    if v < 0 then ctx:reject(500, 'never', 'never') end\n"
+                          "  end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'hot'}", &loop);
+    watch_traces(pl);
+    for (int i = 0; i < 3; i++) {
+        tg_hookctx_t ctx;
+        begin(pl, &ctx, "m");
+        ASSERT_EQ_INT(tg_plugins_run(pl, TG_HOOK_ON_REQUEST, &ctx), TG_OK);
+        ASSERT_EQ_INT(ctx.plugin_errors, 0);
+        tg_plugins_end(pl, &ctx);
+    }
+    *twice = traced(pl, "hot.lua:1");
+    *sum = traced(pl, "hot.lua:2");
+    *hook = traced(pl, "hot.lua:4");
+    stop(pl, &loop);
+}
+
+TG_TEST(plugin_jit, loop_free_functions_run_compiled) {
+    int twice, sum, hook;
+    run_hot(0, &twice, &sum, &hook);
+    ASSERT(twice);            /* no loop: compiled */
+    ASSERT(!sum && !hook);    /* a loop: interpreted, so the hook can stop it */
+    /* max_instructions counts every instruction: everything stays interpreted. */
+    run_hot(1, &twice, &sum, &hook);
+    ASSERT(!twice && !sum && !hook);
+}
+
+/* Endless runs built from compiled pieces: each is stopped at max_hook_ms, and the
+ * state serves the next hook at once. */
+TG_TEST(plugin_jit, compiled_code_cannot_escape_the_watchdog) {
+    make_dir();
+    budget = "max_instructions = 0, max_hook_ms = 20";
+    write_file("spin.lua",
+               "local function inc(x) return x + 1 end\n"
+               "local function tail(n) return tail(n + 1) end\n"
+               "local other\n"
+               "local function mutual(n) return other(n + 1) end\n"
+               "other = function(n) return mutual(n + 1) end\n"
+               "local function back(n) ::top:: n = n + 1 if n > 0 then goto top end return n end\n"
+               "local function fork() pcall(fork) pcall(fork) end\n"
+               "local meta = setmetatable({}, { __index = function(t, k) local v = t[k] return v end })\n"
+               "local function lookup() local v = meta.x return v end\n"
+               "return { name = 'spin', priority = 1, version = '1',\n"
+               "  on_request = function(ctx)\n"
+               "    local how = ctx:header('x-spin')\n"
+               "    for i = 1, 1000 do inc(i) end\n"
+               "    if how == 'hot' then local x = 0 while true do x = inc(x) end\n"
+               "    elseif how == 'tail' then tail(0)\n"
+               "    elseif how == 'mutual' then mutual(0)\n"
+               "    elseif how == 'goto' then back(0)\n"
+               "    elseif how == 'fork' then fork()\n"
+               "    elseif how == 'meta' then while true do pcall(lookup) end end\n"
+               "  end,\n"
+               "  map_model = function(ctx) ctx:set_model('after') end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'spin'}", &loop);
+    static const char *const hows[] = {"hot", "tail", "mutual", "goto", "fork", "meta"};
+    for (size_t w = 0; w < sizeof(hows) / sizeof(hows[0]); w++) {
+        for (int i = 0; i < 2; i++) {
+            uint64_t took_ms = spin_once(pl, hows[w]);
+            if (took_ms >= 1000)
+                fprintf(stderr, "x-spin: %s took %llu ms\n", hows[w], (unsigned long long)took_ms);
+            ASSERT(took_ms < 1000);
+        }
+    }
+    stop(pl, &loop);
 }
 
 TG_TEST(plugin, sandbox_has_no_io_os_ffi_or_require) {

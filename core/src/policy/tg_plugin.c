@@ -6,8 +6,10 @@
  * hook that fires every TICK instructions of *interpreted* code. Plugin code is loaded
  * with the JIT off, so its loops are always interpreted and the hook bounds every hook
  * call by max_instructions and max_hook_ms; the error it raises cannot be swallowed by
- * a plugin's own pcall. Compiled traces (the runtime's own code) never see the hook,
- * which is why plugin code must stay interpreted. See plugins/README.md, "Isolation".
+ * a plugin's own pcall. Compiled traces never see the hook, which is why every plugin
+ * function that could run forever must stay interpreted: only those without a loop, a
+ * backward jump or a tail call get the JIT back, and only when max_instructions is off
+ * (tg_runtime.lua, M.compile). See plugins/README.md, "Isolation".
  *
  * A generation is reference counted by the requests that began on it; the worker's
  * current generation holds one more reference. Swapping drops that one; the last
@@ -35,7 +37,7 @@
 /*
  * The budget of plugin code running on this thread.
  *
- * Two mechanisms, both relying on plugin code being interpreted (jit.off):
+ * Two mechanisms, both relying on plugin loops being interpreted (jit.off):
  *  - max_hook_ms (always): a watchdog thread notices a call that has used more than
  *    max_hook_ms of its thread's CPU time (CPU, not wall clock, so a worker that was
  *    merely descheduled on a busy machine is not punished) and
@@ -185,6 +187,10 @@ tg_plugins_t *tg__plugins_new(uv_loop_t *loop, int worker, int nworkers, long ma
         tg__plugins_free(pl);
         return NULL;
     }
+    /* Plugin functions without loops or tail calls run compiled, unless
+     * max_instructions must count every instruction (tg_runtime.lua, M.compile). */
+    lua_pushboolean(L, pl->max_instructions == 0);
+    lua_setfield(L, -2, "jit_plugins");
     lua_getfield(L, -1, "cell_address");
     pl->cell = (tg_ctxcell_t *)(uintptr_t)lua_tonumber(L, -1);
     lua_pop(L, 1);
