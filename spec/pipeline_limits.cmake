@@ -2,9 +2,13 @@
 # on the limiter's side. Included by spec/CMakeLists.txt after state_limits.cmake.
 #
 #   integration.pipeline_end   spec/integration/pipeline_end.test.mjs: per billed request
-#                              one release.lua (leases back + TPM corrected), the account
-#                              slot back with a plain ZREM; counted with MONITOR on a
-#                              private redis-server
+#                              no script at the end: a ZREM per lease and for the account
+#                              slot, the TPM correction carried by the next admission (or
+#                              correct.lua); counted with MONITOR on a private redis-server
+#   integration.pipeline_onerow spec/integration/pipeline_onerow.test.mjs: goal 3, one
+#                              Postgres row per billed request on the normal path (no
+#                              reservation row for a request settled in the batch of its
+#                              reservation, sql/0016), every other shape keeps its rows
 #
 # The limiter's guarantees the end of a request keeps are the `limits` tests below, also
 # labelled `pipeline`: concurrency never exceeded across instances (limits_concurrency),
@@ -19,6 +23,8 @@ endif()
 
 tg_services_test(pipeline_end ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_end.test.mjs
   "pipeline;limits;integration" 120)
+tg_services_test(pipeline_onerow ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_onerow.test.mjs
+  "pipeline;billing;integration" 120)
 foreach(name limits_concurrency limits_lease limits_lease_recovery limits_tpm)
   if(TEST integration.${name})
     set_property(TEST integration.${name} APPEND PROPERTY LABELS pipeline)

@@ -157,9 +157,10 @@ test('the first request loads the live balance from Postgres and is admitted aga
   const separate = res.filter((s) => !admissions.includes(s) && s.text.includes(`"${rich.keyId}|`));
   assert.deepEqual(separate, [], 'no separate reservation');
   assert.ok(res.length > admissions.length, 'the settlement names it afterwards');
+  // Its reservation row, if its batch came before the settlement's; settled in the same
+  // batch, it has none (sql/0016): either way nothing is left open.
   const rows = await reservationRows(rich, id);
-  assert.equal(rows.length, 1);
-  assert.equal(rows[0].state, 'reconciled');
+  assert.ok(rows.length <= 1 && rows.every((x) => x.state === 'reconciled'), JSON.stringify(rows, (k, v) => String(v)));
   const live = await liveMoney(rich);
   assert.ok(live.avail !== null && live.reserved === 0n, `the balance is live: ${JSON.stringify(live, (k, v) => String(v))}`);
 });
