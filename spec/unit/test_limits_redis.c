@@ -196,6 +196,44 @@ TG_TEST(limits_redis, same_id_is_charged_once) {
     fx_done(&f);
 }
 
+/* The end of a request sends no script: its TPM correction rides on the next admission
+ * that reads the bucket (one more argument of admit.lua), so nothing goes alone; with no
+ * admission after it, it goes alone (correct.lua) 20 ms later. */
+TG_TEST(limits_redis, the_correction_rides_on_the_next_admission) {
+    fx_t f;
+    fx_init(&f, 30000, 4);
+    tg_limit_req_t lim = lim_none(&f);
+    lim.key_tpm = 1000;
+    lim.est_tokens = 100;
+    char id1[64], id2[64], id3[64];
+    snprintf(id1, sizeof(id1), "req-ride-1-%d", (int)getpid());
+    snprintf(id2, sizeof(id2), "req-ride-2-%d", (int)getpid());
+    snprintf(id3, sizeof(id3), "req-ride-3-%d", (int)getpid());
+    got_t g1, g2, g3;
+    tg_admit_t *a1 = admit(&f, id1, &lim, &g1);
+    ASSERT_EQ_INT(g1.out.result, TG_ADMIT_OK);
+    ASSERT_EQ_INT(tpm_level(&f), 900000);
+    tg_admit_release(a1, 40); /* 60 tokens owed back, kept in the worker */
+    tg_admit_t *a2 = admit(&f, id2, &lim, &g2);
+    ASSERT_EQ_INT(g2.out.result, TG_ADMIT_OK);
+    int64_t l2 = tpm_level(&f);
+    ASSERT(l2 >= 860000 && l2 < 860000 + 5000); /* 900 + 60 - 100 (+ a refill of < 0.3 s) */
+    ASSERT_EQ_INT(tg_limits_stats(f.l)->corrections_alone, 0);
+    tg_admit_release(a2, 100); /* used its estimate: nothing owed */
+    run_for(&f.loop, 100);
+    ASSERT_EQ_INT(tg_limits_stats(f.l)->corrections_alone, 0);
+    tg_admit_t *a3 = admit(&f, id3, &lim, &g3);
+    ASSERT_EQ_INT(g3.out.result, TG_ADMIT_OK);
+    tg_admit_release(a3, 0); /* 100 owed, and no admission follows */
+    run_for(&f.loop, 100);
+    ASSERT_EQ_INT(tg_limits_stats(f.l)->corrections_alone, 1);
+    int64_t l3 = tpm_level(&f);
+    ASSERT(l3 >= l2 && l3 < l2 + 10000); /* charged 100, given back 100 */
+    redisReply *r = redisCommand(f.side, "DEL %s", f.buckets);
+    freeReplyObject(r);
+    fx_done(&f);
+}
+
 /* B6: a running request's leases that Redis lost (a restart, a failover, a lease expired
  * during an outage: here DEL) are back after the next renewal, and counted. */
 TG_TEST(limits_redis, renewal_reacquires_lost_leases) {
