@@ -8,7 +8,7 @@
 #   integration.pipeline_onerow spec/integration/pipeline_onerow.test.mjs: goal 3, one
 #                              Postgres row per billed request on the normal path (no
 #                              reservation row for a request settled in the batch of its
-#                              reservation, sql/0016), every other shape keeps its rows
+#                              reservation, sql/0017), every other shape keeps its rows
 #
 # The limiter's guarantees the end of a request keeps are the `limits` tests below, also
 # labelled `pipeline`: concurrency never exceeded across instances (limits_concurrency),

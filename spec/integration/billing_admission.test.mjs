@@ -158,7 +158,7 @@ test('the first request loads the live balance from Postgres and is admitted aga
   assert.deepEqual(separate, [], 'no separate reservation');
   assert.ok(res.length > admissions.length, 'the settlement names it afterwards');
   // Its reservation row, if its batch came before the settlement's; settled in the same
-  // batch, it has none (sql/0016): either way nothing is left open.
+  // batch, it has none (sql/0017): either way nothing is left open.
   const rows = await reservationRows(rich, id);
   assert.ok(rows.length <= 1 && rows.every((x) => x.state === 'reconciled'), JSON.stringify(rows, (k, v) => String(v)));
   const live = await liveMoney(rich);
@@ -167,7 +167,7 @@ test('the first request loads the live balance from Postgres and is admitted aga
 
 test('a billed request with limits makes exactly ONE script call before the upstream call; the hold is in place while it streams', async () => {
   await mock.reset();
-  const body = chatBody('one round trip [mock chunks=8 interval_ms=250]', { maxTokens: 200 });
+  const body = chatBody('one round trip [mock chunks=8 interval_ms=400]', { maxTokens: 200 });
   const R = reservationFor(Buffer.byteLength(JSON.stringify({ stream: true, ...body })), 200);
   const t = `{t:${rich.tenantId}}`;
   let firstChunkMs = 0;
@@ -187,7 +187,7 @@ test('a billed request with limits makes exactly ONE script call before the upst
           tenantLease: await redisCli(rich.redis, 'ZSCORE', `${t}:conc:t`, id),
           marker: await redisCli(rich.redis, 'EXISTS', `${t}:a:${id}`),
         };
-        await waitFor(async () => (await reservationRows(rich, id)).length === 1, { timeout: 1500, what: 'the reserved row' });
+        await waitFor(async () => (await reservationRows(rich, id)).length === 1, { timeout: 2500, what: 'the reserved row' });
         seen.row = (await reservationRows(rich, id))[0];
         seen.usageRows = await count(rich, 'usage', `request_id = '${id}'`);
         return seen;

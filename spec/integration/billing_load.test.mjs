@@ -59,7 +59,7 @@ test(`${N} requests from 32 clients: every 200 billed once at its cost, every re
   assert.deepEqual(u, { n: N, ids: N, wrong_cost: 0, estimated: 0 }, 'one exact usage row per answered request');
   assert.equal(await count(bill, 'usage'), N);
 
-  // A request settled in the batch of its reservation has no reservation row (sql/0016);
+  // A request settled in the batch of its reservation has no reservation row (sql/0017);
   // those written earlier are all reconciled: nothing is left open.
   const open = await bill.db.query(`SELECT state, count(*) AS n FROM reservations GROUP BY state ORDER BY state`);
   assert.ok(open.every((x) => x.state === 'reconciled' && Number(x.n) <= N), `every reservation row reconciled: ${JSON.stringify(open)}`);

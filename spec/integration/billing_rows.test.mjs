@@ -2,7 +2,7 @@
 // benchmark counts them: pg_stat_user_tables (rows inserted and updated) over N requests,
 // read after the gateway stopped (a backend reports its counts when it exits).
 //
-// Since sql/0016 a request settled in the batch of its reservation writes its usage row
+// Since sql/0017 a request settled in the batch of its reservation writes its usage row
 // only (which is its dedup); one still in flight when its reservation's batch commits
 // also has its reservation row (inserted, then updated to reconciled); the ledger has one
 // entry per tenant per batch, and the tenant's balance and the key's spend are one update
@@ -85,7 +85,7 @@ test(`${N} billed requests: one usage row each (the dedup), one ledger entry per
   assert.ok((rows.reservations?.ins ?? 0) <= attempts + 1,
     `at most one reservation row per attempt (${attempts} attempts; ${shown})`);
   // A request settled in the batch of its reservation writes no reservation row
-  // (sql/0016): only those in flight when their reservation's batch went out have one
+  // (sql/0017): only those in flight when their reservation's batch went out have one
   // (here the first requests, whose reservations went before the lock held the batches).
   assert.ok((rows.reservations?.ins ?? 0) < N / 2, `reservation rows only for requests in flight at their batch (${shown})`);
   assert.ok((rows.ledger?.ins ?? N) < N / 10, `one ledger entry per tenant per batch, not per request (${shown})`);

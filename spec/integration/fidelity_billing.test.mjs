@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 
 import { startMock, stopAll } from './lib/harness.mjs';
 import { chat } from './lib/db.mjs';
-import { billedSetup, reservationFor, reservationRows, startBilledGateway, waitUsageRow } from './lib/billing.mjs';
+import { billedSetup, reservationFor, reservedBound, startBilledGateway } from './lib/billing.mjs';
 
 const DEFAULT_CAP = 3000;
 let mock;
@@ -49,9 +49,7 @@ for (const [model, field, other] of [
     assert.equal(got[field], DEFAULT_CAP, `the upstream got ${field}`);
     assert.equal(got[other], undefined, `and no ${other}`);
     const id = r.headers['x-request-id'];
-    await waitUsageRow(bill, id);
-    const [row] = await reservationRows(bill, id);
-    assert.equal(row.amount, reservationFor(Buffer.byteLength(JSON.stringify(body)), DEFAULT_CAP), 'the bound reserved');
+    assert.equal(await reservedBound(bill, id), reservationFor(Buffer.byteLength(JSON.stringify(body)), DEFAULT_CAP), 'the bound reserved');
   });
 }
 

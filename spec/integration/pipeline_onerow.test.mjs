@@ -1,5 +1,5 @@
 // One Postgres row per billed request on the normal path (issue #17 "pipeline", goal 3;
-// sql/0016_settle_one_row.sql): tg_settle_batch writes no reservation row for a request
+// sql/0017_settle_one_row.sql): tg_settle_batch writes no reservation row for a request
 // reserved the normal way, with one attempt, whose settlement is in the same batch — its
 // usage row is its record. Every other shape keeps its rows as before: a reservation
 // whose row was already written (a batch whose answer was lost, replayed with the
@@ -19,6 +19,7 @@ import {
   costOf,
   fmtNano,
   reservationRows,
+  reservedBound,
   settleBatch,
   settlement,
   usageRows,
@@ -59,6 +60,7 @@ test('reserved and settled in one batch: the usage row only, no reservation row;
   for (const id of ids) {
     assert.deepEqual(await reservationRows(bill, id), [], `${id}: no reservation row`);
     assert.equal((await usageRows(bill, id)).length, 1, `${id}: its usage row`);
+    assert.equal(await reservedBound(bill, id), BOUND, `${id}: what it reserved, kept in its usage row`);
   }
   const m = await accountsMoney(bill);
   assert.equal(m.balance, before.balance - 3n * costOf(100, 50), 'debited once each');

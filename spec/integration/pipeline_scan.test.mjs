@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 
 import { startMock, stopAll } from './lib/harness.mjs';
 import { chat } from './lib/db.mjs';
-import { billedSetup, reservationFor, reservationRows, startBilledGateway, waitUsageRow, CRED } from './lib/billing.mjs';
+import { billedSetup, reservationFor, reservedBound, startBilledGateway, CRED } from './lib/billing.mjs';
 
 const CAP = 2500;
 const PRICES = [{ model: 'gpt-5-mini', input: '1.00', output: '2.00' }, { model: 'claude-x', input: '1.00', output: '2.00' }];
@@ -50,9 +50,7 @@ async function post(t, path, body, headers = {}) {
 }
 
 async function bound(t, id) {
-  await waitUsageRow(t.bill, id);
-  const [row] = await reservationRows(t.bill, id);
-  return row.amount;
+  return reservedBound(t.bill, id);
 }
 
 test('no limit, pass-through: the client\'s bytes go on with the cap added, and the cap is what was reserved', async () => {

@@ -191,7 +191,7 @@ test('rollups = an aggregate over the usage rows after a random load; rebuild gi
   await sleep(500);
   const rec = await ledger(bill, 'reconcile', ['--older-than-ms', '0']);
   assert.equal(rec.code, 0, rec.stderr);
-  // (a request settled in the batch of its reservation has no reservation row: sql/0016)
+  // (a request settled in the batch of its reservation has no reservation row: sql/0017)
   await waitFor(async () => Number(await bill.db.scalar(
     `SELECT count(DISTINCT r.request_id) FROM reservations r WHERE NOT EXISTS (SELECT 1 FROM usage u WHERE u.request_id = r.request_id)`)) === 0,
   { timeout: 10000, what: 'a usage row for every reserved request' });

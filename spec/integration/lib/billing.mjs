@@ -16,6 +16,7 @@
 // costs 1,000 nano-USD (1.00 USD per million) and an output token 2,000 (2.00 USD per
 // million). Money is compared as BigInt nano-USD, never as a float.
 
+import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -270,6 +271,20 @@ export async function reservationRows(bill, id) {
   const rows = await bill.db.query(`SELECT attempt, state, ${nanoCol('amount', 'amount')},
     ${nanoCol('settled_cost', 'settled_cost')}, note FROM reservations WHERE request_id = ${lit(id)} ORDER BY attempt`);
   return rows.map((r) => ({ ...r, amount: BigInt(r.amount), settled_cost: r.settled_cost === null ? null : BigInt(r.settled_cost) }));
+}
+
+/**
+ * What request `id` reserved for its billed (last) attempt, nano-USD: its reservation
+ * row's amount, or — settled in the batch of its reservation, it has no row (sql/0017) —
+ * its usage row's `reserved`. Waits for the usage row.
+ */
+export async function reservedBound(bill, id) {
+  await waitUsageRow(bill, id);
+  const rows = await reservationRows(bill, id);
+  if (rows.length) return rows[rows.length - 1].amount;
+  const v = await bill.db.scalar(`SELECT (reserved * 1000000000)::bigint FROM usage WHERE request_id = ${lit(id)}`);
+  assert.ok(v !== null && v !== '', `${id}: neither a reservation row nor usage.reserved`);
+  return BigInt(v);
 }
 
 /**

@@ -25,6 +25,10 @@
 -- no reservation row (`ledger verify` never required one: its check is that those present
 -- are reconciled), and `reservations` no longer lists every request.
 
+-- What it reserved stays known: such a request's usage row keeps its bound in the new
+-- column `usage.reserved` (NULL for the others, whose reservation rows hold it).
+ALTER TABLE usage ADD COLUMN reserved numeric(24, 10);
+
 CREATE OR REPLACE FUNCTION tg_settle_batch(batch jsonb)
 RETURNS TABLE (request_id text, outcome text) LANGUAGE plpgsql
 -- The planner cannot know a batch's size; JIT-compiling a plan for 200 rows costs ~1 s.
@@ -62,19 +66,26 @@ BEGIN
     FROM (SELECT DISTINCT e.tenant_id FROM unnest(els) e WHERE e.op IS NULL) t;
 
     -- 2. The usage rows, which are the dedup: the first settlement of each request id,
-    -- inserted in request id order; a request id already there inserts nothing.
+    -- inserted in request id order; a request id already there inserts nothing. A
+    -- request with one attempt whose reservation is in this batch keeps its bound in
+    -- the row (`reserved`: it may get no reservation row, step 3).
     WITH s AS (
         SELECT DISTINCT ON (e.request_id) e.* FROM unnest(els) e WHERE e.op IS NULL ORDER BY e.request_id, e.ord),
+    rv AS (
+        SELECT DISTINCT ON (e.request_id) e.request_id AS rid, e.amount FROM unnest(els) e
+        WHERE e.op = 'reserve' AND e.attempt = 1 AND e.note IS NULL
+          AND e.state IS DISTINCT FROM 'pending_reconciliation'
+        ORDER BY e.request_id, e.ord),
     ins AS (
         INSERT INTO usage AS u (request_id, tenant_id, api_key_id, group_id, account_id, model, attempts,
                                 input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
                                 reasoning_tokens, cost, estimated, status, ttft_ms, total_ms, attempt_ids,
-                                fingerprint, ledger_id, started_at)
+                                fingerprint, ledger_id, started_at, reserved)
         SELECT s.request_id, s.tenant_id, s.api_key_id, s.group_id, s.account_id, s.model, s.attempts, s.input,
                s.output, s.cache_read, s.cache_write, s.reasoning, s.cost, s.estimated, s.status, s.ttft_ms,
                s.total_ms, s.attempt_ids, s.fingerprint, lids[array_position(ltenants, s.tenant_id)],
-               tg_request_started(s.request_id)
-        FROM s
+               tg_request_started(s.request_id), CASE WHEN s.attempts = 1 THEN rv.amount END
+        FROM s LEFT JOIN rv ON rv.rid = s.request_id
         WHERE NOT dropped OR NOT tg_usage_dropped(tg_request_started(s.request_id))
         ORDER BY s.request_id
         ON CONFLICT (request_id, started_at) DO NOTHING
