@@ -27,6 +27,7 @@ import {
   mockInputTokens,
   reservationFor,
   reservationRows,
+  reservedBound,
   settleBatch,
   startBilledGateway,
   usageRow,
@@ -212,8 +213,7 @@ test("the group's rate multiplier scales the reservation and the bill", async ()
   const row = await waitUsageRow(b2, id);
   const base = costOf(mockInputTokens(text), 9);
   assert.equal(row.cost, (base * 3n) / 2n, `cost = 1.5 x ${base}`);
-  const [res] = await reservationRows(b2, id);
-  assert.equal(res.amount, (reservationFor(Buffer.byteLength(JSON.stringify(body)), 50) * 3n) / 2n);
+  assert.equal(await reservedBound(b2, id), (reservationFor(Buffer.byteLength(JSON.stringify(body)), 50) * 3n) / 2n);
   const m = await accountsMoney(b2);
   assert.equal(m.balance, 5_000_000_000n - row.cost);
   assert.equal((await liveMoney(b2)).avail, m.balance);
