@@ -113,6 +113,28 @@ static void billing_collect(const void *const *stats, int n, tg_buf_t *out) {
                   (unsigned long long)s.spooled, (unsigned long long)s.replayed, (unsigned long long)s.reconciled,
                   (unsigned long long)s.unheld, (unsigned long long)s.quarantined, (unsigned long long)s.clamped,
                   (unsigned long long)s.estimated);
+    /* Gauges, read from each worker's batcher (a scrape runs on another thread: a
+     * moment's value, like the counters): what waits for the next batch, and the
+     * batches at Postgres. Both fall back to 0 within postgres_timeout_ms of
+     * Postgres going away, whether it closes its connections or stops answering: every
+     * batch then ends committed or spooled. */
+    uint64_t queued = 0, live = 0, replay = 0;
+    for (int i = 0; i < n; i++) {
+        const tg_billing_t *b = TG_CONTAINER_OF(stats[i], tg_billing_t, stats);
+        queued += b->qlen;
+        live += (uint64_t)TG_MAX(b->live_inflight, 0);
+        replay += (uint64_t)TG_MAX(b->replay_inflight, 0);
+    }
+    tg_buf_printf(out,
+                  "# HELP tollgate_billing_queue Settlement batcher elements waiting for the next batch.\n"
+                  "# TYPE tollgate_billing_queue gauge\n"
+                  "tollgate_billing_queue %llu\n"
+                  "# HELP tollgate_billing_batches_inflight Settlement batches sent to Postgres and not yet "
+                  "committed or failed (live: from the queue; replay: from the spool).\n"
+                  "# TYPE tollgate_billing_batches_inflight gauge\n"
+                  "tollgate_billing_batches_inflight{source=\"live\"} %llu\n"
+                  "tollgate_billing_batches_inflight{source=\"replay\"} %llu\n",
+                  (unsigned long long)queued, (unsigned long long)live, (unsigned long long)replay);
     tg_buf_printf(out,
                   "# HELP tollgate_budget_refusals_total Requests refused by a periodic budget (402 budget_exceeded).\n"
                   "# TYPE tollgate_budget_refusals_total counter\n"
