@@ -42,6 +42,7 @@ let pg;
 let redis;
 let bill;
 let gw;
+let spoolDir;
 
 before(async () => {
   mock = await startMock();
@@ -50,8 +51,8 @@ before(async () => {
   bill = await billedSetup({ mock, balance: '100', pg: pg.conninfo, redis: redis.url });
   // A query waits at most 1 s for Postgres: past that a reservation is refused (503)
   // and a settlement goes to the spool.
-  gw = await startBilledGateway(bill, { postgres_timeout_ms: 1000, billing: { reconcile_after_ms: 600000 } },
-    { mock, spoolDir: tempDir('spool') });
+  spoolDir = tempDir('spool');
+  gw = await startGateway();
 });
 
 after(async () => {
@@ -59,6 +60,11 @@ after(async () => {
   await redis?.stop();
   await pg?.remove();
 });
+
+function startGateway() {
+  return startBilledGateway(bill, { postgres_timeout_ms: 1000, billing: { reconcile_after_ms: 600000 } },
+    { mock, spoolDir });
+}
 
 /** Clients sending BODY back to back until stop(); every answer is recorded. */
 function load(clients) {
@@ -266,6 +272,38 @@ test('Postgres stops answering (SIGSTOP) with batches in flight and connects pen
     await checkBilledOnce([...rs1, ...rs2].map((r) => r.headers['x-request-id']), 30000);
     assert.equal(await count(bill, 'usage'), before + 9);
     assert.equal(await count(bill, 'reservations', "state <> 'reconciled'"), 0);
+    await verify();
+  } finally {
+    if (!resumed) signalPg('SIGCONT');
+  }
+});
+
+test('SIGTERM while Postgres hangs with a statement cancelled: the gateway exits at once, its settlements spooled, replayed by the next one', async () => {
+  await batcherIdle();
+  const spooledBefore = spooled();
+  const before = await count(bill, 'usage');
+  signalPg('SIGSTOP');
+  let resumed = false;
+  try {
+    // Settled while Postgres hangs: their batches time out on the wire and the statements
+    // are cancelled (a cancel request to a server that does not answer either).
+    const rs = await Promise.all(Array.from({ length: 3 }, () => chat(gw, bill.key, chatBody('spooled [mock delay_ms=1200 chunks=3]', { maxTokens: 50 }), { timeout: 20000 })));
+    assert.deepEqual(tally(rs.map((r) => r.status)), { 200: 3 });
+    await waitFor(() => spooled() >= spooledBefore + 3, { timeout: 8000, what: 'the 3 settlements to be spooled while Postgres hangs' });
+    assert.ok(gw.proc.lines.stderr.some((l) => /query timed out .*cancelling/.test(l)), `a statement was cancelled\n${gw.proc.tail(20)}`);
+    // A rolling restart during the hang: the gateway stops within its shutdown bounds
+    // (no request in flight; the queue's batches end within postgres_timeout_ms), not
+    // when Postgres answers the cancel requests.
+    const t0 = Date.now();
+    gw.proc.signal('SIGTERM');
+    const exited = await Promise.race([gw.proc.exited.then(() => true), sleep(12000).then(() => false)]);
+    assert.ok(exited, `the gateway exited within 12 s of SIGTERM while Postgres hangs (${Date.now() - t0} ms so far)\n${gw.proc.tail(20)}`);
+    signalPg('SIGCONT');
+    resumed = true;
+    // The next gateway on the same spool replays them.
+    gw = await startGateway();
+    await checkBilledOnce(rs.map((r) => r.headers['x-request-id']), 30000);
+    assert.equal(await count(bill, 'usage'), before + 3);
     await verify();
   } finally {
     if (!resumed) signalPg('SIGCONT');

@@ -12,8 +12,9 @@
  * Every request shares one timeout, so deadlines increase in submission order: all
  * pending requests sit in one list sorted by construction, watched by one uv_timer. A
  * request that times out on the wire leaves its connection in an unknown state: the
- * statement is cancelled (PQcancel, which blocks, runs on libuv's thread pool with its
- * own PGcancel copy) and the connection is replaced.
+ * statement is cancelled (PQcancel, which blocks, runs on a detached thread with its own
+ * PGcancel copy, at most PG_CANCELS_MAX at once in the process) and the connection is
+ * replaced.
  *
  * Memory: requests are freed right after their callback (or cancel); the pool is freed
  * from the close callback of its last handle, so destroying it from inside one of its own
@@ -22,6 +23,8 @@
 #include "tollgate/tg_pg.h"
 
 #include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,39 +339,61 @@ static void conn_close(tg_pg_conn_t *c) {
     c->events = c->flushing = c->preparing = c->nprepared = 0;
 }
 
+/*
+ * Cancel requests in flight in this process, at most PG_CANCELS_MAX. PQcancel blocks
+ * until the server has read the request and closed the connection: against a server
+ * that does not answer (a hung host, a stopped postmaster) that is for as long as it
+ * hangs. So it runs on a detached thread of its own, not on libuv's thread pool (four
+ * threads, shared with the upstreams' name lookups, which it would starve, and a
+ * pending work request keeps its loop, and the gateway's shutdown, waiting), and past
+ * PG_CANCELS_MAX unanswered ones a timed-out statement is not cancelled: its
+ * connection is closed all the same, and the server ends it when it notices.
+ */
+#define PG_CANCELS_MAX 2
+static atomic_int pg_cancels;
+
 typedef struct {
-    uv_work_t work;
     PGcancel *cancel;
-    int ok;
-    char err[256];
+    int index;
 } tg__pg_cancel_t;
 
-static void cancel_work(uv_work_t *w) {
-    tg__pg_cancel_t *pc = TG_CONTAINER_OF(w, tg__pg_cancel_t, work);
-    pc->ok = PQcancel(pc->cancel, pc->err, sizeof(pc->err));
-}
-
-static void cancel_done(uv_work_t *w, int status) {
-    tg__pg_cancel_t *pc = TG_CONTAINER_OF(w, tg__pg_cancel_t, work);
-    if (status == 0 && !pc->ok)
-        tg_log_warn("pg: cancel request failed: %s", pc->err);
+static void *cancel_thread(void *arg) {
+    tg__pg_cancel_t *pc = arg;
+    char err[256];
+    if (!PQcancel(pc->cancel, err, sizeof(err)))
+        tg_log_warn("pg: connection %d: cancel request failed: %s", pc->index, err);
     PQfreeCancel(pc->cancel);
     free(pc);
+    atomic_fetch_sub(&pg_cancels, 1);
+    return NULL;
 }
 
-/* Asks the server to cancel what the connection runs. PQcancel blocks (it connects to
- * the server), so it runs on the thread pool with its own copy of the cancel key. */
+/* Asks the server to cancel what the connection runs (best effort, see pg_cancels). */
 static void conn_cancel_async(tg_pg_conn_t *c) {
-    PGcancel *cancel = PQgetCancel(c->db);
-    if (!cancel)
+    if (atomic_fetch_add(&pg_cancels, 1) >= PG_CANCELS_MAX) {
+        atomic_fetch_sub(&pg_cancels, 1);
+        tg_log_warn("pg: connection %d: statement not cancelled: %d cancel requests are still unanswered", c->index,
+                    PG_CANCELS_MAX);
         return;
-    tg__pg_cancel_t *pc = calloc(1, sizeof(*pc));
-    if (!pc)
-        abort();
-    pc->cancel = cancel;
-    if (uv_queue_work(c->pg->loop, &pc->work, cancel_work, cancel_done) < 0) {
-        PQfreeCancel(cancel);
+    }
+    PGcancel *cancel = PQgetCancel(c->db);
+    tg__pg_cancel_t *pc = cancel ? calloc(1, sizeof(*pc)) : NULL;
+    pthread_attr_t attr;
+    pthread_t t;
+    int ok = 0;
+    if (pc && pthread_attr_init(&attr) == 0) {
+        pc->cancel = cancel;
+        pc->index = c->index;
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        ok = pthread_create(&t, &attr, cancel_thread, pc) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (!ok) {
+        if (cancel)
+            PQfreeCancel(cancel);
         free(pc);
+        atomic_fetch_sub(&pg_cancels, 1);
     }
 }
 
