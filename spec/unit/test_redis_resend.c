@@ -115,7 +115,16 @@ TG_TEST(redis_resend, an_answered_script_is_sent_once) {
     /* Bad arguments: refused at once, no callback. */
     ASSERT(tg_redis_eval_idempotent(r, 99, 0, 0, NULL, NULL, on_answer, &a) == TG_ERROR);
     ASSERT(tg_redis_eval_idempotent(r, id, 3, 2, argv, NULL, on_answer, &a) == TG_ERROR);
+    ASSERT(tg_redis_eval_idempotent(r, -1, 0, 2, argv, NULL, on_answer, &a) == TG_ERROR); /* no script -1 */
+    ASSERT(tg_redis_command_idempotent(r, 0, NULL, NULL, on_answer, &a) == TG_ERROR);
     ASSERT_EQ_INT(a.calls, 1);
+    /* A plain command through the same resend (what a lease's ZREM uses): sent once. */
+    const char *push[3] = {"RPUSH", key, "y"};
+    ASSERT(tg_redis_command_idempotent(r, 3, push, NULL, on_answer, &a) == TG_OK);
+    ASSERT(run_until(&loop, &a.calls, 2, 5000));
+    ASSERT(a.err == NULL);
+    ASSERT_EQ_INT(runs(side, key), 2);
+    ASSERT_EQ_INT(tg_redis_stats(r)->resends, 0);
     redisReply *del = redisCommand(side, "DEL %s", key);
     freeReplyObject(del);
     redisFree(side);

@@ -1563,18 +1563,27 @@ static void resend_send(tg__redis_resend_t *x) {
         resend_finish(x, NULL, tg_redis_err_shutdown); /* only while closing: the arguments were checked */
 }
 
+static int idempotent_send(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
+                           const size_t *argvlen, tg_redis_cb cb, void *ud);
+
 int tg_redis_command_idempotent(tg_redis_t *r, int argc, const char **argv, const size_t *argvlen, tg_redis_cb cb,
                                 void *ud) {
-    if (!r || argc < 1)
+    if (!r || r->closing || argc < 1 || !argv)
         return TG_ERROR;
-    return tg_redis_eval_idempotent(r, -1, 0, argc, argv, argvlen, cb, ud);
+    return idempotent_send(r, -1, 0, argc, argv, argvlen, cb, ud);
 }
 
 int tg_redis_eval_idempotent(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
                              const size_t *argvlen, tg_redis_cb cb, void *ud) {
-    if (!r || r->closing || script_id < -1 || script_id >= r->nscripts || nkeys < 0 || argc < nkeys ||
+    if (!r || r->closing || script_id < 0 || script_id >= r->nscripts || nkeys < 0 || argc < nkeys ||
         (argc > 0 && !argv))
         return TG_ERROR;
+    return idempotent_send(r, script_id, nkeys, argc, argv, argvlen, cb, ud);
+}
+
+/* Both of the above, their arguments checked: script_id -1 is a plain command. */
+static int idempotent_send(tg_redis_t *r, int script_id, int nkeys, int argc, const char **argv,
+                           const size_t *argvlen, tg_redis_cb cb, void *ud) {
     /* One allocation: x, argv, argvlen and the copies of the arguments. */
     size_t size = sizeof(tg__redis_resend_t) + (size_t)argc * (sizeof(char *) + sizeof(size_t));
     tg__redis_resend_t *x = calloc(1, size + args_size(argc, argv, argvlen));
