@@ -9,6 +9,10 @@
 #                              Postgres row per billed request on the normal path (no
 #                              reservation row for a request settled in the batch of its
 #                              reservation, sql/0017), every other shape keeps its rows
+#   integration.pipeline_slot  spec/integration/pipeline_slot.test.mjs: goal 2, the
+#                              admission and the account's slot in one round trip (Redis
+#                              behind a delaying proxy), a refused or queued admission
+#                              holds no slot
 #
 # The limiter's guarantees the end of a request keeps are the `limits` tests below, also
 # labelled `pipeline`: concurrency never exceeded across instances (limits_concurrency),
@@ -23,6 +27,8 @@ endif()
 
 tg_services_test(pipeline_end ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_end.test.mjs
   "pipeline;limits;integration" 120)
+tg_services_test(pipeline_slot ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_slot.test.mjs
+  "pipeline;limits;routing;integration" 120)
 tg_services_test(pipeline_onerow ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_onerow.test.mjs
   "pipeline;billing;integration" 120)
 foreach(name limits_concurrency limits_lease limits_lease_recovery limits_tpm)

@@ -27,7 +27,8 @@
 #   2. latency at a fixed 2,000 req/s (open loop, tg_loadgen rate, 64 connections):
 #      p50/p99 and what each adds over direct;
 #   3. streamed time to first byte (tg_loadgen ttfb, 16 concurrent, mock: 20 chunks,
-#      ttft_ms=50, interval_ms=5): head and first token, added over direct;
+#      ttft_ms=50, interval_ms=5): head and first token, added over direct; with the
+#      arrivals spread over a stream's length (3) and in bursts of 16 (3b);
 #   4. for each full gateway, after it has stopped: Postgres rows written per request
 #      (pg_stat_user_tables n_tup_ins and n_tup_upd over the whole run, per table) and
 #      `tollgate ledger verify`, which must be clean: the script exits 1 otherwise.
@@ -403,27 +404,45 @@ done
 say ""
 
 # ---- 3. streamed time to first byte -----------------------------------------------------------
+# Two arrival patterns, each in every round: "spread", the 16 connections' first requests
+# spread evenly over a stream's length (150 ms: 50 ms to the first event, 20 × 5 ms), so
+# that a new stream arrives every ~9 ms, as independent clients do; and "burst", all 16
+# at once, which, as every stream lasts as long, stays a burst of 16 arrivals every
+# 150 ms: each waits for the CPU the 15 others' admissions and the previous burst's
+# settlements take on the one server core (a worst case, kept for comparison).
+TTFB_MODES=(spread burst)
 for round in $(seq "$ROUNDS"); do
-    for t in "${TARGETS[@]}"; do
-        out=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" ttfb "127.0.0.1:${PORT[$t]}" --auth "$KEY" --conns 16 \
-            --requests $TTFB_N --body "$STREAM_BODY" --timeout 60 --samples "$T/ttfb-$t.txt" 2>>"$T/loadgen.err" || true)
-        echo "$t $out" >>"$T/ttfb.txt"
-        echo "$(kv errors "$out") $(kv non2xx "$out")" >>"$T/ttfb-$t.rows"
-        log "ttfb $t: head $(kv head_p50_us "$out")us first token $(kv body_p50_us "$out")us (load $(load_now))"
+    for mode in "${TTFB_MODES[@]}"; do
+        spread=0
+        [ "$mode" = spread ] && spread=150
+        for t in "${TARGETS[@]}"; do
+            out=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" ttfb "127.0.0.1:${PORT[$t]}" --auth "$KEY" --conns 16 \
+                --requests $TTFB_N --spread $spread --body "$STREAM_BODY" --timeout 60 \
+                --samples "$T/ttfb-$mode-$t.txt" 2>>"$T/loadgen.err" || true)
+            echo "$mode $t $out" >>"$T/ttfb.txt"
+            echo "$(kv errors "$out") $(kv non2xx "$out")" >>"$T/ttfb-$mode-$t.rows"
+            log "ttfb $mode $t: head $(kv head_p50_us "$out")us first token $(kv body_p50_us "$out")us (load $(load_now))"
+        done
     done
     sample_load
 done
 alive "after the stream runs"
-say "### 3. Streamed time to first byte ($ROUNDS × $TTFB_N streams per target, 16 at a time, interleaved; mock: ttft_ms=50 chunks=20 interval_ms=5)"
-say ""
-say "| target | streams | errors | head p50 ms | first token p50 ms | first token p99 ms | head added p50 ms | first token added p50 ms | first token added p99 ms |"
-say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-f=$T/ttfb
-for t in "${TARGETS[@]}"; do
-    errs=$(awk '{ e += $1 + $2 } END { print e + 0 }' "$f-$t.rows")
-    say "| $(name_of "$t") | $(wc -l <"$f-$t.txt") | $errs | $(ms "$(pct "$f-$t.txt" 1 50)") | $(ms "$(pct "$f-$t.txt" 2 50)") | $(ms "$(pct "$f-$t.txt" 2 99)") | $(diff_ms "$(pct "$f-$t.txt" 1 50)" "$(pct "$f-direct.txt" 1 50)") | $(diff_ms "$(pct "$f-$t.txt" 2 50)" "$(pct "$f-direct.txt" 2 50)") | $(diff_ms "$(pct "$f-$t.txt" 2 99)" "$(pct "$f-direct.txt" 2 99)") |"
+for mode in "${TTFB_MODES[@]}"; do
+    if [ "$mode" = spread ]; then
+        say "### 3. Streamed time to first byte, arrivals spread ($ROUNDS × $TTFB_N streams per target, 16 open at a time, their starts spread over a stream's 150 ms; interleaved; mock: ttft_ms=50 chunks=20 interval_ms=5)"
+    else
+        say "### 3b. Streamed time to first byte, arrivals in bursts of 16 ($ROUNDS × $TTFB_N streams per target, 16 started at once and again as each ends; interleaved with 3)"
+    fi
+    say ""
+    say "| target | streams | errors | head p50 ms | first token p50 ms | first token p99 ms | head added p50 ms | first token added p50 ms | first token added p99 ms |"
+    say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    f=$T/ttfb-$mode
+    for t in "${TARGETS[@]}"; do
+        errs=$(awk '{ e += $1 + $2 } END { print e + 0 }' "$f-$t.rows")
+        say "| $(name_of "$t") | $(wc -l <"$f-$t.txt") | $errs | $(ms "$(pct "$f-$t.txt" 1 50)") | $(ms "$(pct "$f-$t.txt" 2 50)") | $(ms "$(pct "$f-$t.txt" 2 99)") | $(diff_ms "$(pct "$f-$t.txt" 1 50)" "$(pct "$f-direct.txt" 1 50)") | $(diff_ms "$(pct "$f-$t.txt" 2 50)" "$(pct "$f-direct.txt" 2 50)") | $(diff_ms "$(pct "$f-$t.txt" 2 99)" "$(pct "$f-direct.txt" 2 99)") |"
+    done
+    say ""
 done
-say ""
 say "head = time to the response head; first token = time to the first body byte (the mock sends its first SSE event 50 ms after its head)."
 say ""
 

@@ -10,10 +10,14 @@
  *       a free connection, so a stalled server cannot hide behind coordinated omission).
  *       --samples F appends every measured response's two latencies to F, so that
  *       runs can be pooled.
- *   tg_loadgen ttfb    HOST:PORT --conns C --requests N [--samples F]
+ *   tg_loadgen ttfb    HOST:PORT --conns C --requests N [--spread MS] [--samples F]
  *       Closed loop of streaming requests: time to the response head, to the first
  *       body byte (the first SSE event) and to the end of the stream (--samples F
- *       appends "head first_byte total" per response).
+ *       appends "head first_byte total" per response). Without --spread the C first
+ *       requests go out at once, and as every stream lasts as long, the C requests of
+ *       each later turn arrive together too (a burst of C every stream length); with
+ *       --spread MS connection k sends its first request k·MS/C after the first, so
+ *       with MS the length of a stream the arrivals stay spread evenly over it.
  *   tg_loadgen streams HOST:PORT --conns N [--ramp K] [--hold S] [--timeout S] [--pid P]...
  *       Opens N connections (K new ones per millisecond), each starting one slow stream,
  *       waits until every one has received a body byte within the last --window ms,
@@ -75,6 +79,9 @@ static struct {
     double rate;
     double duration_s, warmup_s, hold_s, timeout_s;
     long requests;
+    double spread_ms; /* ttfb: the connections' first requests spread evenly over this time */
+    int kicked;       /* ttfb: connections whose first request has been sent */
+    uint64_t t_kick;
     int ramp;
     int window_ms;
     FILE *samples_out; /* one line of latencies (microseconds) per measured response */
@@ -495,13 +502,20 @@ static void ttfb_tick(uv_timer_t *t) {
         finish(1);
         return;
     }
-    if (g.started > 0 || g.nconnected + g.errors < g.nconns)
+    if (g.kicked >= g.nconns || g.nconnected + g.errors < g.nconns)
         return;
-    while (g.idle && g.started < g.requests) {
+    uint64_t now = uv_hrtime();
+    if (!g.t_kick)
+        g.t_kick = now;
+    while (g.idle && g.started < g.requests && g.kicked < g.nconns &&
+           now >= g.t_kick + (uint64_t)(g.spread_ms * 1e6 * g.kicked / g.nconns)) {
         conn_t *c = g.idle;
         g.idle = c->next_idle;
-        start_request(c, uv_hrtime());
+        g.kicked++;
+        start_request(c, now);
     }
+    if (!g.idle)
+        g.kicked = g.nconns;
 }
 
 static void streams_tick(uv_timer_t *t) {
@@ -561,7 +575,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: tg_loadgen rate|ttfb|streams HOST:PORT [--body JSON] [--auth TOKEN] [--conns N]\n"
             "       rate:    --rate R --duration S [--warmup S] [--samples FILE]\n"
-            "       ttfb:    --requests N [--samples FILE]\n"
+            "       ttfb:    --requests N [--spread MS] [--samples FILE]\n"
             "       streams: [--ramp K] [--hold S] [--timeout S] [--window MS] [--pid P]...\n");
     exit(2);
 }
@@ -614,6 +628,8 @@ int main(int argc, char **argv) {
             g.warmup_s = atof(v);
         else if (!strcmp(a, "--requests"))
             g.requests = atol(v);
+        else if (!strcmp(a, "--spread"))
+            g.spread_ms = atof(v);
         else if (!strcmp(a, "--ramp"))
             g.ramp = atoi(v);
         else if (!strcmp(a, "--hold"))

@@ -106,7 +106,7 @@ typedef struct {
     int64_t retry_after_ms; /* rate, tokens: when the bucket holds enough again;
                                concurrency: how often a slot frees (see README "Limits") */
     int degraded;          /* decided without Redis (open or local policy) */
-    int waited_ms;         /* time spent in the wait queue */
+    int waited_ms;         /* time to the decision of an admission that waited in the queue, else 0 */
     int reserved;          /* TG_ADMIT_OK with money: the reservation was taken. 0: it was
                               not (Redis did not answer, or the id was already admitted):
                               reserve separately (tg_billing_reserve) */

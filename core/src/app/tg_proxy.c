@@ -3,12 +3,13 @@
  * app/tg_router.c, walks the phases of phases[] below (nginx-style), then is settled and
  * logged when its response ends.
  *
- *   auth -> parse -> plugins (on_request, map_model) -> admit (limits and the first
- *   attempt's money, one Redis script) -> sticky -> select (account) -> slot (the
- *   account's concurrency lease) -> reserve (money of a later attempt) -> upstream
- *   (the call; the answer streamed back as it arrives, translated when the protocols
- *   differ) -> on_finish (release, price and on_log hooks, settlement, access log,
- *   metrics)
+ *   auth -> parse -> plugins (on_request, map_model) -> sticky -> select (account) ->
+ *   admit (limits and the first attempt's money, one Redis script, with the chosen
+ *   account's slot script behind it in the same write) -> slot (the account's
+ *   concurrency lease: that answer, or another account's) -> reserve (money of a later
+ *   attempt) -> upstream (the call; the answer streamed back as it arrives, translated
+ *   when the protocols differ) -> on_finish (release, price and on_log hooks,
+ *   settlement, access log, metrics)
  *
  * Each phase returns TG_OK to go on, TG_DONE when it answered the request, or TG_AGAIN
  * when it started asynchronous work (a key lookup, admission in Redis, a slot lease, a
@@ -24,9 +25,9 @@
  *                        driver, the entry points, the gateway's own error answers in
  *                        the client's protocol's shape
  *   tg_proxy_intake.c    phases auth, parse, plugins: who calls and what they ask
- *   tg_proxy_admit.c     phases admit and reserve: limits and money before the call
  *   tg_proxy_route.c     phases sticky, select, slot: the account; and the retry
  *                        loop (tg__maybe_retry) that sends a failed attempt back to select
+ *   tg_proxy_admit.c     phases admit and reserve: limits and money before the call
  *   tg_proxy_upstream.c  phase upstream: the request the upstream receives, the call
  *   tg_proxy_models.c    GET /v1/models: the group's accounts' lists, merged and
  *                        cached, in the client's shape

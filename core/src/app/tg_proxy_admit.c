@@ -3,7 +3,9 @@
  * holds (tg_proxy.c runs them):
  *
  *   admit    the key's and tenant's limits (rpm, tpm, concurrency) and the first
- *            attempt's money in one Redis script (tg_limits_admit); a balance not yet
+ *            attempt's money in one Redis script (tg_limits_admit), after the account
+ *            is chosen, with that account's slot script in the same write
+ *            (tg__slot_early in tg_proxy_route.c); a balance not yet
  *            in Redis is loaded and admitted again; Redis down: the on_limiter_down
  *            hook or the configured policy decides
  *   reserve  the money of a later attempt (tg_billing_reserve), or the record of the
@@ -127,6 +129,18 @@ static void budget_refused(proxy_req_t *p, int i) {
     tg__proxy_fail_ex(p, 402, "insufficient_quota", "budget_exceeded", msg, extra);
 }
 
+/* A key the limiter refused lately (proxy_worker_t.refused). */
+static int refused_lately(proxy_req_t *p) {
+    int64_t id = p->principal->key_id;
+    return p->pw->refused[(uint64_t)id % 16].key_id == id && tg_now_ms() < p->pw->refused[(uint64_t)id % 16].until_ms;
+}
+
+static void refused_mark(proxy_req_t *p) {
+    int64_t id = p->principal->key_id;
+    p->pw->refused[(uint64_t)id % 16].key_id = id;
+    p->pw->refused[(uint64_t)id % 16].until_ms = tg_now_ms() + 1000;
+}
+
 static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     proxy_req_t *p = ud;
     if (p->trace)
@@ -134,9 +148,16 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     if (out->result == TG_ADMIT_OK) {
         p->money_held = out->reserved;
         tg__cleanup_add(p, cleanup_money_held);
+        if (out->waited_ms > 0)
+            refused_mark(p); /* it queued for a concurrency slot */
+        p->admitted = 1;
+        if (p->slot_early == 1)
+            return; /* the account's slot answers next (slot_early_got in tg_proxy_route.c) */
         tg__proxy_run(p);
         return;
     }
+    if (out->result != TG_ADMIT_MONEY_INIT)
+        refused_mark(p);
     tg_admit_t *a = p->admit;
     p->admit = NULL;
     tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
@@ -373,30 +394,41 @@ static int money_in_admission(proxy_req_t *p) {
     return 1;
 }
 
+static int limited(const tg_principal_t *pr) {
+    return !(pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
+             pr->tenant_concurrency < 0);
+}
+
+/* The token estimate the admission charges, made once (phase select reads it for the
+ * learned quotas, before the admission): prompt bytes / 4 plus the output bound, read
+ * from the fields billing reads (max_completion_tokens, then max_output_tokens for the
+ * Responses API, max_tokens otherwise). A client's bound is any integer: the sum
+ * saturates instead of wrapping, so a huge max_tokens charges the whole TPM bucket, never
+ * nothing. The client's bound, before billing's default is put in: kept when admitting
+ * again after a balance load. Nothing when the admission will not ask Redis. */
+void tg__estimate_tokens(proxy_req_t *p) {
+    const tg_principal_t *pr = p->principal;
+    if (p->est_done || !pr || !p->pw->ctx->limits || !tg__is_model_route(p->req->route) || p->admit ||
+        (!limited(pr) && !money_in_admission(p)))
+        return;
+    tree_for_limits(p);
+    const char *field, *bad;
+    int64_t out_bound = client_out_bound(p, &field, &bad);
+    if (out_bound < 0)
+        out_bound = 1024;
+    int64_t in_bound = (int64_t)TG_MIN(p->req->body.len / 4, (size_t)INT64_MAX);
+    p->est_tokens = in_bound + TG_MIN(TG_MAX(out_bound, 0), INT64_MAX - in_bound);
+    p->est_done = 1;
+}
+
 int tg__phase_admit(proxy_req_t *p) {
     const tg_principal_t *pr = p->principal;
     if (!pr || !p->pw->ctx->limits || !tg__is_model_route(p->req->route) || p->admit)
         return TG_OK;
-    int limited = !(pr->rpm < 0 && pr->tpm < 0 && pr->concurrency < 0 && pr->tenant_rpm < 0 && pr->tenant_tpm < 0 &&
-                    pr->tenant_concurrency < 0);
     int money = money_in_admission(p);
-    if (!limited && !money)
+    if (!limited(pr) && !money)
         return TG_OK; /* no Redis call */
-    /* The token estimate: prompt bytes / 4 plus the output bound, read from the fields
-     * billing reads (max_completion_tokens, then max_output_tokens for the Responses API,
-     * max_tokens otherwise). A client's bound is any integer: the sum saturates instead
-     * of wrapping, so a huge max_tokens charges the whole TPM bucket, never nothing. The
-     * client's bound, before billing's default is put in: kept when admitting again
-     * after a balance load. */
-    tree_for_limits(p);
-    if (!p->balance_loads) {
-        const char *field, *bad;
-        int64_t out_bound = client_out_bound(p, &field, &bad);
-        if (out_bound < 0)
-            out_bound = 1024;
-        int64_t in_bound = (int64_t)TG_MIN(p->req->body.len / 4, (size_t)INT64_MAX);
-        p->est_tokens = in_bound + TG_MIN(TG_MAX(out_bound, 0), INT64_MAX - in_bound);
-    }
+    tg__estimate_tokens(p);
     tg_limit_money_t m;
     if (money) {
         if (money_bound(p) != TG_OK || budgets_now(p) != TG_OK)
@@ -423,6 +455,8 @@ int tg__phase_admit(proxy_req_t *p) {
         tg__trace_admit_start(p);
     p->admit = tg_limits_admit(p->pw->ctx->limits, p->req->id, &lim, admit_done, p);
     tg__cleanup_add(p, cleanup_admit);
+    if (!refused_lately(p))
+        tg__slot_early(p); /* right behind it, in the same write */
     return TG_AGAIN;
 }
 

@@ -43,6 +43,13 @@ typedef struct tg_proxy_worker_s {
     struct proxy_req_s *spare; /* finished requests kept for reuse (see preq_alloc in tg_proxy.c) */
     struct tg_models_cache_s *models; /* GET /v1/models lists (tg_proxy_models.c) */
     int nspare;
+    /* Keys refused by the limiter lately (by key id, direct-mapped): their requests ask
+     * for the account's slot only after the admission, so that a client hammering past
+     * its limits costs Redis no slot it would give back at once (tg__slot_early). */
+    struct {
+        int64_t key_id;
+        uint64_t until_ms;
+    } refused[16];
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;
@@ -51,14 +58,17 @@ typedef struct proxy_req_s proxy_req_t;
 enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4, DIRTY_WHOLE = 8 /* re-serialise it all */ };
 /* The pipeline's phases, in order; phases[] in tg_proxy.c maps each to its
  * function. A phase that waits resumes the pipeline where it left off (tg__proxy_run); a
- * balance load admits again from PH_ADMIT, a retry starts over from PH_SELECT. */
+ * balance load admits again from PH_ADMIT, a retry starts over from PH_SELECT (admit then
+ * passes: the first attempt's admission holds for the request). The account is chosen
+ * before the admission so that the admission and the chosen account's slot go to Redis
+ * together (tg__slot_early): one round trip before the upstream call instead of two. */
 typedef enum {
     PH_AUTH,
     PH_PARSE,
     PH_PLUGINS,
-    PH_ADMIT,
     PH_STICKY,
     PH_SELECT,
+    PH_ADMIT,
     PH_SLOT,
     PH_RESERVE,
     PH_UPSTREAM,
@@ -136,6 +146,7 @@ struct proxy_req_s {
     int cap_added;                /* limit_key holds billing's default (the client set none) */
     tg_admit_t *admit;            /* held while admitted; released at the end */
     int64_t est_tokens;
+    int est_done;                 /* est_tokens is the admission's (tg__estimate_tokens) */
     int ctx_on;                   /* ctx holds a plugin generation */
     char key_id_s[24], tenant_id_s[24];
     tg_reserve_t *reserve;        /* in flight (a reservation, or a balance load) */
@@ -159,6 +170,11 @@ struct proxy_req_s {
     int retry_other;              /* the next attempt must use another account if any */
     int norder, next_order;
     tg_redis_req_t *slot_rq;
+    int64_t slot_asking;          /* the account slot_rq asks for */
+    int slot_early;               /* 1: the slot was asked beside the admission (tg__slot_early);
+                                     2: its answer waits for phase slot in slot_answer */
+    int slot_answer;              /* that answer: 1 taken, 0 full, -1 no answer */
+    int admitted;                 /* the admission answered: admitted */
     tg_redis_req_t *quota_rq;     /* the fleet's copy of the account's quota, read with its slot */
     uv_timer_t *slot_timer;       /* renews the slot lease while the call runs */
     int64_t slot_account;         /* holds a slot lease on this account */
@@ -218,11 +234,13 @@ json_t *tg__proxy_json(proxy_req_t *p);
 /* tg_proxy_admit.c */
 int tg__phase_admit(proxy_req_t *p);
 int tg__phase_reserve(proxy_req_t *p);
+void tg__estimate_tokens(proxy_req_t *p);
 
 /* tg_proxy_route.c */
 int tg__phase_sticky(proxy_req_t *p);
 int tg__phase_select(proxy_req_t *p);
 int tg__phase_slot(proxy_req_t *p);
+void tg__slot_early(proxy_req_t *p);
 void tg__cleanup_snapshot(proxy_req_t *p);
 void tg__sticky_bind(proxy_req_t *p);
 /* What the attempt's upstream said about its account's quota: its forwarded header lines

@@ -4,8 +4,11 @@
  *   sticky   a conversation's bound account, read from Redis
  *   select   the key's group's accounts in order of preference (tg_select, then the
  *            select_account hook), or the config file's static upstream
+ *   (admit, tg_proxy_admit.c, runs here: it sends the first account's slot script
+ *            right behind the admission, tg__slot_early)
  *   slot     the first account in that order whose concurrency slot is free (a Redis
- *            lease, renewed while the call runs); all full: wait, bounded
+ *            lease, renewed while the call runs): the early answer, or asked now; all
+ *            full: wait, bounded
  *
  *   tg__maybe_retry  the one place that decides a retry after a failed attempt
  *            (tg_proxy_relay.c calls it): health and cooldown, the on_upstream_error
@@ -246,6 +249,8 @@ int tg__phase_select(proxy_req_t *p) {
         }
         return tg__proxy_fail(p, 503, "server_error", "accounts_unavailable", "the account pool is not loaded yet; try again");
     }
+    if (p->attempt == 1)
+        tg__estimate_tokens(p); /* the learned quotas weigh the admission's estimate */
     /* The accounts to try, best first: a bounded sample of the group (tg_select.h). */
     int sticky = 0, skips = 0;
     tg_select_t q;
@@ -439,19 +444,26 @@ static void slot_release(proxy_req_t *p) {
     p->slot_account = 0;
 }
 
-/* The account slot: the lookup in flight, the lease, its renewal timer. */
+/* The account slot: the lookup in flight, the lease, its renewal timer. A slot asked
+ * for and not answered yet is given back too: the script may run all the same, and a ZREM
+ * sent behind it on the same connection removes what it adds. */
 static void cleanup_slot(proxy_req_t *p) {
     if (p->quota_rq)
         tg_redis_cancel(p->quota_rq);
     p->quota_rq = NULL;
-    if (p->slot_rq)
+    if (p->slot_rq) {
         tg_redis_cancel(p->slot_rq);
+        p->slot_rq = NULL;
+        if (!p->slot_account)
+            p->slot_account = p->slot_asking;
+    }
     slot_release(p);
     if (p->slot_timer)
         uv_close((uv_handle_t *)p->slot_timer, (uv_close_cb)free);
 }
 
 static int slot_try(proxy_req_t *p);
+static void slot_early_got(void *ud, redisReply *r, const char *err);
 
 static void slot_renew_cb(uv_timer_t *t) {
     proxy_req_t *p = t->data;
@@ -475,17 +487,21 @@ static void slot_renew_start(proxy_req_t *p) {
     uv_timer_start(p->slot_timer, slot_renew_cb, every, every);
 }
 
-static void slot_got(void *ud, redisReply *r, const char *err) {
-    proxy_req_t *p = ud;
-    p->slot_rq = NULL;
+/* Redis's answer to the slot script: 1 taken, 0 full, -1 none (the store is down). */
+static int slot_reply(const redisReply *r, const char *err) {
+    return err || !r || r->type != REDIS_REPLY_INTEGER ? -1 : r->integer == 1;
+}
+
+/* Acts on the answer for p->order[p->next_order]: TG_OK when the attempt has its
+ * account, else what slot_try returns for the next one. */
+static int slot_answer(proxy_req_t *p, int answer) {
     const tg_account_t *acc = p->order[p->next_order];
-    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+    if (answer < 0) {
         /* The slot store is down: the account's own limit is enforced per worker only. */
         use_account(p, acc);
-        tg__proxy_run(p);
-        return;
+        return TG_OK;
     }
-    if (r->integer == 1) {
+    if (answer == 1) {
         p->slot_account = acc->id;
         tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, acc->id);
         if (e->quota && p->next_order + 1 < p->norder) {
@@ -497,43 +513,58 @@ static void slot_got(void *ud, redisReply *r, const char *err) {
                 atomic_fetch_add_explicit(&p->req->worker->metrics.quota_skips, 1, memory_order_relaxed);
                 slot_release(p);
                 p->next_order++;
-                if (slot_try(p) == TG_OK)
-                    tg__proxy_run(p);
-                return;
+                return slot_try(p);
             }
         }
         slot_renew_start(p);
         use_account(p, acc);
-        tg__proxy_run(p);
-        return;
+        return TG_OK;
     }
     p->next_order++;
-    if (slot_try(p) == TG_OK)
+    return slot_try(p);
+}
+
+static void slot_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->slot_rq = NULL;
+    if (slot_answer(p, slot_reply(r, err)) == TG_OK)
         tg__proxy_run(p);
+}
+
+/* Sends the slot script for `acc` (with the read of its learned quota). */
+static tg_redis_req_t *slot_ask(proxy_req_t *p, tg_redis_t *redis, const tg_account_t *acc, tg_redis_cb cb) {
+    char key[64], limit[16], ttl[16];
+    tg_fmt_key(key, sizeof(key), "{a:", acc->id, "}:conc");
+    tg_fmt_key(limit, sizeof(limit), "", acc->concurrency, "");
+    tg_fmt_key(ttl, sizeof(ttl), "", p->req->worker->gw->cfg->limiter.lease_ttl_ms, "");
+    const char *argv[4] = {key, p->req->id, limit, ttl};
+    quota_read(p, redis, tg_health_get(p->pw->ctx->health, acc->id));
+    p->slot_asking = acc->id;
+    return tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, cb, p);
+}
+
+/* The first account's slot is free in this worker's count: 1, or 0 after skipping the
+ * full ones; -1 when every account is (phase slot waits). */
+static int slot_next_free(proxy_req_t *p) {
+    while (p->next_order < p->norder) {
+        const tg_account_t *acc = p->order[p->next_order];
+        if (acc->concurrency <= 0 || tg_health_get(p->pw->ctx->health, acc->id)->inflight < acc->concurrency)
+            return 1;
+        p->next_order++;
+    }
+    return -1;
 }
 
 /* Takes the first account in order whose slot is free. TG_AGAIN while asking Redis. */
 static int slot_try(proxy_req_t *p) {
     tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
-    while (p->next_order < p->norder) {
+    if (slot_next_free(p) > 0) {
         const tg_account_t *acc = p->order[p->next_order];
-        tg_health_entry_t *e = tg_health_get(p->pw->ctx->health, acc->id);
-        if (acc->concurrency > 0 && e->inflight >= acc->concurrency) {
-            p->next_order++;
-            continue;
-        }
         if (acc->concurrency <= 0 || !redis) {
             use_account(p, acc);
             return TG_OK;
         }
-        char key[64], limit[16], ttl[16];
-        tg_fmt_key(key, sizeof(key), "{a:", acc->id, "}:conc");
-        tg_fmt_key(limit, sizeof(limit), "", acc->concurrency, "");
-        tg_fmt_key(ttl, sizeof(ttl), "", p->req->worker->gw->cfg->limiter.lease_ttl_ms, "");
-        const char *argv[4] = {key, p->req->id, limit, ttl};
-        quota_read(p, redis, e);
-        p->slot_rq = tg_redis_eval(redis, p->pw->slot_script, 1, 4, argv, NULL, slot_got, p);
-        if (p->slot_rq)
+        if ((p->slot_rq = slot_ask(p, redis, acc, slot_got)) != NULL)
             return TG_AGAIN;
         use_account(p, acc);
         return TG_OK;
@@ -561,10 +592,54 @@ static int slot_try(proxy_req_t *p) {
                              "Retry-After: 1\r\n");
 }
 
+/*
+ * The first attempt's slot asked for together with its admission (phase admit calls this
+ * right after sending the admission, so both go out in one write and their answers come
+ * back together: one round trip before the upstream call instead of two). Only on a
+ * single Redis, where the answers come back in the order asked: on a cluster the slot's
+ * node may answer before the admission's, which phase slot then asks after it. The answer
+ * waits for the admission's in slot_early_got.
+ */
+void tg__slot_early(proxy_req_t *p) {
+    tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
+    if (p->attempt != 1 || !p->norder || p->slot_rq || p->slot_account || !redis || tg_redis_primaries(redis) != 1 ||
+        slot_next_free(p) < 0 || p->order[p->next_order]->concurrency <= 0)
+        return;
+    tg__cleanup_add(p, cleanup_slot);
+    if ((p->slot_rq = slot_ask(p, redis, p->order[p->next_order], slot_early_got)) != NULL)
+        p->slot_early = 1;
+}
+
+/* The early slot's answer. The admission's came first (same connection): admitted, the
+ * pipeline goes on to phase slot with it. Not admitted yet means the admission waits (in
+ * its queue for a concurrency slot, or for the balance to load): the account's slot is
+ * not held meanwhile, phase slot asks again once admitted. A refusal freed the request
+ * before this (cleanup_slot gave back what the script took). */
+static void slot_early_got(void *ud, redisReply *r, const char *err) {
+    proxy_req_t *p = ud;
+    p->slot_rq = NULL;
+    int answer = slot_reply(r, err);
+    if (!p->admitted) {
+        p->slot_early = 0;
+        if (answer == 1) {
+            p->slot_account = p->slot_asking;
+            slot_release(p);
+        }
+        return;
+    }
+    p->slot_early = 2;
+    p->slot_answer = answer;
+    tg__proxy_run(p);
+}
+
 int tg__phase_slot(proxy_req_t *p) {
     if (!p->norder)
         return TG_OK; /* the static upstream */
     tg__cleanup_add(p, cleanup_slot);
+    if (p->slot_early == 2) {
+        p->slot_early = 0;
+        return slot_answer(p, p->slot_answer);
+    }
     return slot_try(p);
 }
 

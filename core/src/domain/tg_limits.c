@@ -90,6 +90,7 @@ struct tg_admit_s {
     int attempts;
     int sent_up;        /* the last admission went out on a live connection */
     int refused_by;     /* 5 key, 6 tenant concurrency (see admit.lua) */
+    int queued;         /* it entered the wait queue */
     uint64_t admitted_ms;
     int64_t actual;     /* A_RELEASING: the usage the release corrects to */
     int64_t fixed[2];   /* the corrections the admission in flight carries (key, tenant) */
@@ -213,8 +214,9 @@ static void queue_remove(tg_limits_t *l, tg_admit_t *a) {
 }
 
 static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64_t retry_ms, int degraded) {
-    tg_admit_outcome_t out = {r, which, retry_ms, degraded, (int)(tg_now_ms() - a->started_ms), a->reserved,
-                              a->budget};
+    /* waited_ms: from the admission's start, for one that entered the wait queue. */
+    int waited = a->queued ? (int)(tg_now_ms() - a->started_ms) : 0;
+    tg_admit_outcome_t out = {r, which, retry_ms, degraded, waited, a->reserved, a->budget};
     tg_limits_stats_t *s = &a->l->stats;
     switch (r) {
     case TG_ADMIT_OK: s->admitted += (uint64_t)a->limited; break;
@@ -578,6 +580,7 @@ static void wait_for_slot(tg_admit_t *a, const char *which) {
         l->queue_tail = a;
         l->queued++;
         l->stats.waited++;
+        a->queued = 1;
     }
     if (now >= a->deadline_ms) {
         queue_remove(l, a);
