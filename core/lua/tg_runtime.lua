@@ -310,6 +310,56 @@ function Ctx:set_score(i, s)
     return true
 end
 
+-- score_accounts(fn [, arg [, k]]): the per-account loop a scoring policy would
+-- write, run here so that it can run compiled (a plugin's own loops are interpreted:
+-- plugins/README.md, Isolation). For each account that is not excluded, in order,
+-- s = fn(view, arg); a number is set as its score (as set_score) and ranked, nil
+-- leaves it unscored. Returns n and two arrays: the n (at most k, default 1) best
+-- accounts' indexes and scores, highest first, ties in account order. The arrays are
+-- reused by the next call: copy what must outlive it. A loop-free fn runs compiled
+-- inside this loop, which is bounded by the number of accounts; one with a loop runs
+-- interpreted, under the budget like any plugin loop.
+local top_idx, top_score = {}, {}
+-- Raises score_accounts's error for score s of account i (at its caller's caller).
+function M.bad_score(s, i)
+    error("score_accounts: the function returned " .. tostring(s) .. " for account " .. i ..
+        " (expected a number or nil)", 3)
+end
+function Ctx:score_accounts(fn, arg, k)
+    local c = cur()
+    if c.hook ~= 2 then return fail(-1, "score_accounts") end
+    if type(fn) ~= "function" then error("score_accounts: expected function, got " .. type(fn), 2) end
+    k = tonumber(k) or 1
+    local ca, n, kth = c.accounts, 0, 0
+    for i = 1, naccounts do
+        local a = accounts[i]
+        if not a.excluded then
+            local s = fn(a, arg)
+            if s ~= nil then
+                if type(s) ~= "number" or s ~= s then M.bad_score(s, i) end
+                a.score = s
+                ca[i - 1].score = s
+                -- Insertion into the descending list, at most k long (kth is its last
+                -- score once full): from the slot it fills up past every lower score.
+                if n < k or (n > 0 and s > kth) then
+                    local pos = n
+                    if n < k then
+                        n = n + 1
+                        pos = n
+                    end
+                    while pos > 1 and top_score[pos - 1] < s do
+                        top_idx[pos], top_score[pos] = top_idx[pos - 1], top_score[pos - 1]
+                        pos = pos - 1
+                    end
+                    top_idx[pos], top_score[pos] = i, s
+                    kth = top_score[n]
+                end
+            end
+        end
+    end
+    return n, top_idx, top_score
+end
+
 function Ctx:select(i)
     local rc = F.tg_ffi_select(cur(), (tonumber(i) or 0) - 1)
     if rc ~= 0 then return fail(rc, "select") end

@@ -5,11 +5,10 @@
 -- exp((score - best) / temperature), so load spreads without flapping to the worst.
 -- Excluded accounts (by a policy of higher priority) are never scored.
 --
--- select_account's loops run interpreted (plugins/README.md, Isolation), where every
--- table lookup and method call counts, so the work per account is done in `consider`
--- and `score`, which have no loop and run compiled: the weights live in upvalues
--- (reloaded only when the config changes), each account field is read once, ctx's
--- methods fetched once per call.
+-- A plugin's loops run interpreted (plugins/README.md, Isolation), so the loop over the
+-- accounts is ctx:score_accounts's, which calls `score` (no loop: it runs compiled)
+-- for each and keeps the top_k; the weights live in upvalues (reloaded only when the
+-- config changes), each account field is read once.
 local M = { name = "router", priority = 500, version = "1.0.0" }
 
 local exp, random = math.exp, math.random
@@ -73,47 +72,10 @@ function M._score(a, conf)
     return score(a)
 end
 
--- Scratch arrays reused across calls (one lua_State per worker, one call at a time).
-local idx, scores = {}, {}
-
--- One candidate: its score, set on the account, or nil when it is excluded. Without a
--- loop or a tail call this function runs compiled (plugins/README.md, Isolation); the
--- loops of select_account stay interpreted.
-local function consider(ctx, account, set_score, i)
-    local a = account(ctx, i)
-    if a.excluded then return nil end
-    local s = score(a)
-    set_score(ctx, i, s)
-    return s
-end
-
 function M.select_account(ctx, conf)
     use(conf)
-    local account, set_score = ctx.account, ctx.set_score
-    local top_k = conf.top_k
-    local n, k, kth = ctx:naccounts(), 0, 0
-    for i = 1, n do
-        local s = consider(ctx, account, set_score, i)
-        if s then
-            -- Insertion into the descending top list, at most top_k long (kth is its
-            -- last score once full): from the slot it fills (a new one, or the last,
-            -- whose account drops out) up past every lower score. Equal scores keep
-            -- their order, so the earlier account stays ahead.
-            if k < top_k or s > kth then
-                local pos = k
-                if k < top_k then
-                    k = k + 1
-                    pos = k
-                end
-                while pos > 1 and scores[pos - 1] < s do
-                    idx[pos], scores[pos] = idx[pos - 1], scores[pos - 1]
-                    pos = pos - 1
-                end
-                idx[pos], scores[pos] = i, s
-                kth = scores[k]
-            end
-        end
-    end
+    -- Scored and ranked by the runtime's loop, where `score` (no loop) runs compiled.
+    local k, idx, scores = ctx:score_accounts(score, nil, conf.top_k)
     if k == 0 then return end
     local best, total, temperature = scores[1], 0, conf.temperature
     for j = 1, k do

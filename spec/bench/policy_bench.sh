@@ -15,21 +15,31 @@
 #
 # Rounds are interleaved (every variant once per round, the order rotating), wrk -c32
 # for DUR seconds each; the median of the rounds is reported for req/s and, from the
-# process's utime + stime over its rounds, µs of gateway CPU per request. Prints one
-# Markdown table. Everything listens on 127.0.0.1 and is stopped by PID on exit.
+# time its threads ran over each run (/proc/PID/task/*/schedstat: user + kernel, in ns),
+# µs of gateway CPU per request, and the kernel's share of it (stime / (utime + stime)
+# from /proc/PID/stat); "vs off" is the median of the per-round
+# ratios to off (rounds share the machine's conditions). The load average is read
+# before and after every run. Prints Markdown (TG_BENCH_RAW=1: every run's figures
+# too). Everything listens on 127.0.0.1 and is stopped by PID on exit.
 #
 #   spec/bench/policy_bench.sh [SECONDS] [ROUNDS]     (defaults 4 and 5)
 #   spec/bench/policy_bench.sh --callgrind             instructions per request instead
 #
 # TG_BENCH_VARIANTS="off shadow ..." runs only those variants (off first, the baseline);
+# TG_BENCH_BIN and TG_BENCH_PLUGINS (a plugins folder) measure another build (A/B);
 # TG_BENCH_CG_SECONDS=N measures N seconds per variant under callgrind instead of 4 (more
 # requests: less weight for a GC cycle or a trace compiled in the window);
 # TG_BENCH_CG_KEEP=DIR keeps each variant's callgrind output there (DIR/cg.VARIANT.1)
 # for callgrind_annotate --inclusive=yes.
 #
 # --callgrind: each variant in turn under valgrind --tool=callgrind (all threads, the
-# capture's writer included), warmed with 1 s of wrk -c8, counters zeroed, 4 s of
-# wrk -c8 (TG_BENCH_CG_SECONDS), dumped: instructions per request, which a loaded machine does not move.
+# capture's writer included), warmed with wrk -c8 until it has answered 3000 requests
+# (TG_BENCH_CG_WARM; at most 30 s) so that LuaJIT's traces have settled (a trace
+# recorded or aborted in the window costs tens of thousands of instructions), counters
+# zeroed, 4 s of wrk -c8 (TG_BENCH_CG_SECONDS), dumped: instructions per request,
+# which a loaded machine does not move. User space only: the kernel's share of each
+# request (the socket calls) is not counted, so a relative cost here overstates the
+# share of the whole request.
 set -euo pipefail
 CALLGRIND=0
 if [ "${1:-}" = --callgrind ]; then
@@ -39,6 +49,7 @@ fi
 # shellcheck source=spec/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 BIN=${TG_BENCH_BIN:-$ROOT/build/tollgate}
+PLUGINS=${TG_BENCH_PLUGINS:-$ROOT/plugins}
 DUR=${1:-4}
 ROUNDS=${2:-5}
 SECRET=$(printf 'cd%.0s' $(seq 32))
@@ -60,8 +71,14 @@ export TOLLGATE_PG=$PG TOLLGATE_SECRET_KEY=$SECRET
 sql() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$PG" -c "$1"; }
 
 start_mock 0
+# The null shadow: a select_account that decides nothing (what the shadow path costs
+# without a plugin's own work).
+mkdir -p "$T/plugins"
+cat >"$T/plugins/noop.lua" <<'EOT'
+return { name = "noop", priority = 1, version = "1.0.0", select_account = function() end }
+EOT
 cat >"$T/tool.lua" <<EOT
-return { upstream = { url = "http://127.0.0.1:$P_MOCK/v1" } }
+return { upstream = { url = "http://127.0.0.1:$P_MOCK/v1" }, plugins = { dirs = { '$PLUGINS', '$T/plugins' } } }
 EOT
 "$BIN" migrate -c "$T/tool.lua" >/dev/null
 OFFSET=$((1000000 + RANDOM * 32768 + RANDOM))
@@ -75,28 +92,31 @@ return {
     { name = 'plain', models = {} },
     { name = 'shadowed', models = {}, plugins = { router = { mode = 'shadow', config = { top_k = 1 } } } },
     { name = 'shadowed10', models = {}, plugins = { router = { mode = 'shadow', sample = 0.1, config = { top_k = 1 } } } },
+    { name = 'nullshadowed', models = {}, plugins = { noop = { mode = 'shadow' } } },
   },
   accounts = {
-$(for i in 1 2 3 4; do echo "    { name = 'acc$i', provider = 'openai', base_url = 'http://127.0.0.1:$P_MOCK/v1', credential = 'sk-pb-$i', concurrency = 1000, groups = { 'plain', 'shadowed', 'shadowed10' } },"; done)
+$(for i in 1 2 3 4; do echo "    { name = 'acc$i', provider = 'openai', base_url = 'http://127.0.0.1:$P_MOCK/v1', credential = 'sk-pb-$i', concurrency = 1000, groups = { 'plain', 'shadowed', 'shadowed10', 'nullshadowed' } },"; done)
   },
   keys = {
     { name = 'kp', tenant = 'bench', group = 'plain', key = 'tg-policy-bench-plain' },
     { name = 'ks', tenant = 'bench', group = 'shadowed', key = 'tg-policy-bench-shadow' },
     { name = 'ks10', tenant = 'bench', group = 'shadowed10', key = 'tg-policy-bench-shadow10' },
+    { name = 'ksn', tenant = 'bench', group = 'nullshadowed', key = 'tg-policy-bench-nullshadow' },
   },
   prices = { { model = 'mock-gpt', input = '0.15', output = '0.60' } },
 }
 EOT
 "$BIN" apply -c "$T/tool.lua" "$T/state.lua" >/dev/null
 
-VARIANTS=(off cap1 cap100 shadow cap1shadow shadow10 cap1shadow10)
+VARIANTS=(off cap1 cap100 shadow cap1shadow shadow10 cap1shadow10 nullshadow)
 if [ -n "${TG_BENCH_VARIANTS:-}" ]; then read -r -a VARIANTS <<<"$TG_BENCH_VARIANTS"; fi
-declare -A RATE=([off]=0 [cap1]=0.01 [cap100]=1 [shadow]=0 [cap1shadow]=0.01 [shadow10]=0 [cap1shadow10]=0.01)
+declare -A RATE=([off]=0 [cap1]=0.01 [cap100]=1 [shadow]=0 [cap1shadow]=0.01 [shadow10]=0 [cap1shadow10]=0.01 [nullshadow]=0)
 declare -A KEYV=([off]=plain [cap1]=plain [cap100]=plain [shadow]=shadow [cap1shadow]=shadow [shadow10]=shadow10
-    [cap1shadow10]=shadow10)
+    [cap1shadow10]=shadow10 [nullshadow]=nullshadow)
 declare -A LABEL=([off]="off (router, no capture, no shadow)" [cap1]="capture 1%" [cap100]="capture 100%"
     [shadow]="one shadow plugin (router, top_k 1) on every request" [cap1shadow]="capture 1% + that shadow"
-    [shadow10]="that shadow on a 10% sample" [cap1shadow10]="capture 1% + that shadow on a 10% sample")
+    [shadow10]="that shadow on a 10% sample" [cap1shadow10]="capture 1% + that shadow on a 10% sample"
+    [nullshadow]="a null shadow (select_account does nothing) on every request")
 declare -A PORT PID
 for v in "${VARIANTS[@]}"; do
     next_port p
@@ -109,7 +129,7 @@ return {
   listen = "127.0.0.1:$p", workers = 1, access_log = false, log_level = "warn",
   upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-static" },
   billing = { enabled = false },
-  plugins = { dirs = { '$ROOT/plugins' }, watch = false, enabled = { 'router' },
+  plugins = { dirs = { '$PLUGINS', '$T/plugins' }, watch = false, enabled = { 'router' },
     capture = { rate = ${RATE[$v]}, max_per_s = 100000, file = '$T/$v.jsonl', max_bytes = 1073741824 } },
 }
 EOT
@@ -126,6 +146,7 @@ wrk.headers["Authorization"] = "Bearer tg-policy-bench-plain"
 EOT
 sed 's/tg-policy-bench-plain/tg-policy-bench-shadow/' "$T/wrk_plain.lua" >"$T/wrk_shadow.lua"
 sed 's/tg-policy-bench-plain/tg-policy-bench-shadow10/' "$T/wrk_plain.lua" >"$T/wrk_shadow10.lua"
+sed 's/tg-policy-bench-plain/tg-policy-bench-nullshadow/' "$T/wrk_plain.lua" >"$T/wrk_nullshadow.lua"
 warm() { # VARIANT: the key cache and the account snapshot
     local v=$1 code=0
     for _ in $(seq 200); do
@@ -139,7 +160,8 @@ warm() { # VARIANT: the key cache and the account snapshot
 if [ $CALLGRIND = 1 ]; then
     need valgrind callgrind_control
     CG_SECONDS=${TG_BENCH_CG_SECONDS:-4}
-    echo "| variant (1 worker, under callgrind, wrk -c8 $CG_SECONDS s after 1 s of warm-up) | requests | instructions / request | vs off |"
+    CG_WARM=${TG_BENCH_CG_WARM:-3000}
+    echo "| variant (1 worker, under callgrind, wrk -c8 $CG_SECONDS s after $CG_WARM requests of warm-up) | requests | instructions / request | vs off |"
     echo "|---|---:|---:|---:|"
     base=0
     for v in "${VARIANTS[@]}"; do
@@ -148,7 +170,13 @@ if [ $CALLGRIND = 1 ]; then
         wait_port "${PORT[$v]}" 60
         warm "$v"
         URL=http://127.0.0.1:${PORT[$v]}/v1/chat/completions
-        wrk -t1 -c8 -d1s -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >/dev/null
+        # Warm until the JIT has settled: at least CG_WARM requests (bounded at 30 s).
+        warmed=0
+        for _ in $(seq 30); do
+            wrk -t1 -c8 -d1s -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >"$T/wrk.out"
+            warmed=$((warmed + $(awk '/requests in/ {print $1}' "$T/wrk.out")))
+            [ "$warmed" -ge "$CG_WARM" ] && break
+        done
         callgrind_control -z $G >/dev/null
         wrk -t1 -c8 -d"${CG_SECONDS}s" -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >"$T/wrk.out"
         callgrind_control -d $G >/dev/null
@@ -167,30 +195,51 @@ fi
 for v in "${VARIANTS[@]}"; do warm "$v"; done
 
 TICK_US=$((1000000 / HZ))
-round() { # VARIANT: one wrk run; appends "req/s cpu_us_per_req" to T/VARIANT.r
-    local v=$1 t0 t1 n
-    t0=$(cpu_ticks "${PID[$v]}")
+# PID: utime stime (clock ticks, all threads) and the ns its threads ran (schedstat:
+# user + kernel, to the ns, where ticks are 1/HZ s)
+ticks() { echo "$(awk '{print $14, $15}' "/proc/$1/stat") $(cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f", s }')"; }
+round() { # ROUND VARIANT: one wrk run; appends "round req/s cpu_us user_ticks sys_ticks requests" to T/VARIANT.r
+    local r=$1 v=$2 u0 s0 n0 u1 s1 n1 n
+    echo "$(cut -d' ' -f1 /proc/loadavg)" >>"$T/load"
+    read -r u0 s0 n0 < <(ticks "${PID[$v]}")
     taskset -c 0 wrk -t1 -c32 -d"${DUR}s" -s "$T/wrk_${KEYV[$v]}.lua" "http://127.0.0.1:${PORT[$v]}/v1/chat/completions" >"$T/wrk.out"
-    t1=$(cpu_ticks "${PID[$v]}")
+    read -r u1 s1 n1 < <(ticks "${PID[$v]}")
+    echo "$(cut -d' ' -f1 /proc/loadavg)" >>"$T/load"
     if grep -q "Non-2xx" "$T/wrk.out"; then log "$v: non-2xx answers"; cat "$T/wrk.out" >&2; exit 1; fi
     n=$(awk '/requests in/ {print $1}' "$T/wrk.out")
-    echo "$(awk '/Requests\/sec/ {print $2}' "$T/wrk.out") $(awk -v c=$((t1 - t0)) -v n="$n" -v t="$TICK_US" 'BEGIN { printf "%.2f", c * t / n }')" >>"$T/$v.r"
+    awk -v r="$r" -v rps="$(awk '/Requests\/sec/ {print $2}' "$T/wrk.out")" -v c=$((n1 - n0)) -v u=$((u1 - u0)) \
+        -v s=$((s1 - s0)) -v n="$n" 'BEGIN { printf "%d %s %.3f %d %d %d\n", r, rps, c / 1000 / n, u, s, n }' >>"$T/$v.r"
 }
+LOAD_START=$(load_now)
 for r in $(seq "$ROUNDS"); do
     k=$(( (r - 1) % ${#VARIANTS[@]} ))
     order=("${VARIANTS[@]:$k}" "${VARIANTS[@]:0:$k}")
-    for v in "${order[@]}"; do round "$v"; done
+    for v in "${order[@]}"; do round "$r" "$v"; done
     log "round $r of $ROUNDS done (load $(load_now))"
 done
-median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.2f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-echo "| variant (1 worker, wrk -c32, ${DUR} s x $ROUNDS interleaved rounds, medians) | req/s | vs off | gateway CPU µs/req | vs off | lines written |"
-echo "|---|---:|---:|---:|---:|---:|"
-off_r=$(cut -d' ' -f1 "$T/off.r" | median)
-off_c=$(cut -d' ' -f2 "$T/off.r" | median)
+LOAD_END=$(load_now)
+median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.4f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+col() { cut -d' ' -f"$2" "$T/$1.r" | median; } # VARIANT COLUMN: the median of the rounds
+# VARIANT COLUMN: the median over the rounds of VARIANT's value / off's in the same round
+paired() { join <(cut -d' ' -f1,"$2" "$T/$1.r" | sort) <(cut -d' ' -f1,"$2" "$T/off.r" | sort) | awk '{ print $2 / $3 }' | median; }
+echo "| variant (1 worker, wrk -c32, ${DUR} s × $ROUNDS interleaved rounds, medians) | req/s | vs off | gateway CPU µs/req (user + kernel) | vs off | kernel share of it | lines written |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 for v in "${VARIANTS[@]}"; do
-    rr=$(cut -d' ' -f1 "$T/$v.r" | median)
-    cc=$(cut -d' ' -f2 "$T/$v.r" | median)
     lines=$( [ -f "$T/$v.jsonl" ] && wc -l <"$T/$v.jsonl" || echo 0)
-    awk -v l="${LABEL[$v]}" -v r="$rr" -v c="$cc" -v r0="$off_r" -v c0="$off_c" -v n="$lines" \
-        'BEGIN { printf "| %s | %.0f | %.3f | %.1f | %+.1f%% | %d |\n", l, r, r / r0, c, (c - c0) / c0 * 100, n }'
+    awk -v l="${LABEL[$v]}" -v r="$(col "$v" 2)" -v rr="$(paired "$v" 2)" -v c="$(col "$v" 3)" -v cr="$(paired "$v" 3)" \
+        -v k="$(awk '{ u += $4; s += $5 } END { printf "%.3f", s / (u + s) }' "$T/$v.r")" -v n="$lines" \
+        'BEGIN { printf "| %s | %.0f | %.3f | %.2f | %+.1f%% | %.0f%% | %d |\n", l, r, rr, c, (cr - 1) * 100, k * 100, n }'
 done
+echo
+echo "vs off: the median over the rounds of the variant's figure divided by off's in the same round."
+echo "CPU: the time the gateway's threads ran (/proc/PID/task/*/schedstat, user + kernel, in ns) per request;"
+echo "kernel share: stime / (utime + stime) from /proc/PID/stat over all its rounds."
+echo "Load average (1 min) at the start $LOAD_START, at the end $LOAD_END; before and after each of the" \
+    "$(( ${#VARIANTS[@]} * ROUNDS )) runs: $(sort -g "$T/load" | head -1)–$(sort -g "$T/load" | tail -1)" \
+    "(median $(median <"$T/load" | awk '{ printf "%.1f", $1 }'))."
+if [ -n "${TG_BENCH_RAW:-}" ]; then
+    echo
+    echo "| round | variant | req/s | CPU µs/req | utime ticks | stime ticks | requests |"
+    echo "|---:|---|---:|---:|---:|---:|---:|"
+    for v in "${VARIANTS[@]}"; do awk -v v="$v" '{ printf "| %d | %s | %.0f | %.2f | %d | %d | %d |\n", $1, v, $2, $3, $4, $5, $6 }' "$T/$v.r"; done | sort -t'|' -k2,2n
+fi

@@ -19,6 +19,7 @@ local ALLOWED = {
     reject = { on_request = true, map_model = true, select_account = true },
     add_header = { on_request = true, map_model = true, select_account = true },
     exclude = { select_account = true }, set_score = { select_account = true },
+    score_accounts = { select_account = true },
     select = { select_account = true },
     retry = { on_upstream_error = true }, give_up = { on_upstream_error = true },
     limiter = { on_limiter_down = true }, set_cost = { price = true },
@@ -112,6 +113,30 @@ function Ctx:exclude(i)
     return true
 end
 function Ctx:set_score(i, s) check(self, "set_score"); self._accounts[i].score = s; return true end
+-- As the runtime's (core/lua/tg_runtime.lua): fn(view, arg) per account not excluded,
+-- a number set as its score and ranked; the best k (default 1), highest first, ties in
+-- account order, in arrays reused by the next call.
+local top_idx, top_score = {}, {}
+function Ctx:score_accounts(fn, arg, k)
+    check(self, "score_accounts")
+    if type(fn) ~= "function" then error("score_accounts: expected function, got " .. type(fn), 2) end
+    k = tonumber(k) or 1
+    local ranked = {}
+    for i, a in ipairs(self._accounts) do
+        if not a.excluded then
+            local s = fn(a, arg)
+            if s ~= nil then
+                if type(s) ~= "number" or s ~= s then runtime.bad_score(s, i) end
+                a.score = s
+                ranked[#ranked + 1] = { i = i, s = s }
+            end
+        end
+    end
+    table.sort(ranked, function(x, y) if x.s ~= y.s then return x.s > y.s end return x.i < y.i end)
+    local n = math.min(#ranked, math.max(k, 0))
+    for j = 1, n do top_idx[j], top_score[j] = ranked[j].i, ranked[j].s end
+    return n, top_idx, top_score
+end
 function Ctx:select(i)
     check(self, "select")
     local a = self._accounts[i]

@@ -520,6 +520,87 @@ TG_TEST(plugin_jit, compiled_code_cannot_escape_the_watchdog) {
     stop(pl, &loop);
 }
 
+/* ctx:score_accounts (core/lua/tg_runtime.lua): the per-account loop in the runtime.
+ * Scores every account not excluded (nil: unscored), returns the best k highest first
+ * (ties in account order), only in select_account; a scoring function with an endless
+ * loop is still stopped at max_hook_ms (it runs interpreted inside the runtime's loop). */
+TG_TEST(plugin_jit, score_accounts_ranks_and_stays_under_the_budget) {
+    make_dir();
+    budget = "max_instructions = 0, max_hook_ms = 20";
+    write_file("rank.lua",
+               "local function score(a, bonus)\n"
+               "  if a.id == 'skip' then return nil end\n"
+               "  return a.priority * 10 - a.inflight + (a.id == 'b' and bonus or 0)\n"
+               "end\n"
+               "local function spin(a) while true do end end\n"
+               "local function bad(a) return 'high' end\n"
+               "return { name = 'rank', priority = 1, version = '1',\n"
+               "  on_request = function(ctx)\n"
+               "    if ctx:header('x-how') == 'outside' then ctx:score_accounts(score) end\n"
+               "  end,\n"
+               "  select_account = function(ctx)\n"
+               "    local how = ctx:header('x-how')\n"
+               "    if how == 'spin' then ctx:score_accounts(spin) end\n"
+               "    if how == 'bad' then ctx:score_accounts(bad) end\n"
+               "    ctx:exclude(4)\n"
+               "    local n, idx, scores = ctx:score_accounts(score, tonumber(how) or 0, 3)\n"
+               "    local out = {}\n"
+               "    for j = 1, n do out[j] = idx[j] .. '=' .. scores[j] end\n"
+               "    ctx:add_header('x-rank', table.concat(out, ','))\n"
+               "    ctx:select(idx[n])\n"
+               "  end }\n");
+    uv_loop_t loop;
+    tg_plugins_t *pl = start("{'rank'}", &loop);
+    static const char *const hows[] = {"0", "5", "outside", "spin", "bad"};
+    for (int round = 0; round < 100; round++) {
+        for (size_t w = 0; w < sizeof(hows) / sizeof(hows[0]); w++) {
+            if (round > 1 && w >= 2)
+                continue; /* the failing ones twice; the good ones hot (compiled) */
+            tg_ffi_account_t a[5] = {
+                {.id = "a", .id_len = 1, .priority = 1, .inflight = 2},
+                {.id = "b", .id_len = 1, .priority = 1, .inflight = 4},
+                {.id = "skip", .id_len = 4, .priority = 9},
+                {.id = "x", .id_len = 1, .priority = 9},
+                {.id = "c", .id_len = 1, .priority = 1, .inflight = 2},
+            };
+            tg_ffi_header_t h = {"x-how", 5, hows[w], strlen(hows[w])};
+            tg_hookctx_t ctx;
+            begin(pl, &ctx, "m");
+            ctx.headers = &h;
+            ctx.nheaders = 1;
+            ctx.accounts = a;
+            ctx.naccounts = 5;
+            int hook = w == 2 ? TG_HOOK_ON_REQUEST : TG_HOOK_SELECT_ACCOUNT;
+            uint64_t t0 = tg_now_ns();
+            ASSERT_EQ_INT(tg_plugins_run(pl, hook, &ctx), TG_OK);
+            ASSERT((tg_now_ns() - t0) / 1000000 < 1000);
+            if (w == 0) {
+                /* 8, 6, unscored, excluded, 8: the two 8s in account order. */
+                ASSERT_EQ_INT(ctx.plugin_errors, 0);
+                ASSERT(strstr(ctx.resp_headers, "x-rank: 1=8,5=8,2=6\r\n") != NULL);
+                ASSERT_EQ_INT(ctx.selected, 1);
+                ASSERT(a[0].score == 8 && a[1].score == 6 && a[2].score == 0 && a[3].score == 0);
+            } else if (w == 1) {
+                ASSERT_EQ_INT(ctx.plugin_errors, 0);
+                ASSERT(strstr(ctx.resp_headers, "x-rank: 2=11,1=8,5=8\r\n") != NULL);
+                ASSERT_EQ_INT(ctx.selected, 4);
+            } else {
+                /* Outside select_account, an endless scoring function, a score that is
+                 * not a number: the plugin's error, the hook's fallback. */
+                ASSERT_EQ_INT(ctx.plugin_errors, 1);
+                if (w == 2)
+                    ASSERT(strstr(pl->last_hook_error, "score_accounts disabled in the context of on_request"));
+                else if (w == 3)
+                    ASSERT(strstr(pl->last_hook_error, "plugin budget exceeded"));
+                else
+                    ASSERT(strstr(pl->last_hook_error, "returned high for account 1"));
+            }
+            tg_plugins_end(pl, &ctx);
+        }
+    }
+    stop(pl, &loop);
+}
+
 TG_TEST(plugin, sandbox_has_no_io_os_ffi_or_require) {
     make_dir();
     static const char *const probes[] = {
