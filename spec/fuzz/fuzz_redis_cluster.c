@@ -29,10 +29,13 @@ static tg_redis_slotmap_t map;
 /* Whether an array header in the RESP bytes claims more elements than the input has
  * bytes: no reply the client reads can, and hiredis 0.14's reader (Debian 12; it has no
  * maxelements) allocates the element array from the header alone — a 4 GB malloc is the
- * library's, not the slot map reader's. Headers start a line ('*' after "\n"). */
+ * library's, not the slot map reader's. Any '*' counts, not only one that starts a line:
+ * a bulk string's length decides where the reader takes the next type byte, so a header
+ * may follow any byte (the fuzzer found "…0*488634854\r\n" right after a bulk string's
+ * data; corpus/fuzz_redis_cluster/huge-array-mid-line). */
 static int huge_array(const char *b, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        if (b[i] != '*' || (i && b[i - 1] != '\n'))
+        if (b[i] != '*')
             continue;
         size_t v = 0, k = i + 1;
         while (k < n && b[k] >= '0' && b[k] <= '9' && v <= n)
