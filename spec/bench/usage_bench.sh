@@ -26,6 +26,8 @@
 #   --keep: keep the work directory (and its Postgres data) at the end.
 #   --generate-only: stop after the rows are generated, rolled up and compacted (kept;
 #       time the queries later with --reuse).
+#   TG_BENCH_FROM / TG_BENCH_TO (YYYY-MM-DDTHH:00:00Z): the queries' range instead of the
+#       last 14 days up to the current hour (say, the 14 days a partial run generated).
 #   --reuse DIR: the work directory of an earlier --keep run: its Postgres is started
 #       again and migrated by this binary (so changed report SQL is what is measured),
 #       the generation and rebuild are skipped when its usage rows are there, and the
@@ -191,8 +193,8 @@ echo "  ${CUBES%, }."
 echo ""
 [ -z "${GENONLY:-}" ] || exit 0
 
-FROM=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') - interval '14 days', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
-TO=$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') + interval '1 hour', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
+FROM=${TG_BENCH_FROM:-$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') - interval '14 days', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")}
+TO=${TG_BENCH_TO:-$(sql -c "SELECT to_char(date_trunc('hour', now() AT TIME ZONE 'UTC') + interval '1 hour', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")}
 # p50 and p95 (ms) of $REPS runs of one query, each in its own psql (a new connection: the
 # backend's caches and the PL/pgSQL function compiled anew each time), then of $REPS runs in
 # one session after one more (warm: what the gateway's pooled connections see).
