@@ -20,7 +20,11 @@
 # from /proc/PID/stat); "vs off" is the median of the per-round
 # ratios to off (rounds share the machine's conditions). The load average is read
 # before and after every run. Prints Markdown (TG_BENCH_RAW=1: every run's figures
-# too). Everything listens on 127.0.0.1 and is stopped by PID on exit.
+# too). Then, in each round, the same requests at a fixed rate (TG_BENCH_RATE, default
+# 1000 req/s, open loop, spec/bench/tg_loadgen.c; 0: skip) for DUR seconds: the CPU per
+# request again, with every variant batching alike (under wrk, a variant that gets more
+# of the machine answers more requests per loop turn, each cheaper). Everything
+# listens on 127.0.0.1 and is stopped by PID on exit.
 #
 #   spec/bench/policy_bench.sh [SECONDS] [ROUNDS]     (defaults 4 and 5)
 #   spec/bench/policy_bench.sh --callgrind             instructions per request instead
@@ -36,7 +40,8 @@
 # capture's writer included), warmed with wrk -c8 until it has answered 3000 requests
 # (TG_BENCH_CG_WARM; at most 30 s) so that LuaJIT's traces have settled (a trace
 # recorded or aborted in the window costs tens of thousands of instructions), counters
-# zeroed, 4 s of wrk -c8 (TG_BENCH_CG_SECONDS), dumped: instructions per request,
+# zeroed, 4 s of wrk -c8 (TG_BENCH_CG_SECONDS), dumped, then as long idle, dumped
+# again and taken off (the timers' share): instructions per request,
 # which a loaded machine does not move. User space only: the kernel's share of each
 # request (the socket calls) is not counted, so a relative cost here overstates the
 # share of the whole request.
@@ -161,8 +166,8 @@ if [ $CALLGRIND = 1 ]; then
     need valgrind callgrind_control
     CG_SECONDS=${TG_BENCH_CG_SECONDS:-4}
     CG_WARM=${TG_BENCH_CG_WARM:-3000}
-    echo "| variant (1 worker, under callgrind, wrk -c8 $CG_SECONDS s after $CG_WARM requests of warm-up) | requests | instructions / request | vs off |"
-    echo "|---|---:|---:|---:|"
+    echo "| variant (1 worker, under callgrind, wrk -c8 $CG_SECONDS s after $CG_WARM requests of warm-up, less $CG_SECONDS s idle) | requests | instructions / request | vs off | idle instructions / s |"
+    echo "|---|---:|---:|---:|---:|"
     base=0
     for v in "${VARIANTS[@]}"; do
         start "$v" "" valgrind --tool=callgrind --callgrind-out-file="$T/cg.$v" "$BIN" serve -c "$T/$v.lua"
@@ -180,35 +185,56 @@ if [ $CALLGRIND = 1 ]; then
         callgrind_control -z $G >/dev/null
         wrk -t1 -c8 -d"${CG_SECONDS}s" -s "$T/wrk_${KEYV[$v]}.lua" "$URL" >"$T/wrk.out"
         callgrind_control -d $G >/dev/null
+        # The same time again without requests: what the gateway's timers cost meanwhile
+        # (under valgrind that is thousands of instructions per request when a loaded
+        # machine lets only a few hundred requests through), taken off.
+        sleep "$CG_SECONDS"
+        callgrind_control -d $G >/dev/null
         sleep 1
         stop_pid $G
         n=$(awk '/requests in/ {print $1}' "$T/wrk.out")
-        ir=$(grep -h '^summary:' "$T"/cg.$v.1 | awk '{print $2}')
-        per=$((ir / n))
+        ir=$(grep -h '^summary:' "$T/cg.$v.1" | awk '{print $2}')
+        idle=$(grep -h '^summary:' "$T/cg.$v.2" | awk '{print $2}')
+        per=$(( (ir - idle) / n ))
         [ $base = 0 ] && base=$per
-        awk -v l="${LABEL[$v]}" -v n="$n" -v p="$per" -v b="$base" 'BEGIN { printf "| %s | %d | %d | %+.1f%% |\n", l, n, p, (p - b) / b * 100 }'
-        if [ -n "${TG_BENCH_CG_KEEP:-}" ]; then mkdir -p "$TG_BENCH_CG_KEEP" && cp "$T"/cg.$v.1 "$TG_BENCH_CG_KEEP/"; fi
-        rm -f "$T"/cg.$v*
+        awk -v l="${LABEL[$v]}" -v n="$n" -v p="$per" -v b="$base" -v i="$idle" -v t="$CG_SECONDS" \
+            'BEGIN { printf "| %s | %d | %d | %+.1f%% | %.0f |\n", l, n, p, (p - b) / b * 100, i / t }'
+        if [ -n "${TG_BENCH_CG_KEEP:-}" ]; then mkdir -p "$TG_BENCH_CG_KEEP" && cp "$T/cg.$v".[12] "$TG_BENCH_CG_KEEP/"; fi
+        rm -f "$T/cg.$v"*
     done
     exit 0
 fi
 for v in "${VARIANTS[@]}"; do warm "$v"; done
 
-TICK_US=$((1000000 / HZ))
+FIXED=${TG_BENCH_RATE:-1000}
+BODY='{"model":"mock-gpt","max_tokens":8,"messages":[{"role":"user","content":"hello"}]}'
+[ "$FIXED" -gt 0 ] && build_loadgen
 # PID: utime stime (clock ticks, all threads) and the ns its threads ran (schedstat:
 # user + kernel, to the ns, where ticks are 1/HZ s)
 ticks() { echo "$(awk '{print $14, $15}' "/proc/$1/stat") $(cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f", s }')"; }
 round() { # ROUND VARIANT: one wrk run; appends "round req/s cpu_us user_ticks sys_ticks requests" to T/VARIANT.r
     local r=$1 v=$2 u0 s0 n0 u1 s1 n1 n
-    echo "$(cut -d' ' -f1 /proc/loadavg)" >>"$T/load"
+    cut -d' ' -f1 /proc/loadavg >>"$T/load"
     read -r u0 s0 n0 < <(ticks "${PID[$v]}")
     taskset -c 0 wrk -t1 -c32 -d"${DUR}s" -s "$T/wrk_${KEYV[$v]}.lua" "http://127.0.0.1:${PORT[$v]}/v1/chat/completions" >"$T/wrk.out"
     read -r u1 s1 n1 < <(ticks "${PID[$v]}")
-    echo "$(cut -d' ' -f1 /proc/loadavg)" >>"$T/load"
+    cut -d' ' -f1 /proc/loadavg >>"$T/load"
     if grep -q "Non-2xx" "$T/wrk.out"; then log "$v: non-2xx answers"; cat "$T/wrk.out" >&2; exit 1; fi
     n=$(awk '/requests in/ {print $1}' "$T/wrk.out")
     awk -v r="$r" -v rps="$(awk '/Requests\/sec/ {print $2}' "$T/wrk.out")" -v c=$((n1 - n0)) -v u=$((u1 - u0)) \
         -v s=$((s1 - s0)) -v n="$n" 'BEGIN { printf "%d %s %.3f %d %d %d\n", r, rps, c / 1000 / n, u, s, n }' >>"$T/$v.r"
+    [ "$FIXED" -gt 0 ] || return 0
+    # The same requests at a fixed rate (open loop): every variant batches alike, so its
+    # CPU per request is not moved by how many requests each loop turn finds.
+    cut -d' ' -f1 /proc/loadavg >>"$T/load"
+    read -r u0 s0 n0 < <(ticks "${PID[$v]}")
+    taskset -c 0 "$LOADGEN" rate "127.0.0.1:${PORT[$v]}" --rate "$FIXED" --conns 16 --duration "$DUR" --warmup 0 \
+        --body "$BODY" --auth "tg-policy-bench-${KEYV[$v]}" >"$T/lg.out" || { log "$v: errors at the fixed rate"; cat "$T/lg.out" >&2; exit 1; }
+    read -r u1 s1 n1 < <(ticks "${PID[$v]}")
+    cut -d' ' -f1 /proc/loadavg >>"$T/load"
+    n=$(kv completed "$(cat "$T/lg.out")")
+    awk -v r="$r" -v c=$((n1 - n0)) -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v n="$n" \
+        'BEGIN { printf "%d %.3f %.3f %d %d %d\n", r, c / 1000 / n, c / 1000 / n, u, s, n }' >>"$T/$v.f"
 }
 LOAD_START=$(load_now)
 for r in $(seq "$ROUNDS"); do
@@ -219,9 +245,10 @@ for r in $(seq "$ROUNDS"); do
 done
 LOAD_END=$(load_now)
 median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.4f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-col() { cut -d' ' -f"$2" "$T/$1.r" | median; } # VARIANT COLUMN: the median of the rounds
+col() { cut -d' ' -f"$2" "$T/$1.${3:-r}" | median; } # VARIANT COLUMN [EXT]: the median of the rounds
 # VARIANT COLUMN: the median over the rounds of VARIANT's value / off's in the same round
-paired() { join <(cut -d' ' -f1,"$2" "$T/$1.r" | sort) <(cut -d' ' -f1,"$2" "$T/off.r" | sort) | awk '{ print $2 / $3 }' | median; }
+# VARIANT COLUMN [EXT]: the median over the rounds of VARIANT's value / off's in the same round
+paired() { join <(cut -d' ' -f1,"$2" "$T/$1.${3:-r}" | sort) <(cut -d' ' -f1,"$2" "$T/off.${3:-r}" | sort) | awk '{ print $2 / $3 }' | median; }
 echo "| variant (1 worker, wrk -c32, ${DUR} s × $ROUNDS interleaved rounds, medians) | req/s | vs off | gateway CPU µs/req (user + kernel) | vs off | kernel share of it | lines written |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 for v in "${VARIANTS[@]}"; do
@@ -230,12 +257,22 @@ for v in "${VARIANTS[@]}"; do
         -v k="$(awk '{ u += $4; s += $5 } END { printf "%.3f", s / (u + s) }' "$T/$v.r")" -v n="$lines" \
         'BEGIN { printf "| %s | %.0f | %.3f | %.2f | %+.1f%% | %.0f%% | %d |\n", l, r, rr, c, (cr - 1) * 100, k * 100, n }'
 done
+if [ "$FIXED" -gt 0 ]; then
+    echo
+    echo "| variant (open loop at $FIXED req/s, 16 connections, ${DUR} s in each round after its wrk run) | gateway CPU µs/req (user + kernel) | vs off | kernel share of it |"
+    echo "|---|---:|---:|---:|"
+    for v in "${VARIANTS[@]}"; do
+        awk -v l="${LABEL[$v]}" -v c="$(col "$v" 2 f)" -v cr="$(paired "$v" 2 f)" \
+            -v k="$(awk '{ u += $4; s += $5 } END { printf "%.3f", s / (u + s) }' "$T/$v.f")" \
+            'BEGIN { printf "| %s | %.2f | %+.1f%% | %.0f%% |\n", l, c, (cr - 1) * 100, k * 100 }'
+    done
+fi
 echo
 echo "vs off: the median over the rounds of the variant's figure divided by off's in the same round."
 echo "CPU: the time the gateway's threads ran (/proc/PID/task/*/schedstat, user + kernel, in ns) per request;"
 echo "kernel share: stime / (utime + stime) from /proc/PID/stat over all its rounds."
 echo "Load average (1 min) at the start $LOAD_START, at the end $LOAD_END; before and after each of the" \
-    "$(( ${#VARIANTS[@]} * ROUNDS )) runs: $(sort -g "$T/load" | head -1)–$(sort -g "$T/load" | tail -1)" \
+    "$(( ${#VARIANTS[@]} * ROUNDS * (FIXED > 0 ? 2 : 1) )) runs: $(sort -g "$T/load" | head -1)–$(sort -g "$T/load" | tail -1)" \
     "(median $(median <"$T/load" | awk '{ printf "%.1f", $1 }'))."
 if [ -n "${TG_BENCH_RAW:-}" ]; then
     echo
