@@ -1694,6 +1694,12 @@ static size_t resp_format(char *out, size_t cap, int argc, const char **argv, co
 /* Sends argv (with lengths) on the command connection. */
 static int conn_send(tg__redis_conn_t *c, tg_redis_req_t *q, int argc, const char **argv, const size_t *argvlen) {
     char buf[2048];
+    size_t lens[8];
+    if (!argvlen && argc <= 8) { /* C strings (a ZREM, a GET): formatted here too */
+        for (int i = 0; i < argc; i++)
+            lens[i] = strlen(argv[i]);
+        argvlen = lens;
+    }
     size_t len = argvlen ? resp_format(buf, sizeof(buf), argc, argv, argvlen) : 0;
     if (len)
         return redisAsyncFormattedCommand(c->ac, conn_on_reply, q, buf, len);
