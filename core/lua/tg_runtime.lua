@@ -319,7 +319,7 @@ end
 -- reused by the next call: copy what must outlive it. A loop-free fn runs compiled
 -- inside this loop, which is bounded by the number of accounts; one with a loop runs
 -- interpreted, under the budget like any plugin loop.
-local top_idx, top_score = {}, {}
+local top_idx, top_score, scored = {}, {}, {}
 -- Raises score_accounts's error for score s of account i (at its caller's caller).
 function M.bad_score(s, i)
     error("score_accounts: the function returned " .. tostring(s) .. " for account " .. i ..
@@ -330,31 +330,43 @@ function Ctx:score_accounts(fn, arg, k)
     if c.hook ~= 2 then return fail(-1, "score_accounts") end
     if type(fn) ~= "function" then error("score_accounts: expected function, got " .. type(fn), 2) end
     k = tonumber(k) or 1
-    local ca, n, kth = c.accounts, 0, 0
+    -- Two passes: the scores first (fn compiled into one loop whose path does not
+    -- depend on the scores), then the ranking, whose nested loop would otherwise split
+    -- that loop's trace differently from one run to the next.
+    local ca = c.accounts
     for i = 1, naccounts do
         local a = accounts[i]
+        local s = false
         if not a.excluded then
-            local s = fn(a, arg)
-            if s ~= nil then
-                if type(s) ~= "number" or s ~= s then M.bad_score(s, i) end
+            s = fn(a, arg)
+            if s == nil then
+                s = false
+            elseif type(s) ~= "number" or s ~= s then
+                M.bad_score(s, i)
+            else
                 a.score = s
                 ca[i - 1].score = s
-                -- Insertion into the descending list, at most k long (kth is its last
-                -- score once full): from the slot it fills up past every lower score.
-                if n < k or (n > 0 and s > kth) then
-                    local pos = n
-                    if n < k then
-                        n = n + 1
-                        pos = n
-                    end
-                    while pos > 1 and top_score[pos - 1] < s do
-                        top_idx[pos], top_score[pos] = top_idx[pos - 1], top_score[pos - 1]
-                        pos = pos - 1
-                    end
-                    top_idx[pos], top_score[pos] = i, s
-                    kth = top_score[n]
-                end
             end
+        end
+        scored[i] = s
+    end
+    -- Insertion into the descending list, at most k long (kth is its last score once
+    -- full): from the slot it fills up past every lower score; ties keep account order.
+    local n, kth = 0, 0
+    for i = 1, naccounts do
+        local s = scored[i]
+        if s and (n < k or (n > 0 and s > kth)) then
+            local pos = n
+            if n < k then
+                n = n + 1
+                pos = n
+            end
+            while pos > 1 and top_score[pos - 1] < s do
+                top_idx[pos], top_score[pos] = top_idx[pos - 1], top_score[pos - 1]
+                pos = pos - 1
+            end
+            top_idx[pos], top_score[pos] = i, s
+            kth = top_score[n]
         end
     end
     return n, top_idx, top_score
