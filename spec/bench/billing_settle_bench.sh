@@ -15,7 +15,8 @@
 #   libllhttp.a), TG_BENCH_N (100000 requests per run), TG_BENCH_WINDOW (256 reservations
 #   in flight per worker), TG_BENCH_BACKLOG (8000 settled-but-uncommitted requests per
 #   worker before the driver waits; below the queue's spill point of 20,000 elements),
-#   TG_BENCH_TENANTS (4), TG_BENCH_ROLLUPS (on; off: without the hourly rollups).
+#   TG_BENCH_TENANTS (4), TG_BENCH_ROLLUPS (on; off: without the hourly rollups; 0016: as
+#   before sql/0020).
 # Everything started here is stopped by PID (or by spec/lib/services.sh's stop functions)
 # on exit; each run is bounded by `timeout`. Shared helpers: spec/bench/lib.sh.
 set -euo pipefail
@@ -54,9 +55,15 @@ echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua" 
 "$T/tollgate" migrate -c "$T/tool.lua" >/dev/null
 # TG_BENCH_ROLLUPS=off: the settlement batch without its hourly rollups (usage #18,
 # sql/0010): tg_usage_rollup made a no-op, to compare against (spec/bench/usage_bench.sh).
-if [ "${TG_BENCH_ROLLUPS:-on}" = off ]; then
-    sql -c "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql AS 'BEGIN END'"
-fi
+# TG_BENCH_ROLLUPS=0016: every batch rolled up as before sql/0020 (0016's function, which
+# 0020 keeps for late batches as tg_usage_rollup_late), for a before/after in one binary.
+case "${TG_BENCH_ROLLUPS:-on}" in
+on) ;;
+off) sql -c "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql AS 'BEGIN END'" ;;
+0016) sql -c "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql
+              AS 'BEGIN PERFORM tg_usage_rollup_late(won); END'" ;;
+*) log "TG_BENCH_ROLLUPS: on, off or 0016"; exit 2 ;;
+esac
 for i in $(seq "$TENANTS"); do
     sql -c "INSERT INTO tenants (name, balance, opening_balance) VALUES ('bench-$i', 1000000000, 1000000000)"
     sql -c "INSERT INTO api_keys (tenant_id, name, key_hash, prefix)
