@@ -12,11 +12,10 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 
 import { REPO, startMock, stopAll } from './lib/harness.mjs';
-import { applyState, chat, createDb, keyId, plainKey, redisCli, startRedis } from './lib/db.mjs';
+import { applyState, chat, createDb, keyId, plainKey, redisCli, redisMonitor, startRedis } from './lib/db.mjs';
 import { CRED, PRICES, chatBody, startBilledGateway } from './lib/billing.mjs';
 
 const KEY = plainKey('pend');
@@ -51,26 +50,6 @@ after(async () => {
   await db?.drop();
 });
 
-/** Every command Redis runs from now on, as arrays of arguments (MONITOR). */
-function monitor(sock) {
-  const cmds = [];
-  const c = net.createConnection(sock);
-  let buf = '';
-  c.on('data', (d) => {
-    buf += d.toString('latin1');
-    let i;
-    while ((i = buf.indexOf('\r\n')) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const args = [...line.matchAll(/"((?:[^"\\]|\\.)*)"/g)].map((m) => m[1]);
-      if (args.length) cmds.push(args);
-    }
-  });
-  const ready = new Promise((resolve) => c.once('data', resolve));
-  c.write('MONITOR\r\n');
-  return { cmds, ready, stop: () => c.destroy() };
-}
-
 function sha(name) {
   return crypto.createHash('sha1').update(fs.readFileSync(path.join(REPO, `core/redis/${name}.lua`))).digest('hex');
 }
@@ -82,7 +61,7 @@ test('per request: no script at the end; the leases and the account slot go back
   const keyLeases = `{t:${tenant}}:conc:k:${await keyId(db, 'k')}`;
   const tenantLeases = `{t:${tenant}}:conc:t`;
   await redisCli(redis.url, 'DEL', bucketKey); // a full TPM bucket from here
-  const m = monitor(redis.sock);
+  const m = redisMonitor(redis.sock);
   await m.ready;
   const ids = [];
   const used = [];

@@ -16,7 +16,7 @@ import net from 'node:net';
 import path from 'node:path';
 
 import { startMock, stopAll, tempDir } from './lib/harness.mjs';
-import { applyState, chat, createDb, keyId, plainKey, redisCli, startRedis } from './lib/db.mjs';
+import { applyState, chat, createDb, keyId, plainKey, redisCli, redisMonitor, startRedis } from './lib/db.mjs';
 import { CRED, PRICES, chatBody, startBilledGateway } from './lib/billing.mjs';
 
 const KEY = plainKey('pslot');
@@ -48,26 +48,6 @@ function delayProxy(target, ms) {
     url: `unix://${sock}`,
     close: () => { for (const c of conns) c.destroy(); server.close(); },
   })));
-}
-
-/** Every command Redis runs from now on, as arrays of arguments (MONITOR). */
-function monitor(sock) {
-  const cmds = [];
-  const c = net.createConnection(sock);
-  let buf = '';
-  c.on('data', (d) => {
-    buf += d.toString('latin1');
-    let i;
-    while ((i = buf.indexOf('\r\n')) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const args = [...line.matchAll(/"((?:[^"\\]|\\.)*)"/g)].map((m) => m[1]);
-      if (args.length) cmds.push(args);
-    }
-  });
-  const ready = new Promise((resolve) => c.once('data', resolve));
-  c.write('MONITOR\r\n');
-  return { cmds, ready, stop: () => c.destroy() };
 }
 
 /** Milliseconds from sending a non-stream request to its response's first byte. */
@@ -139,7 +119,7 @@ test('with Redis 120 ms away, the first byte waits for one round trip: admission
 test('a refused admission leaves no account slot taken; a key refused lately asks for none', async () => {
   assert.equal((await chat(gw, KEY_RPM, chatBody('the one allowed'))).status, 200);
   await new Promise((r) => setTimeout(r, 200));
-  const m = monitor(redis.sock);
+  const m = redisMonitor(redis.sock);
   await m.ready;
   const r1 = await chat(gw, KEY_RPM, chatBody('refused, slot asked beside it'));
   const r2 = await chat(gw, KEY_RPM, chatBody('refused again within a second'));

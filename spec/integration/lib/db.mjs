@@ -23,6 +23,7 @@ import { execFile, execFileSync, spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import path from 'node:path';
 
 import { ADMIN_TOKEN, HOST, TG_BIN, sleep, startGateway, tempDir, toLua, waitFor } from './harness.mjs';
@@ -342,6 +343,29 @@ export function redisCli(url, ...args) {
       else resolve(stdout.trim());
     });
   });
+}
+
+/**
+ * Every command a private redis-server (startRedis's `sock`) runs from now on, as arrays
+ * of arguments, read from MONITOR: { cmds, ready (resolves once MONITOR is on), stop }.
+ */
+export function redisMonitor(sock) {
+  const cmds = [];
+  const c = net.createConnection(sock);
+  let buf = '';
+  c.on('data', (d) => {
+    buf += d.toString('latin1');
+    let i;
+    while ((i = buf.indexOf('\r\n')) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      const args = [...line.matchAll(/"((?:[^"\\]|\\.)*)"/g)].map((m) => m[1]);
+      if (args.length) cmds.push(args);
+    }
+  });
+  const ready = new Promise((resolve) => c.once('data', resolve));
+  c.write('MONITOR\r\n');
+  return { cmds, ready, stop: () => c.destroy() };
 }
 
 /**
