@@ -544,7 +544,9 @@ test('keyboard and accessibility: skip link, focus trapped in dialogs and given 
   await page.getByRole('button', { name: 'New tenant' }).focus();
   await page.keyboard.press('Enter');
   await modal().waitFor();
-  assert.equal(await page.evaluate(() => document.activeElement?.getAttribute('name')), 'name');
+  // The dialog moves focus to its first field once it is shown (a frame after it is in the
+  // DOM): wait for it rather than read it at once (it raced under load in CI).
+  await page.waitForFunction(() => document.activeElement?.getAttribute('name') === 'name', null, { timeout: 3000 });
   for (let i = 0; i < 12; i++) {
     await page.keyboard.press('Tab');
     assert.ok(await page.evaluate(() => !!document.activeElement?.closest('.modal')), `Tab ${i + 1} left the dialog`);
