@@ -111,6 +111,7 @@ typedef struct {
                               not (Redis did not answer, or the id was already admitted):
                               reserve separately (tg_billing_reserve) */
     int budget;            /* TG_ADMIT_PERIOD_BUDGET: which (0-based, in money's order) */
+    int queued;            /* it entered the wait queue for a concurrency slot */
 } tg_admit_outcome_t;
 
 typedef void (*tg_admit_cb)(void *ud, const tg_admit_outcome_t *out);

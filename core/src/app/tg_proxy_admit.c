@@ -129,16 +129,18 @@ static void budget_refused(proxy_req_t *p, int i) {
     tg__proxy_fail_ex(p, 402, "insufficient_quota", "budget_exceeded", msg, extra);
 }
 
-/* A key the limiter refused lately (proxy_worker_t.refused). */
+/* This key's entry in the worker's table of keys refused lately (proxy_worker_t.refused). */
+static struct refused_key_s *refused_entry(proxy_req_t *p) {
+    return &p->pw->refused[(uint64_t)p->principal->key_id % (sizeof(p->pw->refused) / sizeof(p->pw->refused[0]))];
+}
+
 static int refused_lately(proxy_req_t *p) {
-    int64_t id = p->principal->key_id;
-    return p->pw->refused[(uint64_t)id % 16].key_id == id && tg_now_ms() < p->pw->refused[(uint64_t)id % 16].until_ms;
+    return refused_entry(p)->key_id == p->principal->key_id && tg_now_ms() < refused_entry(p)->until_ms;
 }
 
 static void refused_mark(proxy_req_t *p) {
-    int64_t id = p->principal->key_id;
-    p->pw->refused[(uint64_t)id % 16].key_id = id;
-    p->pw->refused[(uint64_t)id % 16].until_ms = tg_now_ms() + 1000;
+    refused_entry(p)->key_id = p->principal->key_id;
+    refused_entry(p)->until_ms = tg_now_ms() + 1000;
 }
 
 static void admit_done(void *ud, const tg_admit_outcome_t *out) {
@@ -148,7 +150,7 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     if (out->result == TG_ADMIT_OK) {
         p->money_held = out->reserved;
         tg__cleanup_add(p, cleanup_money_held);
-        if (out->waited_ms > 0)
+        if (out->queued)
             refused_mark(p); /* it queued for a concurrency slot */
         p->admitted = 1;
         if (p->slot_early == 1)

@@ -46,7 +46,7 @@ typedef struct tg_proxy_worker_s {
     /* Keys refused by the limiter lately (by key id, direct-mapped): their requests ask
      * for the account's slot only after the admission, so that a client hammering past
      * its limits costs Redis no slot it would give back at once (tg__slot_early). */
-    struct {
+    struct refused_key_s {
         int64_t key_id;
         uint64_t until_ms;
     } refused[16];

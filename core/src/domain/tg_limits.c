@@ -216,7 +216,7 @@ static void queue_remove(tg_limits_t *l, tg_admit_t *a) {
 static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64_t retry_ms, int degraded) {
     /* waited_ms: from the admission's start, for one that entered the wait queue. */
     int waited = a->queued ? (int)(tg_now_ms() - a->started_ms) : 0;
-    tg_admit_outcome_t out = {r, which, retry_ms, degraded, waited, a->reserved, a->budget};
+    tg_admit_outcome_t out = {r, which, retry_ms, degraded, waited, a->reserved, a->budget, a->queued};
     tg_limits_stats_t *s = &a->l->stats;
     switch (r) {
     case TG_ADMIT_OK: s->admitted += (uint64_t)a->limited; break;
