@@ -23,6 +23,11 @@
 -- Redis and Postgres move by the same amount).
 -- Returns how many holds were given back (0 when all were already settled).
 --
+-- A hold whose reservation key is missing (Redis lost its data since it was taken) gives
+-- nothing back; its key is set to "s<cost>" for 10 minutes instead, so that restore.lua,
+-- putting back the holds of a balance read from Postgres before this settlement
+-- committed, gives back the part above the cost rather than a hold nobody would settle.
+--
 -- A hold named twice in one call (the same settlement queued twice, e.g. by two
 -- reconciler passes) is given back once: later copies are skipped. A reservation whose
 -- value is not a number (never written so) is left alone, with its index entry, for an
@@ -89,6 +94,10 @@ for i = 1, n do
         if math.abs(bb + back) >= LIM then bflush(bk, bb); bb = 0 end
         bback[bk] = bb + back
       end
+    elseif not keep then
+      -- No hold: Redis lost its data since it was taken. A balance being loaded from
+      -- Postgres may still count it (restore.lua): this says it settled, at this cost.
+      redis.call('SET', rk, 's' .. actual, 'EX', '600')
     end
   end
 end

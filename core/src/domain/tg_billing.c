@@ -44,6 +44,9 @@ tg_billing_t *tg_billing_create(uv_loop_t *loop, tg_state_t *st, const tg_billin
     if (redis) {
         b->reserve_script = tg_redis_script_register(redis, tg_scripts_source("reserve"));
         b->settle_script = tg_redis_script_register(redis, tg_scripts_source("settle"));
+        b->restore_script = tg_redis_script_register(redis, tg_scripts_source("restore"));
+    } else {
+        b->restore_script = -1;
     }
     uv_timer_init(loop, &b->flush_timer);
     b->flush_timer.data = b;

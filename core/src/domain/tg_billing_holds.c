@@ -39,6 +39,17 @@ static const char INIT_SQL[] =
     "AND (kk.id = b.api_key_id OR kk.user_id = b.user_id OR (b.api_key_id IS NULL AND b.user_id IS NULL)) "
     "JOIN reservations r ON r.api_key_id = kk.id AND r.state IN ('reserved', 'pending_reconciliation') "
     "AND r.note IS DISTINCT FROM 'unheld' AND r.created_at >= to_timestamp(q.ps) WHERE b.id = q.bid) h ON true) "
+    /* The same open held reservations of the tenant, for restore.lua to put their holds
+     * back (a Redis that lost its data lost them): per hold, its request id, attempt,
+     * amount (nano-USD), key, instance, start (ms) and model, fields split by \x1f and
+     * holds by \x1e (neither is in an id, an instance name or, stripped, a model). The
+     * newest RESTORE_MAX: a tenant with more in flight keeps the rest subtracted, as
+     * before (low, never above Postgres). */
+    ", (SELECT coalesce(string_agg(concat_ws(E'\\x1f', r.request_id, r.attempt, (r.amount * 1000000000)::bigint, "
+    "r.api_key_id, coalesce(r.instance, ''), (extract(epoch FROM r.created_at) * 1000)::bigint, "
+    "translate(left(coalesce(r.model, ''), 120), E'\\x1e\\x1f', '')), E'\\x1e'), '') FROM (SELECT * FROM reservations r "
+    "WHERE r.tenant_id = t.id AND r.state IN ('reserved', 'pending_reconciliation') AND r.note IS DISTINCT FROM "
+    "'unheld' ORDER BY r.created_at DESC LIMIT 20000) r) "
     "FROM tenants t JOIN api_keys k ON k.tenant_id = t.id WHERE t.id = $1::bigint AND k.id = $2::bigint";
 
 struct tg_reserve_s {
@@ -70,6 +81,90 @@ static void reserve_finish(tg_reserve_t *x, int status, const char *code, const 
     free(x);
 }
 
+static void loaded(tg_reserve_t *x);
+
+static void restored(void *ud, redisReply *r, const char *err) {
+    tg_reserve_t *x = ud;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER)
+        tg_log_warn("billing: putting back the holds of tenant %lld failed (%s); their settlements give nothing "
+                    "back, so its live balance stays below Postgres' by what they held above their cost",
+                    (long long)x->r.tenant_id, err ? err : r && r->type == REDIS_REPLY_ERROR ? r->str : "no answer");
+    else if (r->integer > 0)
+        tg_log_info("billing: tenant %lld's live balance loaded from Postgres with %lld hold(s) of requests in "
+                    "flight put back (Redis had lost them)",
+                    (long long)x->r.tenant_id, (long long)r->integer);
+    loaded(x);
+}
+
+/* The tenant's open held reservations as INIT_SQL lists them, put back into Redis with
+ * the balance by restore.lua (one call, before the reservation or admission that asked
+ * for the balance goes on). Returns 1 when restored() will go on, 0 when there is
+ * nothing to put back (or no Redis). */
+static int restore_holds(tg_reserve_t *x, const char *list) {
+    tg_redis_t *redis = tg_state_redis(x->b->st);
+    if (!redis || !list || !*list || x->b->restore_script < 0)
+        return 0;
+    size_t n = 1;
+    for (const char *p = list; *p; p++)
+        n += *p == '\x1e';
+    /* Per hold: its reservation key, its field, amount and index value (sizes of
+     * tg__billing_hold_keys and reserve()'s value). */
+    typedef struct {
+        char keys[4][128];
+        char field[96];
+        char amount[24];
+        char value[256];
+    } one_t;
+    one_t *h = malloc(n * sizeof(*h));
+    const char **argv = malloc((2 * n + 4 + 3 * n) * sizeof(*argv));
+    char *copy = strdup(list);
+    if (!h || !argv || !copy)
+        abort();
+    size_t m = 0;
+    for (char *rec = copy, *next; rec && m < n; rec = next) {
+        next = strchr(rec, '\x1e');
+        if (next)
+            *next++ = '\0';
+        char *f[7] = {0};
+        int nf = 0;
+        for (char *q = rec; q && nf < 7; nf++) {
+            f[nf] = q;
+            q = strchr(q, '\x1f');
+            if (q)
+                *q++ = '\0';
+        }
+        if (nf < 7 || !*f[0])
+            continue;
+        int attempt = atoi(f[1]);
+        int64_t key = strtoll(f[3], NULL, 10);
+        tg__billing_hold_keys(h[m].keys, h[m].field, x->r.tenant_id, key, f[0], attempt);
+        snprintf(h[m].amount, sizeof(h[m].amount), "%s", f[2]);
+        snprintf(h[m].value, sizeof(h[m].value), "%lld|%s|%s|%s|%.120s", (long long)key, f[4], f[5], f[2], f[6]);
+        m++;
+    }
+    int ok = 0;
+    if (m > 0) {
+        int argc = 0;
+        argv[argc++] = h[0].keys[0]; /* {t:T}:money */
+        argv[argc++] = h[0].keys[3]; /* {t:T}:holds */
+        for (size_t i = 0; i < m; i++)
+            argv[argc++] = h[i].keys[1];
+        int nkeys = argc;
+        argv[argc++] = x->tenant_init;
+        for (size_t i = 0; i < m; i++) {
+            argv[argc++] = h[i].field;
+            argv[argc++] = h[i].amount;
+            argv[argc++] = h[i].value;
+        }
+        /* The arguments are copied into the request's buffer when it is sent. */
+        ok = tg_redis_eval(redis, x->b->restore_script, nkeys, argc, argv, NULL, restored, x) != NULL;
+    }
+    free(copy);
+    free(argv);
+    free(h);
+    return ok;
+}
+
 static void init_loaded(void *ud, const PGresult *res, const char *err) {
     tg_reserve_t *x = ud;
     if (err || PQntuples(res) != 1) {
@@ -86,6 +181,12 @@ static void init_loaded(void *ud, const PGresult *res, const char *err) {
     snprintf(x->tenant_init, sizeof(x->tenant_init), "%s", PQgetvalue(res, 0, 0));
     snprintf(x->key_init, sizeof(x->key_init), "%s", PQgetvalue(res, 0, 1));
     snprintf(x->budget_init, sizeof(x->budget_init), "%s", PQgetvalue(res, 0, 2));
+    if (restore_holds(x, PQgetvalue(res, 0, 3)))
+        return; /* restored() goes on */
+    loaded(x);
+}
+
+static void loaded(tg_reserve_t *x) {
     if (x->load_cb) {
         if (!x->detached)
             x->load_cb(x->ud, 0, NULL, NULL, x->tenant_init, x->key_init, x->budget_init);

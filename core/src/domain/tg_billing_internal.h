@@ -68,7 +68,7 @@ struct tg_billing_s {
     tg_billing_config_t cfg;
     char *spool_dir;
     char spool_path[512];
-    int reserve_script, settle_script;
+    int reserve_script, settle_script, restore_script;
     tg__elem_t *queue;      /* elements waiting for the next batch: queue[qhead .. qhead + qlen) */
     size_t qhead, qlen, qcap;
     size_t queue_max;       /* beyond this the queue spills to the spool (bounded memory) */
