@@ -14,8 +14,9 @@
 #      summary by model, by account, by tenant, by day, by day+account, and the capacity
 #      report by account and by group;
 #   4. the settlement throughput with the rollups on and off (billing_settle_bench.sh,
-#      TG_BENCH_SETTLE_N requests a run (20,000), TG_BENCH_ROLLUPS=on|off), twice each,
-#      interleaved (not with TG_BENCH_SETTLE=0).
+#      TG_BENCH_SETTLE_N requests a run (20,000), TG_BENCH_ROLLUPS=on|off),
+#      TG_BENCH_SETTLE_ROUNDS rounds (3) interleaved, the order alternating by round, and
+#      the medians' ratio per worker count (not with TG_BENCH_SETTLE=0).
 # The report queries read only the rollups, so their cost follows the number of
 # combinations per hour, not the number of usage rows: once every combination appears in
 # every hour (it does at 3M rows over 30 days here), more rows make the same rollups.
@@ -233,16 +234,33 @@ timeit "capacity by=group" "SELECT length(tg_usage_capacity('$FROM', '$TO', 'gro
 echo ""
 
 if [ "$SETTLE" = 1 ]; then
-    echo "Settlement throughput, rollups on vs off (billing_settle_bench.sh, $SETTLE_N requests a run; the build's"
-    echo "tollgate and libtollgate_core.a, so the SQL measured is this commit's):"
+    SR=${TG_BENCH_SETTLE_ROUNDS:-3}
+    echo "Settlement throughput, rollups on vs off (billing_settle_bench.sh, $SETTLE_N requests a run, $SR rounds,"
+    echo "interleaved, the order alternating by round; the build's tollgate and libtollgate_core.a, so the SQL"
+    echo "measured is this commit's):"
     echo ""
-    for round in 1 2; do
-        for mode in on off; do
+    declare -A rates=()
+    median() { [ $# -gt 0 ] || return 0; printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+    for round in $(seq "$SR"); do
+        modes="on off"
+        [ $((round % 2)) = 1 ] || modes="off on"
+        for mode in $modes; do
             TG_BENCH_BIN=$BIN_SRC TG_BENCH_ROLLUPS=$mode TG_BENCH_N=$SETTLE_N "$ROOT/spec/bench/billing_settle_bench.sh" >"$T/settle.$mode.$round" 2>&1 || true
             # the committed / s of each run (1 and 2 workers)
             rate=$(grep '^| ' "$T/settle.$mode.$round" | grep -v '^| run' |
                 awk -F'|' '{ gsub(/[ *]/, "", $3); gsub(/[ *]/, "", $6); printf "%s worker(s): %s/s; ", $3, $6 }' || true)
             echo "- round $round, rollups $mode: ${rate:-no result (see $T/settle.$mode.$round)}"
+            for w in 1 2; do
+                v=$(grep '^| ' "$T/settle.$mode.$round" | grep -v '^| run' |
+                    awk -F'|' -v w="$w" '{ gsub(/[ *]/, "", $3); gsub(/[ *,]/, "", $6) } $3 == w { print $6 }' | head -1)
+                [ -z "$v" ] || rates[$mode.$w]+="$v "
+            done
         done
+    done
+    echo ""
+    for w in 1 2; do
+        on=$(median ${rates[on.$w]:-}) off=$(median ${rates[off.$w]:-})
+        echo "- $w worker(s): median $on/s with the rollups on, $off/s off:" \
+            "**$(awk -v a="$on" -v b="$off" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }')x**"
     done
 fi
