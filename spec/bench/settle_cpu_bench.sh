@@ -9,8 +9,9 @@
 # Each batch is what the gateway sends under load: B requests, each a `reserve` element
 # and its settlement (4 tenants, one key each, one model, status 200), as text cast to
 # jsonb (the gateway's parameter is text). Variants (as TG_BENCH_ROLLUPS of
-# billing_settle_bench.sh): on (this checkout's tg_usage_rollup), off (a no-op), 0016
-# (every batch through tg_usage_rollup_late: the rollup before sql/0020).
+# billing_settle_bench.sh): on (this checkout's tg_usage_rollup), off (a no-op), 0020
+# (sql/0020's function: the list value computed per row, before sql/0022), 0016 (every
+# batch through tg_usage_rollup_late: the rollup before sql/0020).
 #
 # Usage: spec/bench/settle_cpu_bench.sh [ROUNDS [N [B]]]   (defaults 5, 60, 200)
 # Environment: TG_BENCH_BIN (build/tollgate: its `migrate` makes the schema).
@@ -53,12 +54,14 @@ CREATE FUNCTION bench_batch_make(i int, n int) RETURNS jsonb LANGUAGE sql AS $$
            'total_ms', 480.5) FROM r) x
 $$;
 SQL
-sql -c "INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B)::text FROM generate_series(1, $((ROUNDS * 3 * (N + 2)))) i"
+sql -c "INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B)::text FROM generate_series(1, $((ROUNDS * 4 * (N + 2)))) i"
 sql -c "SELECT pg_get_functiondef('tg_usage_rollup(tg_settle_element[])'::regprocedure) || ';'" >"$T/rollup_on.sql"
 echo "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql AS 'BEGIN END';" \
     >"$T/rollup_off.sql"
 echo "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql
       AS 'BEGIN PERFORM tg_usage_rollup_late(won); END';" >"$T/rollup_0016.sql"
+sed -n '/^DO \$gen\$/,$p' "$ROOT/sql/0020_rollup_cheap.sql" |
+    sed 's/CREATE FUNCTION tg_usage_rollup(/CREATE OR REPLACE FUNCTION tg_usage_rollup(/' >"$T/rollup_0020.sql"
 
 # One session: 2 batches to warm its caches, then N, each its own transaction; prints the
 # backend's CPU ms per batch.
@@ -83,21 +86,21 @@ echo ""
 echo "Commit $(git_head), $(date -u '+%Y-%m-%d %H:%M UTC'), load before $(load_now); $ROUNDS rounds of $N batches"
 echo "per variant, interleaved; $B requests a batch (a \`reserve\` and a settlement each, 4 tenants and keys, one model)."
 echo ""
-echo "| round | on | off | 0016 |"
-echo "|---:|---:|---:|---:|"
+echo "| round | on | off | 0020 | 0016 |"
+echo "|---:|---:|---:|---:|---:|"
 declare -A all=()
 for r in $(seq "$ROUNDS"); do
     line="| $r"
-    for m in on off 0016; do
+    for m in on off 0020 0016; do
         v=$(one "$m")
         all[$m]+="$v "
         line+=" | $v"
     done
     echo "$line |"
 done
-on=$(med "${all[on]}") off=$(med "${all[off]}") old=$(med "${all[0016]}")
-echo "| **median** | **$on** | **$off** | **$old** |"
+on=$(med "${all[on]}") off=$(med "${all[off]}") old=$(med "${all[0016]}") o20=$(med "${all[0020]}")
+echo "| **median** | **$on** | **$off** | **$o20** | **$old** |"
 echo ""
 echo "Backend CPU ms per batch. Throughput of a CPU-bound settlement, rollups on vs off:"
-echo "**$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.2f", b / a }')x** (0016's rollup: $(awk -v a="$old" -v b="$off" 'BEGIN { printf "%.2f", b / a }')x);"
-echo "the rollup's cost per batch $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.2f", a - b }') ms (0016's: $(awk -v a="$old" -v b="$off" 'BEGIN { printf "%.2f", a - b }') ms). Load after: $(load_now)."
+echo "**$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.2f", b / a }')x** (0020's rollup: $(awk -v a="$o20" -v b="$off" 'BEGIN { printf "%.2f", b / a }')x, 0016's: $(awk -v a="$old" -v b="$off" 'BEGIN { printf "%.2f", b / a }')x);"
+echo "the rollup's cost per batch $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.2f", a - b }') ms (0020's: $(awk -v a="$o20" -v b="$off" 'BEGIN { printf "%.2f", a - b }') ms, 0016's: $(awk -v a="$old" -v b="$off" 'BEGIN { printf "%.2f", a - b }') ms). Load after: $(load_now)."

@@ -449,3 +449,63 @@ test('usage cubes (sql/0016): every cube equals the usage rows summed by its dim
   assert.equal(rb.code, 0, rb.stderr + rb.stdout);
   await check('after `tollgate usage rebuild`');
 });
+
+test('the list value of a settlement batch (priced per combination since sql/0022) equals the per-row sum: every token kind, reasoning priced apart or as output, a model without a price, errors not counted; rebuild gives the same', async () => {
+  // Prices with 4 decimals: a row's value (tokens × price / 10^6) has at most 10, the
+  // rollups' scale, so per-row and per-combination sums must agree to the last digit.
+  const prices = {
+    'lv-a': { input: '2.5', output: '10', cache_read: '1.25', cache_write: '3.125', reasoning: null },
+    'lv-b': { input: '0.15', output: '0.6', cache_read: '0.075', cache_write: '0.1875', reasoning: '2.4' },
+  };
+  for (const [m, p] of Object.entries(prices)) {
+    await bill.db.exec(`INSERT INTO model_prices (model, input, output, cache_read, cache_write, reasoning)
+      VALUES ('${m}', ${p.input}, ${p.output}, ${p.cache_read}, ${p.cache_write}, ${p.reasoning ?? 'NULL'})
+      ON CONFLICT (model) DO UPDATE SET input = EXCLUDED.input, output = EXCLUDED.output,
+        cache_read = EXCLUDED.cache_read, cache_write = EXCLUDED.cache_write, reasoning = EXCLUDED.reasoning`);
+  }
+  const units = (s) => { // a decimal string -> BigInt of 10^-4 (prices) or 10^-10 (values)
+    const [i, f = ''] = String(s).split('.');
+    return (d) => BigInt(i + f.padEnd(d, '0').slice(0, d));
+  };
+  const rand = rng(22);
+  const models = ['lv-a', 'lv-b', 'lv-none'];
+  const statuses = [200, 200, 201, 429, 500, 499, 504, 200];
+  const idNow = () => `${Date.now().toString(16).padStart(12, '0')}-${crypto.randomBytes(9).toString('hex')}`;
+  const tok = (max) => (rand() < 0.25 ? null : Math.floor(rand() * max));
+  const want = {};
+  for (let b = 0; b < 3; b++) {
+    const batch = Array.from({ length: 40 }, () => {
+      const model = models[Math.floor(rand() * models.length)];
+      const e = {
+        ...settlement(bill, { requestId: idNow(), status: statuses[Math.floor(rand() * statuses.length)] }),
+        model, input: tok(200000), output: tok(40000), cache_read: tok(90000), cache_write: tok(5000),
+        reasoning: tok(60000), // at times more than the output: least(reasoning, output) is priced apart
+      };
+      const w = (want[model] ??= { value: 0n, output: 0n, reasoning: 0n });
+      w.output += BigInt(e.output ?? 0);
+      w.reasoning += BigInt(e.reasoning ?? 0);
+      const p = prices[model];
+      if (p && e.status >= 200 && e.status <= 399) {
+        const o = BigInt(e.output ?? 0);
+        const r = BigInt(e.reasoning ?? 0) < o ? BigInt(e.reasoning ?? 0) : o;
+        const P = (x) => units(x)(4);
+        // tokens × price(10^-4) / 10^6 = value in 10^-10
+        w.value += BigInt(e.input ?? 0) * P(p.input) + (o - r) * P(p.output) + r * P(p.reasoning ?? p.output)
+          + BigInt(e.cache_read ?? 0) * P(p.cache_read) + BigInt(e.cache_write ?? 0) * P(p.cache_write);
+      }
+      return e;
+    });
+    const out = await settleBatch(bill.conninfo, batch);
+    assert.equal(out.filter((x) => x.outcome === 'settled').length, batch.length, JSON.stringify(out.slice(0, 3)));
+  }
+  const got = async () => {
+    const rows = await bill.db.query(`SELECT model, sum(list_value)::text AS v, sum(output_tokens)::text AS o,
+      sum(reasoning_tokens)::text AS r FROM usage_hourly WHERE model IN ('lv-a', 'lv-b', 'lv-none') GROUP BY model`);
+    return Object.fromEntries(rows.map((x) => [x.model, { value: units(x.v)(10), output: BigInt(x.o), reasoning: BigInt(x.r) }]));
+  };
+  assert.ok(want['lv-a'].value > 0n && want['lv-b'].value > 0n && want['lv-none'], JSON.stringify(Object.keys(want)));
+  assert.deepEqual(await got(), want, 'rollups written by the settlement batches');
+  const rb = await tool(['usage', 'rebuild'], { db: bill.db, redis: null });
+  assert.equal(rb.code, 0, rb.stderr + rb.stdout);
+  assert.deepEqual(await got(), want, 'rollups rebuilt from the usage rows');
+});
