@@ -2,7 +2,14 @@
  * The capture's recorder (see tollgate/tg_capture.h): the sampling decision, a bounded
  * queue of finished lines, and one writer thread that appends them to the file and
  * rotates it. Workers never touch the file: tg_capture_submit moves a line into the
- * queue under a mutex and signals the writer.
+ * queue under a mutex.
+ *
+ * The writer writes in batches: woken by the first line of an empty queue, it waits up
+ * to FLUSH_MS for more (or until BATCH lines are queued, a reader asks, or the recorder
+ * stops), then writes them all with one flush. A worker signals only the first line and
+ * the BATCH-th, so at 1% of 45,000 requests a second the writer wakes 20 times a second,
+ * not 450 (each wake-up and each write(2) were the kernel's time on a loaded core). A
+ * reader (tg_capture_read: the download, a replay) has the queue written first.
  *
  * "Never lose a sampled request": room for a line is reserved when the request is
  * sampled (`owed` counts the lines promised and not yet written) and the decision
@@ -19,11 +26,14 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tollgate/tg_capture.h"
 
 #define QUEUE_MAX 4096
+#define BATCH 256    /* lines that wake the writer at once */
+#define FLUSH_MS 50  /* the longest a finished line waits in the queue */
 
 int tg__capture_active;
 
@@ -46,6 +56,8 @@ static struct {
     char *lines[QUEUE_MAX];
     size_t lens[QUEUE_MAX];
     size_t head, count;
+    uint64_t submitted; /* lines ever queued (`written` counts them once flushed) */
+    int flush_wanted;   /* readers waiting for the queue to be written */
     /* the file (writer thread only, and tg_capture_read under mu) */
     FILE *f;
     long size;
@@ -116,6 +128,19 @@ static void *writer_main(void *arg) {
             pthread_cond_wait(&C.cond, &C.mu);
         if (!C.count && C.stopping)
             break;
+        /* Let more lines come, for at most FLUSH_MS. */
+        if (C.count < BATCH && !C.stopping && !C.flush_wanted) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += FLUSH_MS * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            while (C.count < BATCH && !C.stopping && !C.flush_wanted)
+                if (pthread_cond_timedwait(&C.cond, &C.mu, &until) == ETIMEDOUT)
+                    break;
+        }
         /* Take what is queued, write it without the lock (the file is this thread's). */
         size_t n = C.count, at = C.head;
         char *batch[QUEUE_MAX];
@@ -139,6 +164,7 @@ static void *writer_main(void *arg) {
         atomic_fetch_sub(&C.owed, (int)n);
         pthread_cond_broadcast(&C.drained);
     }
+    pthread_cond_broadcast(&C.drained);
     pthread_mutex_unlock(&C.mu);
     return NULL;
 }
@@ -283,7 +309,10 @@ void tg_capture_submit(char *line, size_t len) {
     C.lines[at] = line;
     C.lens[at] = len;
     C.count++;
-    pthread_cond_signal(&C.cond);
+    C.submitted++;
+    /* The first line wakes the writer; the BATCH-th cuts its wait short. */
+    if (C.count == 1 || C.count == BATCH)
+        pthread_cond_signal(&C.cond);
     pthread_mutex_unlock(&C.mu);
 }
 
@@ -340,8 +369,17 @@ int tg_capture_read(size_t max, char **out, size_t *len, char *err, size_t errle
     *len = 0;
     if (!tg__capture_active)
         return TG_DECLINED;
-    /* The writer may be writing a batch: only complete lines are returned. */
+    /* What is queued is written first (the writer is told not to wait for more); the
+     * file may still grow meanwhile: only complete lines are returned. */
     pthread_mutex_lock(&C.mu);
+    uint64_t want = C.submitted;
+    if (C.running && atomic_load(&C.written) < want) {
+        C.flush_wanted++;
+        pthread_cond_signal(&C.cond);
+        while (C.running && !C.stopping && atomic_load(&C.written) < want)
+            pthread_cond_wait(&C.drained, &C.mu);
+        C.flush_wanted--;
+    }
     FILE *f = fopen(C.file, "rb");
     int rc = TG_OK;
     if (!f) {
