@@ -8,7 +8,8 @@
 # (one worker, config-file key, access log off, as in core_bench.sh), warmed with 1 s of
 # wrk -c8, counters zeroed, 4 s of wrk -c8 with the same request as core_bench.sh, then
 # dumped. Prints instructions per request for the gateway's worker thread total and the
-# top inclusive functions. Everything started is stopped by PID; 127.0.0.1 only
+# top inclusive functions (TG_BENCH_CG_KEEP=DIR keeps each binary's callgrind output
+# there, for callgrind_annotate). Everything started is stopped by PID; 127.0.0.1 only
 # (spec/bench/lib.sh).
 set -euo pipefail
 # shellcheck source=spec/bench/lib.sh
@@ -44,5 +45,6 @@ for bin in "$@"; do
     echo "| $(basename "$bin") ($(sha256sum "$bin" | cut -c1-12)) | $n | $((ir / n)) |"
     callgrind_annotate --inclusive=yes "$T/cg.out.1" 2>/dev/null | grep -E "tg_proxy_handle|phase_parse|json_loadb|tg_usage_merge_json|llhttp_execute|tg_response_start|phase_upstream|up_done" \
         | awk -v n="$n" '$3 ~ /^(\/|[?])/ {gsub(",","",$1); printf "    %8d  %s\n", $1 / n, $3}' | head -12 >&2
+    [ -z "${TG_BENCH_CG_KEEP:-}" ] || { mkdir -p "$TG_BENCH_CG_KEEP" && cp "$T/cg.out.1" "$TG_BENCH_CG_KEEP/cg.$(basename "$bin").$(sha256sum "$bin" | cut -c1-12)"; }
     rm -f "$T"/cg.out*
 done

@@ -87,6 +87,23 @@ test('401 invalid_api_key: missing, wrong, empty, non-Bearer key', async () => {
   });
 });
 
+test('401 for a key one byte away from a key in use (the same slot of the workers\' key digests: same length, same last 8 bytes), and for a long one', async () => {
+  // Each worker keeps the SHA-256 of keys it saw lately; the bytes must match in full.
+  for (let i = 0; i < 2; i++) await normalRequestWorks();
+  const near = (i) => CLIENT_KEY.slice(0, i) + (CLIENT_KEY[i] === 'x' ? 'y' : 'x') + CLIENT_KEY.slice(i + 1);
+  await noUpstreamCall(async () => {
+    for (let i = 0; i < CLIENT_KEY.length - 8; i++) {
+      for (let k = 0; k < 3; k++) {
+        expectError(await postJson(gw.url, '/v1/chat/completions', chatBody('hi'), { key: near(i), headers: { connection: 'close' } }),
+          401, 'invalid_api_key', `byte ${i} changed`);
+      }
+    }
+    expectError(await postJson(gw.url, '/v1/chat/completions', chatBody('hi'), { key: CLIENT_KEY + 'k'.repeat(200) }),
+      401, 'invalid_api_key', 'a 211-byte key');
+  });
+  await normalRequestWorks();
+});
+
 test('401 through the SDK is an AuthenticationError', async () => {
   const bad = await openaiClient(gw, { apiKey: 'tg-nope' });
   await assert.rejects(bad.chat.completions.create(chatBody('hi')), (e) => {

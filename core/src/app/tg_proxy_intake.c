@@ -74,6 +74,40 @@ static void sha256_fetch(void) {
     atexit(sha256_free);
 }
 
+/* The slot of a key in the worker's digests: its length and last 8 bytes mixed (keys
+ * differ in their random tail; a client choosing keys that share a slot only makes them
+ * hash every time). */
+static size_t digest_slot(tg_str_t key) {
+    uint64_t t = 0;
+    memcpy(&t, key.p + key.len - TG_MIN(key.len, 8), TG_MIN(key.len, 8));
+    t = (t ^ key.len) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(t >> 58) % TG_KEY_DIGESTS;
+}
+
+/* SHA-256 of the presented key, from the worker's digests when the same bytes came
+ * lately (compared in constant time), else computed and kept. */
+static void key_digest(proxy_worker_t *pw, tg_str_t key, unsigned char digest[32]) {
+    struct key_digest_s *e = NULL;
+    if (key.len <= TG_KEY_DIGEST_MAX) {
+        e = &pw->digests[digest_slot(key)];
+        if (e->len == key.len && CRYPTO_memcmp(e->key, key.p, key.len) == 0) {
+            memcpy(digest, e->digest, 32);
+            return;
+        }
+    }
+    /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: fetch it once. */
+    pthread_once(&sha256_once, sha256_fetch);
+    EVP_MD_CTX *sha = pw->sha;
+    if (!sha256_md || !sha || !EVP_DigestInit_ex(sha, sha256_md, NULL) || !EVP_DigestUpdate(sha, key.p, key.len) ||
+        !EVP_DigestFinal_ex(sha, digest, NULL))
+        SHA256((const unsigned char *)key.p, key.len, digest);
+    if (e) {
+        e->len = (unsigned char)key.len;
+        memcpy(e->key, key.p, key.len);
+        memcpy(e->digest, digest, 32);
+    }
+}
+
 int tg__phase_auth(proxy_req_t *p) {
     tg_request_t *req = p->req;
     tg_str_t key = {NULL, 0};
@@ -92,12 +126,7 @@ int tg__phase_auth(proxy_req_t *p) {
         return tg__proxy_fail(p, 401, "invalid_request_error", "invalid_api_key",
                               "missing API key: send Authorization: Bearer <key>");
     unsigned char digest[32];
-    /* OpenSSL 3's one-shot SHA256() fetches the algorithm on every call: fetch it once. */
-    pthread_once(&sha256_once, sha256_fetch);
-    EVP_MD_CTX *sha = p->pw->sha;
-    if (!sha256_md || !sha || !EVP_DigestInit_ex(sha, sha256_md, NULL) || !EVP_DigestUpdate(sha, key.p, key.len) ||
-        !EVP_DigestFinal_ex(sha, digest, NULL))
-        SHA256((const unsigned char *)key.p, key.len, digest);
+    key_digest(p->pw, key, digest);
     tg_principal_t *pr = NULL;
     int rc = tg_state_auth(p->pw->ctx->state, digest, auth_done, p, &pr, &p->auth_wait);
     if (rc == TG_AGAIN) {

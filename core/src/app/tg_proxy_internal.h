@@ -34,6 +34,9 @@
 #include "tollgate/tg_worker.h"
 
 
+#define TG_KEY_DIGESTS 64     /* keys whose digest a worker keeps */
+#define TG_KEY_DIGEST_MAX 95  /* longer keys are hashed every time */
+
 /* The pipeline's own per-worker part (tg_proxy_worker_create); the subsystems it uses
  * are the worker's (tg_worker_ctx_t). */
 typedef struct tg_proxy_worker_s {
@@ -50,6 +53,15 @@ typedef struct tg_proxy_worker_s {
         int64_t key_id;
         uint64_t until_ms;
     } refused[16];
+    /* The SHA-256 of keys presented lately (direct-mapped by a hash of the key's bytes):
+     * a client sends the same key on every request, and hashing it cost ~2,300
+     * instructions a request. A digest is a function of the bytes alone, so nothing here
+     * goes stale: revoking or changing a key is the lookup's business (tg_state_auth). */
+    struct key_digest_s {
+        unsigned char len; /* 0: empty */
+        char key[TG_KEY_DIGEST_MAX];
+        unsigned char digest[32];
+    } *digests; /* TG_KEY_DIGESTS entries */
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;

@@ -45,7 +45,7 @@
 
 #include <inttypes.h>
 #include <jansson.h>
-#include <string.h> /* memmem: the build defines _GNU_SOURCE */
+#include <string.h> /* memrchr: the build defines _GNU_SOURCE */
 
 #include "tg_jscan_internal.h"
 
@@ -257,8 +257,22 @@ static const char *usage_outer(tg_proto_t proto) {
     return proto == TG_PROTO_ANTHROPIC ? "message" : proto == TG_PROTO_RESPONSES ? "response" : NULL;
 }
 
+/* Whether "usage" occurs in s: searched from the end, where every provider puts its
+ * usage object in a reply (memmem from the start read the whole content first). */
+static int mentions_usage(const char *s, size_t len) {
+    while (len >= 5) {
+        const char *u = memrchr(s, 'u', len - 4);
+        if (!u)
+            return 0;
+        if (memcmp(u, "usage", 5) == 0)
+            return 1;
+        len = (size_t)(u - s) + 4; /* the next 'u' to look at starts before this one */
+    }
+    return 0;
+}
+
 int tg_usage_merge_json_full(tg_usage_t *u, tg_proto_t proto, const char *json, size_t len) {
-    if (!json || !memmem(json, len, "usage", 5))
+    if (!json || !mentions_usage(json, len))
         return 0;
     json_error_t err;
     json_t *doc = tg_json_loadb(json, len, 0, &err);
@@ -520,7 +534,7 @@ static int read_members(const char *s, size_t len, member_t *m, int *nm) {
 }
 
 int tg_usage_merge_json(tg_usage_t *u, tg_proto_t proto, const char *json, size_t len) {
-    if (!json || !memmem(json, len, "usage", 5))
+    if (!json || !mentions_usage(json, len))
         return 0;
     span_t top = {0}, nested = {0};
     int r = scan(json, len, usage_key(proto), usage_outer(proto), &top, &nested);
