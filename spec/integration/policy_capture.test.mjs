@@ -133,3 +133,18 @@ test('a different candidate, or the lines without their seeds, differ — and sa
   assert.equal(u.code, 0, u.stderr);
   assert.ok(JSON.parse(u.stdout).differ > 0, 'unseeded draws differ');
 });
+
+test('a download right after a request has its line: the writer batches lines, but a reader has the queue written first', async () => {
+  await new Promise((r) => setTimeout(r, 1100)); // a fresh second of the cap
+  for (let i = 0; i < 6; i++) {
+    const tier = `flush-${i}-${Date.now()}`;
+    const rs = await sendMany(rt, 1, () => [`flush ${i} [mock chunks=2]`, {}, { headers: { 'x-tier': tier } }]);
+    assert.deepEqual(statuses(rs), { 200: 1 });
+    // No wait: the line was queued when the response ended; the writer would hold it
+    // for up to 50 ms more for company.
+    const dl = await admin('/download');
+    assert.equal(dl.status, 200);
+    const mine = dl.text.split('\n').filter(Boolean).map((l) => JSON.parse(l)).filter((l) => l.headers['x-tier'] === tier);
+    assert.equal(mine.length, 1, `request ${i}: its line is in the download at once`);
+  }
+});

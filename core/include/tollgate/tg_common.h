@@ -56,8 +56,9 @@ void tg_buf_printf(tg_buf_t *b, const char *fmt, ...) __attribute__((format(prin
  * TG_ERROR: the error of a parser that names where in its input it failed. */
 int tg_err_at(char *err, size_t errlen, const char *pre, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/** Appends v in decimal / lowercase hex: the hot path's headers without printf. */
+/** Appends v in decimal (with its sign) / lowercase hex: the hot path's headers without printf. */
 void tg_buf_append_u64(tg_buf_t *b, uint64_t v);
+void tg_buf_append_i64(tg_buf_t *b, int64_t v);
 void tg_buf_append_hex(tg_buf_t *b, uint64_t v);
 /** Writes v in decimal to out (room for 20 digits); returns the digits written. */
 size_t tg_fmt_u64(char *out, uint64_t v);

@@ -67,9 +67,6 @@ tg_proxy_worker_t *tg_proxy_worker_create(tg_worker_ctx_t *wc) {
     proxy_worker_t *pw = calloc(1, sizeof(*pw));
     pw->ctx = wc;
     pw->sha = EVP_MD_CTX_new();
-    pw->digests = calloc(TG_KEY_DIGESTS, sizeof(*pw->digests));
-    if (!pw->digests)
-        abort();
     tg_redis_t *redis = tg_state_redis(wc->state);
     if (redis) {
         pw->slot_script = tg_redis_script_register(redis, SLOT_LUA);
@@ -81,8 +78,7 @@ void tg_proxy_worker_destroy(tg_proxy_worker_t *pw) {
     if (!pw)
         return;
     EVP_MD_CTX_free(pw->sha);
-    OPENSSL_cleanse(pw->digests, TG_KEY_DIGESTS * sizeof(*pw->digests));
-    free(pw->digests);
+    OPENSSL_cleanse(pw->digests, sizeof(pw->digests));
     tg__models_cache_free(pw);
     while (pw->spare) {
         proxy_req_t *p = pw->spare;

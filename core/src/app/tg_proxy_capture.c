@@ -73,11 +73,6 @@ static void put_key(tg_buf_t *b, const char *key) {
     b->data[b->len] = '\0';
 }
 
-static void put_i64(tg_buf_t *b, long long v) {
-    tg_buf_reserve(b, 21);
-    b->len += tg_fmt_i64z(b->data + b->len, v);
-}
-
 /* ,"key":"escaped" */
 static void put_str(tg_buf_t *b, const char *key, const char *s, size_t n) {
     put_key(b, key);
@@ -90,7 +85,7 @@ static void put_cstr(tg_buf_t *b, const char *key, const char *s) { put_str(b, k
 
 static void put_int(tg_buf_t *b, const char *key, long long v) {
     put_key(b, key);
-    put_i64(b, v);
+    tg_buf_append_i64(b, v);
 }
 
 /* Doubles in full precision (%.17g reads back to the same double: the replay's scores
@@ -101,7 +96,7 @@ static void put_num(tg_buf_t *b, const char *key, double v) {
         v = -1;
     put_key(b, key);
     if (fabs(v) < 1e15 && v == (double)(long long)v) {
-        put_i64(b, (long long)v);
+        tg_buf_append_i64(b, (int64_t)v);
         return;
     }
     char tmp[32];
@@ -276,7 +271,7 @@ void tg__capture_retry(proxy_req_t *p, int status, int failure, int64_t retry_af
         return;
     tg_buf_t *b = &l->attempts;
     tg_buf_appends(b, ",\"upstream_error\":{\"status\":");
-    put_i64(b, status);
+    tg_buf_append_i64(b, status);
     put_cstr(b, "failure", failure >= 0 && failure <= 5 ? failures[failure] : "status");
     put_int(b, "attempt", p->attempt);
     put_int(b, "retry_after_ms", retry_after_ms);
@@ -301,7 +296,7 @@ static void put_usage(tg_buf_t *b, const char *key, const tg_usage_t *u) {
         tg_buf_appends(b, n++ ? ",\"" : "\"");
         tg_buf_appends(b, names[k]);
         tg_buf_append(b, "\":", 2);
-        put_i64(b, (long long)v[k]);
+        tg_buf_append_i64(b, v[k]);
     }
     tg_buf_appends(b, "}");
 }
@@ -331,7 +326,7 @@ void tg__capture_finish(proxy_req_t *p, int status, double ttft_ms, double total
     tg_buf_appends(&b, "]");
     tg_buf_append(&b, l->live.data, l->live.len);
     tg_buf_appends(&b, "},\"outcome\":{\"status\":");
-    put_i64(&b, status);
+    tg_buf_append_i64(&b, status);
     tg_buf_appends(&b, ",\"account\":");
     if (p->at.account) {
         tg_buf_appends(&b, "\"");

@@ -61,7 +61,7 @@ typedef struct tg_proxy_worker_s {
         unsigned char len; /* 0: empty */
         char key[TG_KEY_DIGEST_MAX];
         unsigned char digest[32];
-    } *digests; /* TG_KEY_DIGESTS entries */
+    } digests[TG_KEY_DIGESTS];
 } proxy_worker_t;
 
 typedef struct proxy_req_s proxy_req_t;

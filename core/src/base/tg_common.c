@@ -131,6 +131,11 @@ void tg_buf_append_u64(tg_buf_t *b, uint64_t v) {
     b->data[b->len] = '\0';
 }
 
+void tg_buf_append_i64(tg_buf_t *b, int64_t v) {
+    tg_buf_reserve(b, 21);
+    b->len += tg_fmt_i64z(b->data + b->len, v);
+}
+
 void tg_buf_append_hex(tg_buf_t *b, uint64_t v) {
     static const char hex[] = "0123456789abcdef";
     char tmp[16];

@@ -23,14 +23,15 @@
 
 #include "tollgate/tg_tls.h"
 
+#include "tg_timeout_internal.h"
+
 enum { CONN_IDLE, CONN_HEADERS, CONN_BODY, CONN_PROCESSING };
 enum { PARSE_NONE, PARSE_FIELD, PARSE_VALUE };
 
 struct tg_conn_s {
     uv_tcp_t tcp;
     uv_timer_t timer;
-    uint64_t deadline;  /* loop time the current timeout ends at; 0: none (conn_set_timer) */
-    uint64_t timer_due; /* loop time the timer is armed for, while it is active */
+    tg_timeout_t timeout; /* the state's timeout on `timer` (conn_set_timer) */
     tg_worker_t *w;
     tg_conn_t *prev, *next;
     tg_tls_t *tls;
@@ -211,7 +212,7 @@ static void write_cb(uv_write_t *w, int status) {
         if (c->write_queued)
             conn_set_timer(c, c->w->gw->cfg->http_limits.write_timeout_ms);
         else
-            c->deadline = 0;
+            tg_timeout_clear(&c->timeout);
     }
 }
 
@@ -698,7 +699,7 @@ static void dispatch(tg_conn_t *c) {
         tg_response_end(r);
         return;
     }
-    c->deadline = 0;
+    tg_timeout_clear(&c->timeout);
     c->w->gw->handler->handle(r);
 }
 
@@ -904,16 +905,8 @@ static void timer_cb(uv_timer_t *t) {
         conn_close(c);
         return;
     }
-    /* A timeout moved later or ended since the timer was armed (conn_set_timer). */
-    uint64_t now = uv_now(t->loop);
-    if (!c->deadline)
-        return;
-    if (now < c->deadline) {
-        c->timer_due = c->deadline;
-        uv_timer_start(t, timer_cb, c->deadline - now, 0);
-        return;
-    }
-    c->deadline = 0;
+    if (!tg_timeout_fired(&c->timeout, t, timer_cb))
+        return; /* none, or moved later since the timer was armed */
     switch (c->state) {
     case CONN_IDLE:
         conn_close(c);
@@ -937,23 +930,12 @@ static void timer_cb(uv_timer_t *t) {
     }
 }
 
-/*
- * Starts the connection's timeout (the one of its state: header, body, idle, write),
- * ending any other; c->deadline = 0 ends it. The timer is re-armed only when it would
- * fire too late: a timeout moved later, at every request and every write, is only
- * stored, and the timer, when it fires early, arms itself again for what is left
- * (timer_cb). A request used to pay four re-arms of libuv's timer heap (~1,400
- * instructions); now most pay none.
- */
+/* Starts the connection's timeout (the one of its state: header, body, idle, write),
+ * ending any other; tg_timeout_clear ends it. Lazily re-armed (tg_timeout_internal.h):
+ * a request used to pay four moves of libuv's timer heap, now most pay none. */
 static void conn_set_timer(tg_conn_t *c, int ms) {
-    if (c->fuzz || c->closing)
-        return;
-    uint64_t due = uv_now(&c->w->loop) + (uint64_t)ms;
-    c->deadline = due;
-    if (!uv_is_active((const uv_handle_t *)&c->timer) || c->timer_due > due) {
-        c->timer_due = due;
-        uv_timer_start(&c->timer, timer_cb, (uint64_t)ms, 0);
-    }
+    if (!c->fuzz && !c->closing)
+        tg_timeout_set(&c->timeout, &c->timer, timer_cb, (uint64_t)ms);
 }
 
 /*
@@ -989,8 +971,7 @@ static void conn_linger(tg_conn_t *c) {
         conn_close(c);
         return;
     }
-    c->timer_due = uv_now(&c->w->loop) + LINGER_GAP_MS;
-    uv_timer_start(&c->timer, timer_cb, LINGER_GAP_MS, 0);
+    tg_timeout_arm(&c->timeout, &c->timer, timer_cb, LINGER_GAP_MS);
 }
 
 /* Input while lingering: discarded; the gap timer restarts within the overall bound. */
@@ -1002,7 +983,7 @@ static void linger_input(tg_conn_t *c, size_t n) {
         return;
     }
     uint64_t left = c->linger_end_ms - now;
-    uv_timer_start(&c->timer, timer_cb, left < LINGER_GAP_MS ? left : LINGER_GAP_MS, 0);
+    tg_timeout_arm(&c->timeout, &c->timer, timer_cb, left < LINGER_GAP_MS ? left : LINGER_GAP_MS);
 }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {

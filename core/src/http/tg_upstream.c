@@ -18,6 +18,8 @@
 #include "tollgate/tg_tls.h"
 #include "tollgate/tg_valid.h"
 
+#include "tg_timeout_internal.h"
+
 enum { UC_RESOLVING, UC_CONNECTING, UC_HANDSHAKE, UC_ACTIVE, UC_IDLE };
 
 struct tg_upstream_s {
@@ -42,8 +44,7 @@ struct tg_upstream_s {
 struct tg_upcall_s {
     uv_tcp_t tcp;
     uv_timer_t timer;
-    uint64_t deadline;  /* loop time the current timeout ends at; 0: none (set_timer) */
-    uint64_t timer_due; /* loop time the timer is armed for, while it is active */
+    tg_timeout_t timeout; /* the call's timeout on `timer` (set_timer) */
     uv_connect_t connect_req;
     uv_getaddrinfo_t gai;
     tg_upstream_t *u;
@@ -130,18 +131,10 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 /* The call's timeout (connect, first byte, idle; the pooled connection's keep-alive),
- * ending any other; c->deadline = 0 ends it. As the server's connections do
- * (tg_server.c, conn_set_timer): the timer is re-armed only when it would fire too
- * late, and arms itself again for what is left when it fires early. */
+ * ending any other; tg_timeout_clear ends it. Lazily re-armed (tg_timeout_internal.h). */
 static void set_timer(tg_upcall_t *c, int ms) {
-    if (c->closing)
-        return;
-    uint64_t due = uv_now(c->u->loop) + (uint64_t)ms;
-    c->deadline = due;
-    if (!uv_is_active((const uv_handle_t *)&c->timer) || c->timer_due > due) {
-        c->timer_due = due;
-        uv_timer_start(&c->timer, timer_cb, (uint64_t)ms, 0);
-    }
+    if (!c->closing)
+        tg_timeout_set(&c->timeout, &c->timer, timer_cb, (uint64_t)ms);
 }
 
 static void call_fail(tg_upcall_t *c, tg_uperr_t err, const char *msg) {
@@ -448,15 +441,8 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
 static void timer_cb(uv_timer_t *t) {
     tg_upcall_t *c = t->data;
-    uint64_t now = uv_now(t->loop);
-    if (!c->deadline)
-        return;
-    if (now < c->deadline) {
-        c->timer_due = c->deadline;
-        uv_timer_start(t, timer_cb, c->deadline - now, 0);
-        return;
-    }
-    c->deadline = 0;
+    if (!tg_timeout_fired(&c->timeout, t, timer_cb))
+        return; /* none, or moved later since the timer was armed */
     switch (c->state) {
     case UC_IDLE:
         conn_close(c);
@@ -661,7 +647,7 @@ tg_upcall_t *tg_upcall_start(tg_upstream_t *u, tg_buf_t *request, const tg_upcal
         u->idle = c->next_idle;
         u->nidle--;
         c->next_idle = NULL;
-        c->deadline = 0;
+        tg_timeout_clear(&c->timeout);
     } else {
         c = calloc(1, sizeof(*c));
         if (!c)
@@ -688,7 +674,7 @@ void tg_upcall_pause(tg_upcall_t *c) {
     if (!c->paused && c->tcp_open && !c->closing) {
         c->paused = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);
-        c->deadline = 0;
+        tg_timeout_clear(&c->timeout);
     }
 }
 
