@@ -39,6 +39,10 @@
 -- 5 key concurrency, 6 tenant concurrency (checked in that order), then the money:
 -- 7 balance, 8 key budget, 9 init (the live balance is not in Redis and the gateway did
 -- not send it: it loads it from Postgres and admits again), 10 + i periodic budget i.
+-- Every admitted return goes through done(), which returns its argument here; in the
+-- script "admit+slot" (tg_scripts.c), admit_slot.lua makes it take the chosen account's
+-- concurrency slot too (+2: the account is full), so a billed request's first attempt
+-- costs Redis one script before its upstream call, not two.
 --
 -- The money (with billing: the first attempt's reservation, see tg_billing.h) follows
 -- the limits' keys and arguments, and the script tells the layouts apart by #ARGV (9 or
@@ -61,6 +65,9 @@
 -- A level is refilled by floor(Δms · per_min / 60) milli-tokens, so rounding loses under
 -- one milli-token per admission; a level of -1 means "not tracked": the bucket starts
 -- full. Strings become numbers by arithmetic (x + 0), which parses once.
+local now
+local function done(r) return r end
+--+slot admit_slot
 local id = ARGV[1]
 local n = #ARGV
 local mk, ma = 0, 1
@@ -78,22 +85,22 @@ if n > ma then
   end
 --@money
   if n < 9 then
-    if redis.call('EXISTS', rkey) == 1 then return 1 end
+    if redis.call('EXISTS', rkey) == 1 then return done(1) end
     local m = money()
     if m then return {m, 0} end
     reserve()
-    return 0
+    return done(0)
   end
 end
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+now = t[1] * 1000 + math.floor(t[2] / 1000)
 local trpm, ttpm, tconc, tttl = '-1', '-1', '-1', ''
 if mk == 5 then trpm, ttpm, tconc, tttl = ARGV[10], ARGV[12], ARGV[14], ARGV[15] end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', '600000') then
   local exp = string.format('%d', now + ARGV[2])
   if ARGV[7] ~= '-1' then redis.call('ZADD', KEYS[3], 'XX', exp, id) end
   if tconc ~= '-1' then redis.call('ZADD', KEYS[5], 'XX', exp, id) end
-  return 1
+  return done(1)
 end
 local function refuse(which, ms)
   redis.call('DEL', KEYS[1])
@@ -163,4 +170,4 @@ if ARGV[7] ~= '-1' or tconc ~= '-1' then
   if tconc ~= '-1' then redis.call('ZADD', KEYS[5], exp, id) end
 end
 if reserve then reserve() end
-return 0
+return done(0)

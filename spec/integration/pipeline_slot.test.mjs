@@ -1,15 +1,17 @@
-// The first attempt's account slot goes to Redis with its admission (issue #17
-// "pipeline", goal 2: nothing stands before the first byte that need not). The account
-// is chosen first, and the admission script and the chosen account's slot script leave
-// in one write, so the upstream call waits for one round trip to Redis, not two.
+// The first attempt's account slot is taken by its admission script (issue #17
+// "pipeline", goals 2 and 4: nothing stands before the first byte that need not, and the
+// fewest scripts per billed request). The account is chosen first, and on a single Redis
+// the admission script ("admit+slot") takes the chosen account's slot too, so the
+// upstream call waits for one script and one round trip to Redis.
 //
 //   1. Seen from the client: with every answer from Redis held back 120 ms by a proxy in
 //      front of it, a request's first byte comes after one such delay, not two.
-//   2. A refused admission gives back the slot asked beside it (a ZREM behind the
-//      script): no slot is left taken; a key refused within the last second asks for
-//      no slot at all.
+//   2. An admitted request runs one script before its upstream call (MONITOR), and it is
+//      the one that takes the slot; a refused admission takes no slot and needs no ZREM.
 //   3. An admission that waits in its concurrency queue does not hold the account's
-//      slot meanwhile (the slot's answer is given back; phase slot asks once admitted).
+//      slot meanwhile (phase slot asks once admitted).
+//   4. A client that leaves while its admission (and slot) is in flight leaves no slot
+//      taken: the limiter gives back what the script took.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
@@ -116,23 +118,28 @@ test('with Redis 120 ms away, the first byte waits for one round trip: admission
   assert.ok(median < 1.6 * DELAY, `one round trip to Redis before the upstream call, not two (${2 * DELAY} ms): ${times}`);
 });
 
-test('a refused admission leaves no account slot taken; a key refused lately asks for none', async () => {
+test('one script before the upstream call takes the admission and the slot; a refusal takes no slot', async () => {
   assert.equal((await chat(gw, KEY_RPM, chatBody('the one allowed'))).status, 200);
   await new Promise((r) => setTimeout(r, 200));
   const m = redisMonitor(redis.sock);
   await m.ready;
-  const r1 = await chat(gw, KEY_RPM, chatBody('refused, slot asked beside it'));
-  const r2 = await chat(gw, KEY_RPM, chatBody('refused again within a second'));
+  const ok = await chat(gw, KEY, chatBody('admitted, its slot taken by the same script'));
+  const r1 = await chat(gw, KEY_RPM, chatBody('refused'));
   await new Promise((r) => setTimeout(r, 300));
   m.stop();
+  assert.equal(ok.status, 200, ok.text);
   assert.equal(r1.status, 429, r1.text);
-  assert.equal(r2.status, 429, r2.text);
-  const slotCmds = (id) => m.cmds.filter((a) => a.includes(slotKey()) && a.includes(id)).map((a) => a[0].toLowerCase());
-  // The first refusal's slot was asked in the admission's write: it is given back.
-  const first = slotCmds(r1.headers['x-request-id']);
-  assert.ok(first.includes('evalsha'), `the slot is asked in the admission's write: ${first}`);
-  assert.ok(first.includes('zrem'), `the slot asked beside a refused admission is given back: ${first}`);
-  assert.deepEqual(slotCmds(r2.headers['x-request-id']), [], 'a key refused in the last second asks for no slot');
+  const withId = (id) => m.cmds.filter((a) => a.includes(id));
+  const scripts = withId(ok.headers['x-request-id']).filter((a) => a[0].toLowerCase() === 'evalsha');
+  assert.equal(scripts.length, 1, `one script for the request: ${JSON.stringify(scripts)}`);
+  assert.ok(scripts[0].includes(slotKey()), `the admission script takes the account's slot: ${scripts[0]}`);
+  assert.ok(scripts[0].some((a) => a.includes('conc:k:')), `... and is the admission (the key's leases): ${scripts[0]}`);
+  assert.ok(withId(ok.headers['x-request-id']).some((a) => a[0].toLowerCase() === 'zrem' && a.includes(slotKey())),
+    'the slot is given back at the end with a ZREM');
+  const refused = withId(r1.headers['x-request-id']).map((a) => a[0].toLowerCase());
+  assert.deepEqual(refused.filter((c) => c === 'evalsha'), ['evalsha'], `the refused admission's one script: ${refused}`);
+  assert.ok(!m.cmds.some((a) => a[0].toLowerCase() === 'zrem' && a.includes(r1.headers['x-request-id']) &&
+    a.includes(slotKey())), 'a refusal took no slot: nothing to give back');
   assert.equal(Number(await redisCli(redis.url, 'ZCARD', slotKey())), 0, 'no slot is left taken');
 });
 
@@ -151,4 +158,29 @@ test('an admission waiting in its concurrency queue does not hold the account sl
   await new Promise((r) => setTimeout(r, 300));
   assert.equal(Number(await redisCli(redis.url, 'ZCARD', slotKey())), 0, 'both slots given back');
   assert.ok(await keyId(db, 'kconc'));
+});
+
+test('a client that leaves while its admission is in flight leaves no account slot taken', async () => {
+  // Redis 120 ms away (the proxy of test 1): the client is gone after 40 ms, before the
+  // admission's answer, which took the slot and the key's lease.
+  assert.ok(delayed, 'test 1 started the gateway behind the delaying proxy');
+  for (let i = 0; i < 4; i++) {
+    const u = new URL(`${delayed.url}/v1/chat/completions`);
+    const data = JSON.stringify(chatBody(`gone ${i}`));
+    await new Promise((resolve) => {
+      const c = net.createConnection({ host: u.hostname, port: Number(u.port) }, () => {
+        c.write(`POST ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${KEY}\r\n` +
+          `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(data)}\r\n\r\n${data}`);
+        setTimeout(() => { c.destroy(); resolve(); }, 40);
+      });
+      c.on('error', resolve);
+    });
+  }
+  await new Promise((r) => setTimeout(r, 4 * DELAY + 400));
+  assert.equal(Number(await redisCli(redis.url, 'ZCARD', slotKey())), 0, 'every slot the scripts took was given back');
+  const k = await keyId(db, 'k');
+  const leases = await redisCli(redis.url, 'KEYS', `*conc:k:${k}*`);
+  for (const set of String(leases).split(/\s+/).filter(Boolean)) {
+    assert.equal(Number(await redisCli(redis.url, 'ZCARD', set)), 0, `the key's leases too (${set})`);
+  }
 });

@@ -84,6 +84,13 @@ typedef struct {
     /** Optional (copied): the first attempt's budget reservation, taken in the same
      *  script. Without it, and without any limit, tg_limits_admit makes no Redis call. */
     const tg_limit_money_t *money;
+    /** Optional (copied): the first attempt's account concurrency slot, a sorted set
+     *  ({a:<id>}:conc, ≤ 63 bytes) taken by the same script when it admits (the script
+     *  "admit+slot"), on a single Redis only: on a cluster the account lives under
+     *  another hash tag, the outcome's `slot` is -1 and the caller asks separately. */
+    const char *slot_key;
+    int64_t slot_limit;    /* the account's concurrency */
+    int slot_ttl_ms;       /* the slot's lifetime (renewed by its holder) */
 } tg_limit_req_t;
 
 typedef enum {
@@ -112,6 +119,9 @@ typedef struct {
                               reserve separately (tg_billing_reserve) */
     int budget;            /* TG_ADMIT_PERIOD_BUDGET: which (0-based, in money's order) */
     int queued;            /* it entered the wait queue for a concurrency slot */
+    int slot;              /* TG_ADMIT_OK with lim->slot_key: 1 taken (the caller holds it
+                              and gives it back), 0 the account is full; -1 not asked, or
+                              not known (any slot the script may have taken was given back) */
 } tg_admit_outcome_t;
 
 typedef void (*tg_admit_cb)(void *ud, const tg_admit_outcome_t *out);

@@ -197,6 +197,11 @@ int tg_redis_connected(const tg_redis_t *r);
  *  map's (0 before it is known). */
 int tg_redis_primaries(const tg_redis_t *r);
 
+/** 1 when a script may name keys under different hash tags: a single node (a redis://
+ *  URL) that answered INFO cluster with cluster_enabled:0 on its current connection; 0
+ *  for a cluster, a node in cluster mode behind a redis:// URL, or before it is known. */
+int tg_redis_one_keyspace(const tg_redis_t *r);
+
 /** tg_redis_command sent to primary `primary` (0 <= primary < tg_redis_primaries)
  *  rather than by its key: for what reads one node's keyspace (SCAN). NULL for a
  *  primary out of range. Indexes follow the current map, which may change between

@@ -4,10 +4,10 @@
  *
  *   admit    the key's and tenant's limits (rpm, tpm, concurrency) and the first
  *            attempt's money in one Redis script (tg_limits_admit), after the account
- *            is chosen, with that account's slot script in the same write
- *            (tg__slot_early in tg_proxy_route.c); a balance not yet
- *            in Redis is loaded and admitted again; Redis down: the on_limiter_down
- *            hook or the configured policy decides
+ *            is chosen: on a single Redis the same script takes that account's slot
+ *            (tg__slot_with_admission in tg_proxy_route.c); a balance not yet in Redis
+ *            is loaded and admitted again; Redis down: the on_limiter_down hook or the
+ *            configured policy decides
  *   reserve  the money of a later attempt (tg_billing_reserve), or the record of the
  *            first attempt's reservation that the admission took
  *
@@ -129,20 +129,6 @@ static void budget_refused(proxy_req_t *p, int i) {
     tg__proxy_fail_ex(p, 402, "insufficient_quota", "budget_exceeded", msg, extra);
 }
 
-/* This key's entry in the worker's table of keys refused lately (proxy_worker_t.refused). */
-static struct refused_key_s *refused_entry(proxy_req_t *p) {
-    return &p->pw->refused[(uint64_t)p->principal->key_id % (sizeof(p->pw->refused) / sizeof(p->pw->refused[0]))];
-}
-
-static int refused_lately(proxy_req_t *p) {
-    return refused_entry(p)->key_id == p->principal->key_id && tg_now_ms() < refused_entry(p)->until_ms;
-}
-
-static void refused_mark(proxy_req_t *p) {
-    refused_entry(p)->key_id = p->principal->key_id;
-    refused_entry(p)->until_ms = tg_now_ms() + 1000;
-}
-
 static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     proxy_req_t *p = ud;
     if (p->trace)
@@ -150,16 +136,11 @@ static void admit_done(void *ud, const tg_admit_outcome_t *out) {
     if (out->result == TG_ADMIT_OK) {
         p->money_held = out->reserved;
         tg__cleanup_add(p, cleanup_money_held);
-        if (out->queued)
-            refused_mark(p); /* it queued for a concurrency slot */
-        p->admitted = 1;
-        if (p->slot_early == 1)
-            return; /* the account's slot answers next (slot_early_got in tg_proxy_route.c) */
+        tg__slot_admitted(p, out->slot);
         tg__proxy_run(p);
         return;
     }
-    if (out->result != TG_ADMIT_MONEY_INIT)
-        refused_mark(p);
+    p->slot_early = 0; /* a refusal took no slot */
     tg_admit_t *a = p->admit;
     p->admit = NULL;
     tg_admit_cancel(a); /* refused: nothing is held; frees the handle */
@@ -453,12 +434,15 @@ int tg__phase_admit(proxy_req_t *p) {
         .on_down = limiter_down,
         .money = money ? &m : NULL,
     };
+    char slot_key[64];
+    if (tg__slot_with_admission(p, slot_key, &lim.slot_limit)) {
+        lim.slot_key = slot_key;
+        lim.slot_ttl_ms = p->req->worker->gw->cfg->limiter.lease_ttl_ms;
+    }
     if (p->trace)
         tg__trace_admit_start(p);
     p->admit = tg_limits_admit(p->pw->ctx->limits, p->req->id, &lim, admit_done, p);
     tg__cleanup_add(p, cleanup_admit);
-    if (!refused_lately(p))
-        tg__slot_early(p); /* right behind it, in the same write */
     return TG_AGAIN;
 }
 

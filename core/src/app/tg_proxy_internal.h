@@ -46,13 +46,6 @@ typedef struct tg_proxy_worker_s {
     struct proxy_req_s *spare; /* finished requests kept for reuse (see preq_alloc in tg_proxy.c) */
     struct tg_models_cache_s *models; /* GET /v1/models lists (tg_proxy_models.c) */
     int nspare;
-    /* Keys refused by the limiter lately (by key id, direct-mapped): their requests ask
-     * for the account's slot only after the admission, so that a client hammering past
-     * its limits costs Redis no slot it would give back at once (tg__slot_early). */
-    struct refused_key_s {
-        int64_t key_id;
-        uint64_t until_ms;
-    } refused[16];
     /* The SHA-256 of keys presented lately (direct-mapped by a hash of the key's bytes):
      * a client sends the same key on every request, and hashing it cost ~2,300
      * instructions a request. A digest is a function of the bytes alone, so nothing here
@@ -72,8 +65,8 @@ enum { DIRTY_MODEL = 1, DIRTY_LIMIT = 2, DIRTY_STREAM_OPTIONS = 4, DIRTY_WHOLE =
  * function. A phase that waits resumes the pipeline where it left off (tg__proxy_run); a
  * balance load admits again from PH_ADMIT, a retry starts over from PH_SELECT (admit then
  * passes: the first attempt's admission holds for the request). The account is chosen
- * before the admission so that the admission and the chosen account's slot go to Redis
- * together (tg__slot_early): one round trip before the upstream call instead of two. */
+ * before the admission so that the admission script takes the chosen account's slot too
+ * (tg__slot_with_admission): one script and one round trip before the upstream call. */
 typedef enum {
     PH_AUTH,
     PH_PARSE,
@@ -183,10 +176,9 @@ struct proxy_req_s {
     int norder, next_order;
     tg_redis_req_t *slot_rq;
     int64_t slot_asking;          /* the account slot_rq asks for */
-    int slot_early;               /* 1: the slot was asked beside the admission (tg__slot_early);
+    int slot_early;               /* 1: the admission asks for the slot (tg__slot_with_admission);
                                      2: its answer waits for phase slot in slot_answer */
     int slot_answer;              /* that answer: 1 taken, 0 full, -1 no answer */
-    int admitted;                 /* the admission answered: admitted */
     tg_redis_req_t *quota_rq;     /* the fleet's copy of the account's quota, read with its slot */
     uv_timer_t *slot_timer;       /* renews the slot lease while the call runs */
     int64_t slot_account;         /* holds a slot lease on this account */
@@ -252,7 +244,8 @@ void tg__estimate_tokens(proxy_req_t *p);
 int tg__phase_sticky(proxy_req_t *p);
 int tg__phase_select(proxy_req_t *p);
 int tg__phase_slot(proxy_req_t *p);
-void tg__slot_early(proxy_req_t *p);
+int tg__slot_with_admission(proxy_req_t *p, char key[64], int64_t *limit);
+void tg__slot_admitted(proxy_req_t *p, int slot);
 void tg__cleanup_snapshot(proxy_req_t *p);
 void tg__sticky_bind(proxy_req_t *p);
 /* What the attempt's upstream said about its account's quota: its forwarded header lines

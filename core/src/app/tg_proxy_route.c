@@ -4,8 +4,8 @@
  *   sticky   a conversation's bound account, read from Redis
  *   select   the key's group's accounts in order of preference (tg_select, then the
  *            select_account hook), or the config file's static upstream
- *   (admit, tg_proxy_admit.c, runs here: it sends the first account's slot script
- *            right behind the admission, tg__slot_early)
+ *   (admit, tg_proxy_admit.c, runs here: its script takes the first account's slot
+ *            too, tg__slot_with_admission)
  *   slot     the first account in that order whose concurrency slot is free (a Redis
  *            lease, renewed while the call runs): the early answer, or asked now; all
  *            full: wait, bounded
@@ -463,7 +463,6 @@ static void cleanup_slot(proxy_req_t *p) {
 }
 
 static int slot_try(proxy_req_t *p);
-static void slot_early_got(void *ud, redisReply *r, const char *err);
 
 static void slot_renew_cb(uv_timer_t *t) {
     proxy_req_t *p = t->data;
@@ -593,43 +592,39 @@ static int slot_try(proxy_req_t *p) {
 }
 
 /*
- * The first attempt's slot asked for together with its admission (phase admit calls this
- * right after sending the admission, so both go out in one write and their answers come
- * back together: one round trip before the upstream call instead of two). Only on a
- * single Redis, where the answers come back in the order asked: on a cluster the slot's
- * node may answer before the admission's, which phase slot then asks after it. The answer
- * waits for the admission's in slot_early_got.
+ * The first attempt's slot, taken by its admission script ("admit+slot", tg_limits.c):
+ * phase admit asks here which account's slot the admission should take (the first in
+ * order whose slot is free in this worker's count). 1: `key` and `limit` are filled, the
+ * slot's answer comes with the admission's (tg__slot_admitted). Only on a single Redis
+ * outside cluster mode (tg_redis_one_keyspace): on a cluster the account lives under
+ * another hash tag, and phase slot asks after the admission with the slot script. A
+ * refused admission takes no slot.
  */
-void tg__slot_early(proxy_req_t *p) {
+int tg__slot_with_admission(proxy_req_t *p, char key[64], int64_t *limit) {
     tg_redis_t *redis = tg_state_redis(p->pw->ctx->state);
-    if (p->attempt != 1 || !p->norder || p->slot_rq || p->slot_account || !redis || tg_redis_primaries(redis) != 1 ||
+    if (p->attempt != 1 || !p->norder || p->slot_rq || p->slot_account || !tg_redis_one_keyspace(redis) ||
         slot_next_free(p) < 0 || p->order[p->next_order]->concurrency <= 0)
-        return;
+        return 0;
+    const tg_account_t *acc = p->order[p->next_order];
     tg__cleanup_add(p, cleanup_slot);
-    if ((p->slot_rq = slot_ask(p, redis, p->order[p->next_order], slot_early_got)) != NULL)
-        p->slot_early = 1;
+    /* Read before the admission is sent, so its answer is in before the slot's. */
+    quota_read(p, redis, tg_health_get(p->pw->ctx->health, acc->id));
+    tg_fmt_key(key, 64, "{a:", acc->id, "}:conc");
+    *limit = acc->concurrency;
+    p->slot_asking = acc->id;
+    p->slot_early = 1;
+    return 1;
 }
 
-/* The early slot's answer. The admission's came first (same connection): admitted, the
- * pipeline goes on to phase slot with it. Not admitted yet means the admission waits (in
- * its queue for a concurrency slot, or for the balance to load): the account's slot is
- * not held meanwhile, phase slot asks again once admitted. A refusal freed the request
- * before this (cleanup_slot gave back what the script took). */
-static void slot_early_got(void *ud, redisReply *r, const char *err) {
-    proxy_req_t *p = ud;
-    p->slot_rq = NULL;
-    int answer = slot_reply(r, err);
-    if (!p->admitted) {
-        p->slot_early = 0;
-        if (answer == 1) {
-            p->slot_account = p->slot_asking;
-            slot_release(p);
-        }
+/* What the admission that admitted says of the slot: 1 taken (held from now on: the
+ * request's end gives it back), 0 the account is full, -1 unknown (phase slot asks). */
+void tg__slot_admitted(proxy_req_t *p, int slot) {
+    if (p->slot_early != 1)
         return;
-    }
-    p->slot_early = 2;
-    p->slot_answer = answer;
-    tg__proxy_run(p);
+    if (slot == 1)
+        p->slot_account = p->slot_asking;
+    p->slot_early = slot >= 0 ? 2 : 0;
+    p->slot_answer = slot;
 }
 
 int tg__phase_slot(proxy_req_t *p) {

@@ -53,7 +53,7 @@ struct tg_limits_s {
     uv_loop_t *loop;
     tg_state_t *st;
     tg_admission_config_t cfg;
-    int admit_script, release_script, renew_script;
+    int admit_script, admit_slot_script, release_script, renew_script;
     tg_admit_t *queue_head, *queue_tail;
     int queued;
     occupancy_t occupancy[OCCUPANCY_SLOTS];
@@ -100,6 +100,11 @@ struct tg_admit_s {
     char keys[5][112]; /* the longest: 25 bytes of tag + "a:" + a 71-byte id */
     size_t keylen[5];
     size_t idlen;
+    /* The account's slot asked with the admission (lim.slot_key copied; "" none). */
+    char slot_key[64];
+    size_t slot_keylen;
+    int slot_sent;      /* the admission in flight carries it */
+    int slot;           /* what its answer said: 1 taken, 0 full, -1 none yet */
 };
 
 enum { K_MARKER, K_KEY_BUCKETS, K_KEY_LEASES, K_TENANT_BUCKETS, K_TENANT_LEASES };
@@ -216,7 +221,8 @@ static void queue_remove(tg_limits_t *l, tg_admit_t *a) {
 static void deliver(tg_admit_t *a, tg_admit_result_t r, const char *which, int64_t retry_ms, int degraded) {
     /* waited_ms: from the admission's start, for one that entered the wait queue. */
     int waited = a->queued ? (int)(tg_now_ms() - a->started_ms) : 0;
-    tg_admit_outcome_t out = {r, which, retry_ms, degraded, waited, a->reserved, a->budget, a->queued};
+    tg_admit_outcome_t out = {r,         which,     retry_ms, degraded, waited, a->reserved,
+                              a->budget, a->queued, r == TG_ADMIT_OK ? a->slot : -1};
     tg_limits_stats_t *s = &a->l->stats;
     switch (r) {
     case TG_ADMIT_OK: s->admitted += (uint64_t)a->limited; break;
@@ -762,6 +768,18 @@ static void money_undo(tg_admit_t *a) {
     a->reserved = 0;
 }
 
+/* Gives back the account's slot the admission took, or may have taken (no answer came):
+ * a ZREM on the script's connection, so Redis runs it after the script. */
+static void slot_undo(tg_admit_t *a) {
+    tg_redis_t *redis = tg_state_redis(a->l->st);
+    if (redis && a->slot_sent) {
+        const char *argv[3] = {"ZREM", a->slot_key, a->id};
+        size_t len[3] = {4, a->slot_keylen, a->idlen};
+        tg_redis_command(redis, NULL, NULL, 3, argv, len);
+    }
+    a->slot = -1;
+}
+
 /* The admission script's reply: 0 or 1 (admitted), or {which, retry_after_ms}; for a
  * concurrency refusal (5, 6) the request waits, and if it is refused in the end the wait
  * it is told comes from conc_retry_ms, not from the script. */
@@ -769,22 +787,30 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
     tg_admit_t *a = ud;
     tg_limits_t *l = a->l;
     a->rq = NULL;
-    int admitted = !err && r && r->type == REDIS_REPLY_INTEGER && (r->integer == 0 || r->integer == 1);
+    /* With the account's slot ("admit+slot"), 2 and 3 are 0 and 1 with the account full. */
+    long long v = !err && r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (a->slot_sent && v >= 0 && v <= 3) {
+        a->slot = v < 2;
+        v &= 1;
+    }
+    int admitted = v == 0 || v == 1;
     int refused = !err && r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
                   r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER &&
                   r->element[0]->integer >= 1 && r->element[0]->integer <= 10 + 6;
     /* 1 (already admitted) took nothing: the caller reserves separately. */
-    a->reserved = admitted && a->has_money && r->integer == 0;
-    a->charged = admitted && r->integer == 0;
+    a->reserved = admitted && a->has_money && v == 0;
+    a->charged = admitted && v == 0;
     /* Only 0 applied the corrections it carried; a refusal, 1, or a command that never
      * went out applied none; a lost answer perhaps (dropped). */
-    fix_settle(a, !(admitted && r->integer == 0) && !maybe_ran(a, err));
+    fix_settle(a, !(admitted && v == 0) && !maybe_ran(a, err));
     if (a->cancelled) {
         /* The client left while we asked: give back whatever was taken (its lease, and its
          * TPM estimate: nothing was used, and its money), also when the answer did not
          * come in time. */
         if (a->reserved || maybe_ran(a, err))
             money_undo(a);
+        if (a->slot == 1 || maybe_ran(a, err))
+            slot_undo(a);
         if (admitted)
             release_begin(l, a, 0);
         else if (maybe_ran(a, err))
@@ -810,8 +836,10 @@ static void admit_reply(void *ud, redisReply *r, const char *err) {
             c->ud = NULL;
             release_by_script(l, c, 0);
         }
-        if (maybe_ran(a, err))
+        if (maybe_ran(a, err)) {
             money_undo(a); /* its money too; the separate reservation follows */
+            slot_undo(a);  /* and the account's slot: the caller asks for it again */
+        }
         without_redis(a);
         return;
     }
@@ -887,6 +915,10 @@ static void admit_send(tg_admit_t *a) {
         arg_s(&g, money->keys[i], strlen(money->keys[i]));
     for (int i = 0; a->has_money && i < money->nbudgets; i++)
         arg_s(&g, money->bkeys[i], strlen(money->bkeys[i]));
+    a->slot_sent = a->slot_keylen && tg_redis_one_keyspace(redis);
+    a->slot = -1;
+    if (a->slot_sent)
+        arg_s(&g, a->slot_key, a->slot_keylen); /* admit_slot.lua: the last key */
     int nkeys = g.n;
     arg_s(&g, a->id, a->idlen);
     if (a->limited) {
@@ -907,8 +939,13 @@ static void admit_send(tg_admit_t *a) {
         if (money->nbudgets)
             arg_s(&g, money->bspec, strlen(money->bspec));
     }
+    if (a->slot_sent) { /* ... and the last two arguments */
+        arg_i(&g, a->lim.slot_limit);
+        arg_i(&g, a->lim.slot_ttl_ms);
+    }
     a->sent_up = tg_redis_connected(redis);
-    a->rq = tg_redis_eval(redis, l->admit_script, nkeys, g.n, g.v, g.len, admit_reply, a);
+    a->rq = tg_redis_eval(redis, a->slot_sent ? l->admit_slot_script : l->admit_script, nkeys, g.n, g.v, g.len,
+                          admit_reply, a);
     if (a->rq)
         l->stats.round_trips++;
     else
@@ -934,6 +971,10 @@ tg_admit_t *tg_limits_admit(tg_limits_t *l, const char *request_id, const tg_lim
         a->has_money = 1;
     }
     a->lim.money = NULL;
+    a->slot = -1;
+    if (lim->slot_key && strlen(lim->slot_key) < sizeof(a->slot_key))
+        a->slot_keylen = tg_copy(a->slot_key, sizeof(a->slot_key), lim->slot_key);
+    a->lim.slot_key = NULL;
     fmt_keys(a);
     admit_send(a);
     return a;
@@ -1096,6 +1137,7 @@ tg_limits_t *tg_limits_create(uv_loop_t *loop, tg_state_t *st, const tg_admissio
     tg_redis_t *redis = tg_state_redis(st);
     if (redis) {
         l->admit_script = tg_redis_script_register(redis, tg_scripts_source("admit"));
+        l->admit_slot_script = tg_redis_script_register(redis, tg_scripts_source("admit+slot"));
         l->release_script = tg_redis_script_register(redis, tg_scripts_source("release"));
         l->correct_script = tg_redis_script_register(redis, tg_scripts_source("correct"));
         l->renew_script = tg_redis_script_register(redis, tg_scripts_source("renew"));

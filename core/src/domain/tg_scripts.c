@@ -29,8 +29,10 @@ static const tg_embed_file_t *embedded(const char *name, size_t len) {
     abort();
 }
 
-/* The file's text with each line "--@<fragment>" replaced by that fragment's text. */
-static char *assemble(const tg_embed_file_t *f) {
+/* The file's text with each line "--@<fragment>", and for `variant` (NULL: none) each line
+ * "--+<variant> <fragment>", replaced by that fragment's text. */
+static char *assemble(const tg_embed_file_t *f, const char *variant) {
+    size_t vlen = variant ? strlen(variant) : 0;
     tg_buf_t b;
     tg_buf_init(&b);
     const char *p = f->data, *end = f->data + f->len;
@@ -39,6 +41,11 @@ static char *assemble(const tg_embed_file_t *f) {
         const char *eol = nl ? nl : end;
         if (eol - p > 3 && !memcmp(p, "--@", 3)) {
             const tg_embed_file_t *frag = embedded(p + 3, (size_t)(eol - p - 3));
+            tg_buf_append(&b, frag->data, frag->len);
+        } else if (vlen && (size_t)(eol - p) > 4 + vlen && !memcmp(p, "--+", 3) && !memcmp(p + 3, variant, vlen) &&
+                   p[3 + vlen] == ' ') {
+            const char *name = p + 4 + vlen;
+            const tg_embed_file_t *frag = embedded(name, (size_t)(eol - name));
             tg_buf_append(&b, frag->data, frag->len);
         } else {
             tg_buf_append(&b, p, (size_t)(eol - p));
@@ -62,9 +69,11 @@ const char *tg_scripts_source(const char *name) {
         s = calloc(1, sizeof(*s));
         if (!s)
             abort();
-        const tg_embed_file_t *f = embedded(name, strlen(name));
-        s->name = f->name;
-        s->source = assemble(f);
+        const char *plus = strchr(name, '+');
+        const tg_embed_file_t *f = embedded(name, plus ? (size_t)(plus - name) : strlen(name));
+        if (!(s->name = strdup(name)))
+            abort();
+        s->source = assemble(f, plus ? plus + 1 : NULL);
         s->next = scripts;
         scripts = s;
     }

@@ -151,6 +151,7 @@ struct tg_redis_s {
     /* Cluster mode (a redis-cluster:// URL): a command connection per node, the slot
      * map (each slot's index in conns, -1 unknown), and its refresh. */
     int cluster;
+    int one_keyspace; /* a single node that said cluster_enabled:0 (INFO cluster, at setup) */
     tg__redis_conn_t *conns[REDIS_CONNS_MAX];
     int nconns;
     int16_t slots[TG_REDIS_SLOTS];
@@ -498,7 +499,7 @@ static void conn_on_cleanup(void *privdata) {
     conn_gone(c);
 }
 
-static const char k_auth[] = "AUTH", k_select[] = "SELECT", k_setname[] = "CLIENT SETNAME";
+static const char k_auth[] = "AUTH", k_select[] = "SELECT", k_setname[] = "CLIENT SETNAME", k_info[] = "INFO cluster";
 
 /* A connection's setup commands before anything else: AUTH when the URL has a password,
  * SELECT when it names a database other than 0 (not on a Pub/Sub connection: channels
@@ -559,6 +560,11 @@ static void conn_on_setup_reply(redisAsyncContext *ac, void *reply_, void *privd
     redisReply *reply = reply_;
     if (!reply || c->r->closing || c->freeing)
         return;
+    if (privdata == k_info) {
+        /* Not fatal when refused (an ACL without INFO, a proxy): then unknown, so 0. */
+        c->r->one_keyspace = reply->type == REDIS_REPLY_STRING && strstr(reply->str, "cluster_enabled:0") != NULL;
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
         /* A wrong password or database: not "up", so the backoff keeps growing. */
         tg_log_error("redis: %s connection: %s failed: %s", c->name, (const char *)privdata, reply->str);
@@ -657,6 +663,13 @@ static void conn_connect(tg__redis_conn_t *c) {
     int nsetup = setup_cmds(&r->url, !c->is_sub, setup);
     for (int i = 0; i < nsetup; i++)
         redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)setup[i].what, setup[i].argc, setup[i].argv, NULL);
+    /* A single node's mode: a script may name keys under two hash tags only outside
+     * cluster mode (tg_redis_one_keyspace), whatever the URL says. */
+    if (!r->cluster && !c->is_sub) {
+        r->one_keyspace = 0;
+        const char *info[2] = {"INFO", "cluster"};
+        redisAsyncCommandArgv(ac, conn_on_setup_reply, (void *)k_info, 2, info, NULL);
+    }
     /* Named, so CLIENT LIST tells which gateway process owns which connection. */
     char name[64];
     snprintf(name, sizeof(name), "tollgate:%d:%s", (int)getpid(), c->is_sub ? "sub" : "cmd");
@@ -1753,6 +1766,8 @@ static tg_redis_req_t *cluster_command(tg_redis_t *r, tg__redis_conn_t *at, tg_r
     args_copy((char *)(q->argvlen + argc), argc, argv, argvlen, q->argv, q->argvlen);
     return redis_send(r, q, argc, q->argv, q->argvlen);
 }
+
+int tg_redis_one_keyspace(const tg_redis_t *r) { return r && !r->cluster && r->one_keyspace; }
 
 int tg_redis_primaries(const tg_redis_t *r) {
     if (!r)
