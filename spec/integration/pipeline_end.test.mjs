@@ -55,7 +55,7 @@ function sha(name) {
   return crypto.createHash('sha1').update(fs.readFileSync(path.join(REPO, `core/redis/${name}.lua`))).digest('hex');
 }
 
-test('per request: no script at the end; the leases and the account slot go back with a ZREM each, the TPM correction rides on the next admission', async () => {
+test('per request: no script at the end; the leases and the account slot go back with a ZREM each, the marker with a DEL, the TPM correction rides on the next admission', async () => {
   for (let i = 0; i < 3; i++) assert.equal((await chat(gw, KEY, chatBody('warm [mock chunks=2]'))).status, 200);
   await new Promise((r) => setTimeout(r, 300)); // the warm-up's corrections go out
   const bucketKey = `{t:${tenant}}:b:k:${await keyId(db, 'k')}`;
@@ -87,6 +87,12 @@ test('per request: no script at the end; the leases and the account slot go back
     assert.equal(evalsha[0][3 + Number(evalsha[0][2]) - 1], slotKey, `${id}: the admission takes the account slot (its last key)`);
     const zrem = mine.filter((a) => a[0].toLowerCase() === 'zrem' && a[2] === id).map((a) => a[1]).sort();
     assert.deepEqual(zrem, [keyLeases, slotKey, tenantLeases].sort(), `${id}: its key lease, tenant lease and account slot go back with a ZREM each`);
+    // Its marker (the admission's idempotency, 10 minutes of TTL) is deleted at the end,
+    // not left behind: one key per request would stay that long.
+    const marker = `{t:${tenant}}:a:${id}`;
+    assert.deepEqual(mine.filter((a) => a[0].toLowerCase() === 'del' && a.includes(marker)).map((a) => a.slice(1)), [[marker]],
+      `${id}: its marker is deleted, by a DEL of its own`);
+    assert.equal(Number(await redisCli(redis.url, 'EXISTS', marker)), 0, `${marker} is gone`);
   }
   // The corrections: an admission carries the sum of those of its buckets that ended
   // before it was sent (arguments 9, the key's bucket, and 16, the tenant's, of

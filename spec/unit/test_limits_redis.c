@@ -177,6 +177,7 @@ TG_TEST(limits_redis, same_id_is_charged_once) {
     run_for(&f.loop, 200);
     ASSERT_EQ_INT(tpm_level(&f), 960000);
     ASSERT_EQ_INT(side_int(&f, "EXISTS %s", f.leases), 0); /* the last ZREM deletes the set */
+    ASSERT_EQ_INT(side_int(&f, "EXISTS %s", mk), 0);       /* the end deletes the marker */
     ASSERT_EQ_INT(tg_limits_stats(f.l)->corrections_alone, 1);
     tg_admit_release(a2, 40);
     run_for(&f.loop, 200);
