@@ -1043,25 +1043,18 @@ static void release_by_script(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
     release_send(a);
 }
 
-static void zrem_done(void *ud, redisReply *r, const char *err) {
-    TG_UNUSED(ud);
+/* The answer to a command of a request's end: ud says what was not done (a literal). */
+static void end_done(void *ud, redisReply *r, const char *err) {
     TG_UNUSED(r);
     if (err)
-        tg_log_warn("limits: a lease was not given back (%s); it expires by its TTL", err);
-}
-
-static void del_done(void *ud, redisReply *r, const char *err) {
-    TG_UNUSED(ud);
-    TG_UNUSED(r);
-    if (err)
-        tg_log_warn("limits: a request's marker was not deleted (%s); it expires by its TTL", err);
+        tg_log_warn("limits: %s (%s); it expires by its TTL", (const char *)ud, err);
 }
 
 /* ZREM of a's lease in set k, sent again when its answer is lost. */
 static void zrem_lease(tg_redis_t *redis, const tg_admit_t *a, int k) {
     const char *v[3] = {"ZREM", a->keys[k], a->id};
     size_t len[3] = {4, a->keylen[k], a->idlen};
-    tg_redis_command_idempotent(redis, 3, v, len, zrem_done, NULL);
+    tg_redis_command_idempotent(redis, 3, v, len, end_done, (void *)"a lease was not given back");
 }
 
 /* The end of a request whose admission ran: its leases back (a ZREM each), its marker
@@ -1085,7 +1078,7 @@ static void release_begin(tg_limits_t *l, tg_admit_t *a, int64_t actual) {
             zrem_lease(redis, a, K_TENANT_LEASES);
         const char *v[2] = {"DEL", a->keys[K_MARKER]};
         size_t len[2] = {3, a->keylen[K_MARKER]};
-        tg_redis_command_idempotent(redis, 2, v, len, del_done, NULL);
+        tg_redis_command_idempotent(redis, 2, v, len, end_done, (void *)"a request's marker was not deleted");
     }
     if (redis && actual >= 0 && a->charged) {
         int64_t est = TG_MAX(m->est_tokens, 0);
