@@ -217,7 +217,9 @@ export function Modal({ title, onClose, children, wide }) {
   const ref = useRef(null);
   const closeRef = useRef(onClose);
   closeRef.current = onClose;
-  useEffect(() => {
+  // A layout effect, not an effect: its keys and focus are in place when the dialog is in
+  // the DOM, so an Escape or Tab pressed at once (a fast keyboard, a test) reaches it.
+  useLayoutEffect(() => {
     const opener = document.activeElement;
     const key = (e) => {
       if (document.querySelector('.relogin')) return; // the login dialog over the page has the keys

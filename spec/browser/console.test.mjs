@@ -560,7 +560,9 @@ test('keyboard and accessibility: skip link, focus trapped in dialogs and given 
   await row('acme').getByRole('button', { name: 'Top up' }).focus();
   await page.keyboard.press('Enter');
   await modal().waitFor();
+  await page.waitForFunction(() => !!document.activeElement?.closest('.modal'), null, { timeout: 3000 });
   await page.keyboard.press('Escape');
+  await modal().waitFor({ state: 'detached' });
   await page.waitForFunction(() => document.activeElement?.textContent.trim() === 'Top up');
 
   // axe-core on every page and on a dialog: no serious or critical violation.
