@@ -9,6 +9,10 @@
 #                              Postgres row per billed request on the normal path (no
 #                              reservation row for a request settled in the batch of its
 #                              reservation, sql/0017), every other shape keeps its rows
+#   integration.pipeline_lean  spec/integration/pipeline_lean.test.mjs: goal 3, a leaner
+#                              batch (sql/0023): a request's reservation inside its
+#                              settlement's element, usage's foreign keys checked once a
+#                              batch and on delete (races both ways), the gateway's pairs
 #   integration.pipeline_slot  spec/integration/pipeline_slot.test.mjs: goal 2, the
 #                              admission and the account's slot in one round trip (Redis
 #                              behind a delaying proxy), a refused or queued admission
@@ -31,6 +35,8 @@ tg_services_test(pipeline_slot ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_
   "pipeline;limits;routing;integration" 120)
 tg_services_test(pipeline_onerow ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_onerow.test.mjs
   "pipeline;billing;integration" 120)
+tg_services_test(pipeline_lean ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_lean.test.mjs
+  "pipeline;billing;integration" 180)
 foreach(name limits_concurrency limits_lease limits_lease_recovery limits_tpm)
   if(TEST integration.${name})
     set_property(TEST integration.${name} APPEND PROPERTY LABELS pipeline)

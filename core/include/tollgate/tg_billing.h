@@ -178,6 +178,7 @@ typedef struct {
     uint64_t estimated;   /* 2xx answers whose usage could not be read: billed by estimate */
     uint64_t refused_budget; /* refused by a periodic budget (also in refused) */
     uint64_t alerts_sent, alerts_delivered, alerts_retried, alerts_failed; /* budget alerts' webhooks */
+    uint64_t merged; /* reservations committed inside their settlement's element (one row for both) */
 } tg_billing_stats_t;
 const tg_billing_stats_t *tg_billing_stats(const tg_billing_t *b);
 /** Registers billing's collector (tollgate_billing_total) on a worker's metrics; NULL b: none. */

@@ -110,12 +110,13 @@ static void billing_collect(const void *const *stats, int n, tg_buf_t *out) {
                   "tollgate_billing_total{event=\"unheld\"} %llu\n"
                   "tollgate_billing_total{event=\"quarantined\"} %llu\n"
                   "tollgate_billing_total{event=\"usage_clamped\"} %llu\n"
-                  "tollgate_billing_total{event=\"usage_estimated\"} %llu\n",
+                  "tollgate_billing_total{event=\"usage_estimated\"} %llu\n"
+                  "tollgate_billing_total{event=\"reservation_merged\"} %llu\n",
                   (unsigned long long)s.reserved, (unsigned long long)s.refused, (unsigned long long)s.settled,
                   (unsigned long long)s.duplicates, (unsigned long long)s.conflicts, (unsigned long long)s.batches,
                   (unsigned long long)s.spooled, (unsigned long long)s.replayed, (unsigned long long)s.reconciled,
                   (unsigned long long)s.unheld, (unsigned long long)s.quarantined, (unsigned long long)s.clamped,
-                  (unsigned long long)s.estimated);
+                  (unsigned long long)s.estimated, (unsigned long long)s.merged);
     /* Gauges, read from each worker's batcher (a scrape runs on another thread: a
      * moment's value, like the counters): what waits for the next batch, and the
      * batches at Postgres. Both fall back to 0 within postgres_timeout_ms of

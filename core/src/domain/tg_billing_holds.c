@@ -267,6 +267,8 @@ static void reserved_row(tg_billing_t *b, const tg_reserve_req_t *r, int unheld)
     tg__elem_init(&e, &j, r->request_id, TG__OP_RESERVE);
     e.tenant_id = r->tenant_id;
     e.key_id = r->key_id;
+    e.mergeable = !unheld && r->attempt == 1;
+    e.amount = r->amount;
     tg__billing_enqueue(b, &e);
 }
 

@@ -37,9 +37,12 @@ typedef struct {
     uint8_t op;                /* TG__OP_*: a settlement has no "op" field */
     uint8_t release;           /* a settlement with release_cost: its holds go back once durable */
     uint8_t has_unheld_cost;   /* a settlement billed without a hold: debited once committed */
+    uint8_t mergeable;         /* a reservation of attempt 1 made the normal way (held, no note): it may
+                                * travel inside its settlement when both are in one batch (batch_text) */
     int attempts;
     unsigned unheld;           /* release_unheld */
     int64_t tenant_id, key_id, release_cost, unheld_cost;
+    int64_t amount;            /* a mergeable reservation's bound (nano-USD) */
 } tg__elem_t;
 
 /** Writes v in decimal, with its sign, to out (room for 20 bytes); returns its length. */

@@ -149,20 +149,100 @@ void tg__billing_queue_free(tg_billing_t *b) {
     b->qhead = b->qlen = b->qcap = 0;
 }
 
-/* "[e1,e2,...]": tg_settle_batch's argument (NUL-terminated). */
-static void batch_text(const tg__elem_t *v, size_t n, tg_buf_t *out) {
+/* "[e1,e2,...]": tg_settle_batch's argument (NUL-terminated). With `pair` (from
+ * pair_reservations, or NULL), a settlement whose reservation is in the batch is written
+ * as one element carrying the reservation's bound and instance, and that reservation is
+ * not written on its own (sql/0023_settle_lean.sql). */
+static void batch_text(const tg__elem_t *v, size_t n, const int32_t *pair, tg_buf_t *out) {
     size_t total = 2;
     for (size_t i = 0; i < n; i++)
-        total += v[i].len + 1;
+        total += v[i].len + 1 + (pair ? 96 : 0);
     tg_buf_reserve(out, total + 1);
     tg_buf_append(out, "[", 1);
+    int first = 1;
     for (size_t i = 0; i < n; i++) {
-        if (i)
+        if (pair && pair[i] >= 0 && v[i].op == TG__OP_RESERVE)
+            continue; /* inside its settlement */
+        if (!first)
             tg_buf_append(out, ",", 1);
-        tg_buf_append(out, v[i].json, v[i].len);
+        first = 0;
+        if (!pair || pair[i] < 0) {
+            tg_buf_append(out, v[i].json, v[i].len);
+            continue;
+        }
+        char amount[32];
+        tg_money_format(v[pair[i]].amount, amount);
+        tg_buf_append(out, v[i].json, v[i].len - 1); /* without its closing brace */
+        tg_buf_appends(out, ",\"amount\":\"");
+        tg_buf_appends(out, amount);
+        tg_buf_appends(out, "\",\"instance\":\"");
+        tg_buf_appends(out, tg__billing_instance);
+        tg_buf_appends(out, "\"}");
     }
     tg_buf_append(out, "]", 2); /* with the NUL */
     out->len--;
+}
+
+static uint32_t rid_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+/*
+ * Pairs each settlement of one attempt with its reservation when both are in the batch
+ * (under load, nearly every request: the reservation is queued at admission, the
+ * settlement a few milliseconds later): pair[i] is the index of i's partner, or -1. A
+ * reservation pairs only when made the normal way (`mergeable`: attempt 1, held) for
+ * the same tenant and key. Returns the array (malloc'd), or NULL when nothing pairs.
+ */
+static int32_t *pair_reservations(const tg__elem_t *v, size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    int32_t *slot = NULL, *pair = NULL;
+    size_t nres = 0;
+    for (size_t i = 0; i < n; i++)
+        nres += v[i].op == TG__OP_RESERVE && v[i].mergeable;
+    if (!nres)
+        return NULL;
+    slot = malloc(cap * sizeof(*slot));
+    pair = malloc(n * sizeof(*pair));
+    if (!slot || !pair)
+        abort();
+    memset(slot, 0xff, cap * sizeof(*slot));
+    memset(pair, 0xff, n * sizeof(*pair));
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].op != TG__OP_RESERVE || !v[i].mergeable)
+            continue;
+        size_t h = rid_hash(tg__elem_rid(&v[i])) & (cap - 1);
+        while (slot[h] >= 0)
+            h = (h + 1) & (cap - 1);
+        slot[h] = (int32_t)i;
+    }
+    size_t paired = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].op != TG__OP_SETTLE || v[i].attempts > 1)
+            continue;
+        const char *rid = tg__elem_rid(&v[i]);
+        for (size_t h = rid_hash(rid) & (cap - 1); slot[h] >= 0; h = (h + 1) & (cap - 1)) {
+            const tg__elem_t *r = &v[slot[h]];
+            if (pair[slot[h]] < 0 && r->tenant_id == v[i].tenant_id && r->key_id == v[i].key_id &&
+                !strcmp(tg__elem_rid(r), rid)) {
+                pair[slot[h]] = (int32_t)i;
+                pair[i] = slot[h];
+                paired++;
+                break;
+            }
+        }
+    }
+    free(slot);
+    if (!paired) {
+        free(pair);
+        return NULL;
+    }
+    return pair;
 }
 
 /* ---- the spool ------------------------------------------------------------------------ */
@@ -182,7 +262,7 @@ static int spool_append(tg_billing_t *b, const tg__elem_t *v, size_t n, const ch
     tg_buf_t text;
     tg_buf_init(&text);
     for (size_t i = 0; i < n; i += BATCH_MAX) {
-        batch_text(v + i, TG_MIN(n - i, (size_t)BATCH_MAX), &text);
+        batch_text(v + i, TG_MIN(n - i, (size_t)BATCH_MAX), NULL, &text);
         tg_buf_append(&text, "\n", 1);
     }
     ssize_t w = write(fd, text.data, text.len);
@@ -220,6 +300,7 @@ typedef struct {
     tg_billing_t *b;
     batch_t batch;
     int from_spool;
+    size_t merged; /* reservations sent inside their settlements */
 } batch_ctx_t;
 
 /* The settlements of `batch` made without a Redis hold that Postgres just billed
@@ -363,6 +444,7 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
         return;
     }
     b->stats.batches++;
+    b->stats.merged += c->merged;
     release_durable(b, c->batch.v, c->batch.n);
     debit_unheld(b, &c->batch, res);
     for (int i = 0; i < PQntuples(res); i++) {
@@ -398,7 +480,8 @@ static void batch_done(void *ud, const PGresult *res, const char *err) {
         tg__billing_flush(b);
 }
 
-static const char SETTLE_SQL[] = "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)";
+/* json, not jsonb: read once by json_to_recordset (sql/0023_settle_lean.sql). */
+static const char SETTLE_SQL[] = "SELECT request_id, outcome FROM tg_settle_batch($1::json)";
 
 /* Sends the batch (taken over); 0 when sent. */
 static int send_batch(tg_billing_t *b, batch_t *bt, int from_spool) {
@@ -413,7 +496,13 @@ static int send_batch(tg_billing_t *b, batch_t *bt, int from_spool) {
     bt->n = 0;
     tg_buf_t text;
     tg_buf_init(&text);
-    batch_text(c->batch.v, c->batch.n, &text);
+    /* A live batch's reservations travel inside their settlements (a spool keeps every
+     * element as written, and replays it so: its reservations name their own instance). */
+    int32_t *pair = from_spool ? NULL : pair_reservations(c->batch.v, c->batch.n);
+    batch_text(c->batch.v, c->batch.n, pair, &text);
+    for (size_t i = 0; pair && i < c->batch.n; i++)
+        c->merged += pair[i] >= 0 && c->batch.v[i].op == TG__OP_RESERVE;
+    free(pair);
     const char *params[1] = {text.data};
     int sent = pg && tg_pg_query(pg, SETTLE_SQL, 1, params, batch_done, c);
     tg_buf_free(&text);
