@@ -18,7 +18,10 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { startMock, stopAll } from './lib/harness.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import { startMock, stopAll, tempDir, waitFor } from './lib/harness.mjs';
 import { chat, lit, metrics, psql } from './lib/db.mjs';
 import {
   accountsMoney,
@@ -224,4 +227,30 @@ test('a delete racing a batch: whichever holds the key first, no usage row of a 
   assert.equal(await bill.db.scalar(`SELECT count(*) FROM api_keys WHERE id = ${k2}`), '0');
   assert.deepEqual(await usageRows(bill, id2), [], 'no usage row of a deleted key');
   await verifyLedger(bill);
+});
+
+test('a spooled settlement carrying its reservation that Postgres refuses: quarantined, its reservation kept and settled by the rule', async () => {
+  // The spool of a gateway as it writes a pair (one element), whose cost Postgres cannot
+  // hold (numeric overflow): refused on its own, quarantined; its usage is unknown, and
+  // the unknown element carries the reservation, so the bound is still held in Postgres
+  // (pending_reconciliation) and the reconciler settles it at the bound, once.
+  const g = await billedSetup({ mock, balance: '100' });
+  const dir = tempDir('spool');
+  const rid = `lean-poison-${process.pid}-${seq++}`;
+  const bad = { ...settlement(g, { requestId: rid }), cost: '99999999999999999999', amount: fmtNano(BOUND), instance: 'gone' };
+  fs.writeFileSync(path.join(dir, 'settlements-w0.jsonl'), `${JSON.stringify([bad])}\n`);
+  const gw = await startBilledGateway(g, { workers: 1 }, { mock, spoolDir: dir });
+  await waitFor(async () => (await metrics(gw))['tollgate_billing_total{event="quarantined"}'] === 1,
+    { timeout: 15000, what: 'the quarantine' });
+  const q = fs.readFileSync(path.join(dir, 'quarantine-w0.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  assert.equal(q[0].element.request_id, rid);
+  assert.equal(q[0].element.amount, fmtNano(BOUND));
+  await waitUsageRow(g, rid, 20000);
+  const [u] = await usageRows(g, rid);
+  assert.equal(u.estimated, true, 'settled by the reconciliation rule');
+  assert.equal(u.cost, BOUND, 'at the bound it reserved');
+  assert.deepEqual((await reservationRows(g, rid)).map((r) => [r.state, r.amount]), [['reconciled', BOUND]]);
+  await gw.stop();
+  await verifyLedger(g);
+  await g.db.drop();
 });

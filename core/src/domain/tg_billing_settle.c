@@ -262,7 +262,13 @@ static int spool_append(tg_billing_t *b, const tg__elem_t *v, size_t n, const ch
     tg_buf_t text;
     tg_buf_init(&text);
     for (size_t i = 0; i < n; i += BATCH_MAX) {
-        batch_text(v + i, TG_MIN(n - i, (size_t)BATCH_MAX), NULL, &text);
+        /* Reservations inside their settlements here too: under overload most of them
+         * pass through the spool, and its replay then costs Postgres what a live batch
+         * does. The elements stay as they are in memory (released below, as before). */
+        size_t m = TG_MIN(n - i, (size_t)BATCH_MAX);
+        int32_t *pair = pair_reservations(v + i, m);
+        batch_text(v + i, m, pair, &text);
+        free(pair);
         tg_buf_append(&text, "\n", 1);
     }
     ssize_t w = write(fd, text.data, text.len);
@@ -376,15 +382,34 @@ static void quarantine(tg_billing_t *b, const tg__elem_t *e, const char *why) {
                  ok ? ": kept in " : ": could not be written aside: ", ok ? path : line.data);
     tg_buf_free(&line);
     if (e->op == TG__OP_SETTLE) {
-        /* Its usage is unknown now: the reconciliation rule settles it. */
-        tg_buf_t j;
-        tg_buf_init(&j);
-        tg_buf_appends(&j, "{\"op\":\"unknown\",\"request_id\":\"");
-        tg_buf_append_json_escaped(&j, rid, strlen(rid));
-        tg_buf_appends(&j, "\"}");
-        tg__elem_t u;
-        tg__elem_init(&u, &j, rid, TG__OP_UNKNOWN);
-        tg__billing_enqueue(b, &u);
+        /* Its usage is unknown now: the reconciliation rule settles it. A settlement that
+         * carried its reservation (paired when spooled, sql/0023) takes it along: the
+         * unknown element then writes the reservation row, pending_reconciliation. */
+        json_t *o = json_loadb(e->json, e->len, 0, NULL);
+        json_t *amount = json_object_get(o, "amount");
+        if (json_is_string(amount)) {
+            json_t *u = json_object();
+            json_object_set_new(u, "op", json_string("unknown"));
+            json_object_set_new(u, "request_id", json_string(rid));
+            json_object_set(u, "tenant_id", json_object_get(o, "tenant_id"));
+            json_object_set(u, "api_key_id", json_object_get(o, "api_key_id"));
+            json_object_set_new(u, "attempts", json_integer(1));
+            json_object_set(u, "amount", amount);
+            json_object_set(u, "model", json_object_get(o, "model"));
+            json_object_set(u, "instance", json_object_get(o, "instance"));
+            tg__billing_enqueue_json(b, u);
+            json_decref(u);
+        } else {
+            tg_buf_t j;
+            tg_buf_init(&j);
+            tg_buf_appends(&j, "{\"op\":\"unknown\",\"request_id\":\"");
+            tg_buf_append_json_escaped(&j, rid, strlen(rid));
+            tg_buf_appends(&j, "\"}");
+            tg__elem_t u;
+            tg__elem_init(&u, &j, rid, TG__OP_UNKNOWN);
+            tg__billing_enqueue(b, &u);
+        }
+        json_decref(o);
     }
 }
 
@@ -496,8 +521,8 @@ static int send_batch(tg_billing_t *b, batch_t *bt, int from_spool) {
     bt->n = 0;
     tg_buf_t text;
     tg_buf_init(&text);
-    /* A live batch's reservations travel inside their settlements (a spool keeps every
-     * element as written, and replays it so: its reservations name their own instance). */
+    /* A live batch's reservations travel inside their settlements (a spooled batch was
+     * paired when it was written; its reservations may name another instance). */
     int32_t *pair = from_spool ? NULL : pair_reservations(c->batch.v, c->batch.n);
     batch_text(c->batch.v, c->batch.n, pair, &text);
     for (size_t i = 0; pair && i < c->batch.n; i++)
