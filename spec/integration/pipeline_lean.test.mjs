@@ -190,6 +190,13 @@ test('a settlement naming a key or a tenant that is not there: the batch is refu
   }
   assert.deepEqual(await usageRows(bill, id), []);
   assert.equal(await bill.db.scalar(`SELECT count(*) FROM usage WHERE api_key_id = 987654321 OR tenant_id = 987654321`), '0');
+  // Text that is not a batch: a clear error, as the gateway would split and quarantine.
+  const call = (text) => psql(bill.conninfo, `SELECT count(*) FROM tg_settle_batch(${lit(text)}::json)`);
+  await assert.rejects(call('[{"request_id": "x",'), /invalid input syntax for type json/);
+  await assert.rejects(call('{"request_id": "x"}'), /cannot call json_to_recordset on an object/);
+  const rid = newId('badnum');
+  await assert.rejects(call(JSON.stringify([{ ...merged(rid), amount: 'lots' }])), /invalid input syntax for type numeric/);
+  assert.deepEqual(await usageRows(bill, rid), [], 'nothing written');
 });
 
 test('a key with usage cannot be deleted; one without can', async () => {

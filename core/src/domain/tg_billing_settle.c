@@ -37,6 +37,8 @@ typedef struct {
 } batch_t;
 
 static void release_durable(tg_billing_t *b, const tg__elem_t *v, size_t n);
+static void enqueue_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
+                            const char *model, const char *amount, const char *instance);
 
 /* ---- elements ----------------------------------------------------------------------- */
 
@@ -386,19 +388,11 @@ static void quarantine(tg_billing_t *b, const tg__elem_t *e, const char *why) {
          * carried its reservation (paired when spooled, sql/0023) takes it along: the
          * unknown element then writes the reservation row, pending_reconciliation. */
         json_t *o = json_loadb(e->json, e->len, 0, NULL);
-        json_t *amount = json_object_get(o, "amount");
-        if (json_is_string(amount)) {
-            json_t *u = json_object();
-            json_object_set_new(u, "op", json_string("unknown"));
-            json_object_set_new(u, "request_id", json_string(rid));
-            json_object_set(u, "tenant_id", json_object_get(o, "tenant_id"));
-            json_object_set(u, "api_key_id", json_object_get(o, "api_key_id"));
-            json_object_set_new(u, "attempts", json_integer(1));
-            json_object_set(u, "amount", amount);
-            json_object_set(u, "model", json_object_get(o, "model"));
-            json_object_set(u, "instance", json_object_get(o, "instance"));
-            tg__billing_enqueue_json(b, u);
-            json_decref(u);
+        const char *amount = json_string_value(json_object_get(o, "amount"));
+        if (amount) {
+            const char *inst = json_string_value(json_object_get(o, "instance"));
+            enqueue_unknown(b, rid, e->tenant_id, e->key_id, 1, json_string_value(json_object_get(o, "model")), amount,
+                            inst ? inst : tg__billing_instance);
         } else {
             tg_buf_t j;
             tg_buf_init(&j);
@@ -810,25 +804,31 @@ void tg_billing_settle(tg_billing_t *b, const tg_settlement_t *s) {
     tg__billing_enqueue(b, &e);
 }
 
-void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
-                        const char *model, int64_t amount) {
-    /* In the same stream as the reservation rows, but batches land in any order: the
-     * element carries the rows, so it writes them (pending) if it comes first. */
-    char amt[32];
-    tg_money_format(amount, amt);
+/* An `unknown` element carrying the rows it writes if it lands first: `amount` is each
+ * attempt's bound as text, `instance` the gateway that held them. */
+static void enqueue_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
+                            const char *model, const char *amount, const char *instance) {
     json_t *o = json_object();
     json_object_set_new(o, "op", json_string("unknown"));
     json_object_set_new(o, "request_id", json_string(request_id));
     json_object_set_new(o, "tenant_id", json_integer(tenant_id));
     json_object_set_new(o, "api_key_id", json_integer(key_id));
     json_object_set_new(o, "attempts", json_integer(attempts));
-    json_object_set_new(o, "amount", json_string(amt));
+    json_object_set_new(o, "amount", json_string(amount));
     json_object_set_new(o, "model", json_string(model ? model : ""));
-    json_object_set_new(o, "instance", json_string(tg__billing_instance));
+    json_object_set_new(o, "instance", json_string(instance));
     tg__billing_enqueue_json(b, o);
     json_decref(o);
 }
 
+void tg_billing_unknown(tg_billing_t *b, const char *request_id, int64_t tenant_id, int64_t key_id, int attempts,
+                        const char *model, int64_t amount) {
+    /* In the same stream as the reservation rows, but batches land in any order: the
+     * element carries the rows, so it writes them (pending) if it comes first. */
+    char amt[32];
+    tg_money_format(amount, amt);
+    enqueue_unknown(b, request_id, tenant_id, key_id, attempts, model, amt, tg__billing_instance);
+}
 
 /* Takes the spool over for replay by renaming it (appends made meanwhile start a new
  * file). 1 when there is a replay file. */
