@@ -13,6 +13,10 @@
 #                              batch (sql/0023): a request's reservation inside its
 #                              settlement's element, usage's foreign keys checked once a
 #                              batch and on delete (races both ways), the gateway's pairs
+#   integration.pipeline_functions spec/integration/pipeline_functions.test.mjs: goal 3,
+#                              the batch in sql/functions/ (migrate applies a changed file
+#                              again, a failing one is rolled back and named), a large
+#                              mixed batch's outcomes and books without the n x n join
 #   integration.pipeline_slot  spec/integration/pipeline_slot.test.mjs: goal 2, the
 #                              admission and the account's slot in one round trip (Redis
 #                              behind a delaying proxy), a refused or queued admission
@@ -37,6 +41,8 @@ tg_services_test(pipeline_onerow ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipelin
   "pipeline;billing;integration" 120)
 tg_services_test(pipeline_lean ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_lean.test.mjs
   "pipeline;billing;integration" 180)
+tg_services_test(pipeline_functions ${CMAKE_CURRENT_SOURCE_DIR}/integration/pipeline_functions.test.mjs
+  "pipeline;billing;state;integration" 180)
 foreach(name limits_concurrency limits_lease limits_lease_recovery limits_tpm)
   if(TEST integration.${name})
     set_property(TEST integration.${name} APPEND PROPERTY LABELS pipeline)

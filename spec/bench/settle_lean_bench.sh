@@ -12,6 +12,8 @@
 #            spool replay, the reconciler, a request whose settlement came in a later batch)
 #   merged   this schema, one element a request (the settlement carrying its
 #            reservation's bound and instance), as json: what this gateway sends under load
+#   before_merged  the parent's schema fed the merged batches, when it has the json form
+#            (0023 on): what a change to the batch's statements alone gives
 #
 # Each batch: B requests (4 tenants, one key each, one model, status 200).
 #
@@ -36,10 +38,11 @@ bench_services pg
 db() { sed "s/dbname=[^ ]*/dbname=$1/" <<<"$TOLLGATE_PG"; }
 sql() { local d=$1; shift; psql -X -q -At -v ON_ERROR_STOP=1 -d "$(db "$d")" "$@"; }
 echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua" # not contacted
-sql postgres -c "CREATE DATABASE lean_before" -c "CREATE DATABASE lean_pairs" -c "CREATE DATABASE lean_merged"
-for v in before pairs merged; do
+VARIANTS="before pairs merged before_merged"
+for v in $VARIANTS; do sql postgres -c "CREATE DATABASE lean_$v"; done
+for v in $VARIANTS; do
     bin=$BIN
-    [ $v = before ] && bin=$T/before
+    case $v in before*) bin=$T/before ;; esac
     TOLLGATE_PG=$(db lean_$v) "$bin" migrate -c "$T/tool.lua" >/dev/null
     sql lean_$v <<SQL
 INSERT INTO tenants (name, balance, opening_balance) SELECT 'cpu-' || i, 1000000000, 1000000000 FROM generate_series(1, 4) i;
@@ -66,7 +69,7 @@ CREATE FUNCTION bench_batch_make(i int, n int, merged boolean) RETURNS jsonb LAN
            || CASE WHEN merged THEN jsonb_build_object('amount', '0.0016', 'instance', 'bench') ELSE '{}' END
     FROM r) x
 \$\$;
-INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B, '$v' = 'merged')::text FROM generate_series(1, $((ROUNDS * (N + 2)))) i;
+INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B, '$v' LIKE '%merged')::text FROM generate_series(1, $((ROUNDS * (N + 2)))) i;
 SQL
 done
 
@@ -74,7 +77,7 @@ done
 # backend's CPU ms per batch.
 one() {
     local v=$1 cast=jsonb call ticks
-    [ "$v" = merged ] && cast=json
+    case $v in *merged) cast=json ;; esac
     call="SELECT count(*) FROM tg_settle_batch((SELECT b FROM bench_batch WHERE id = (SELECT nextval('bench_seq')))::$cast);"
     ticks="SELECT 'T', (string_to_array(pg_read_file('/proc/self/stat'), ' '))[14]::int
                        + (string_to_array(pg_read_file('/proc/self/stat'), ' '))[15]::int;"
@@ -94,25 +97,34 @@ echo ""
 echo "Commit $(git_head) against $BEFORE, $(date -u '+%Y-%m-%d %H:%M UTC'), load before $(load_now); $ROUNDS rounds"
 echo "of $N batches per variant, interleaved; $B requests a batch (4 tenants and keys, one model)."
 echo ""
-echo "| round | before (2 elements a request, jsonb) | pairs (this schema, 2 elements) | merged (this schema, 1 element, json) |"
-echo "|---:|---:|---:|---:|"
+# the parent's schema without the json form cannot take the merged batches
+if [ "$(sql lean_before_merged -c "SELECT to_regprocedure('tg_settle_batch(json)') IS NOT NULL")" != t ]; then
+    VARIANTS="before pairs merged"
+fi
+echo "| round | before (2 elements a request, jsonb) | pairs (this schema, 2 elements) | merged (this schema, 1 element, json) |$([[ $VARIANTS == *before_merged* ]] && echo " before, merged (the parent's schema, 1 element, json) |")"
+echo "|---:|---:|---:|---:|$([[ $VARIANTS == *before_merged* ]] && echo "---:|")"
 declare -A all=()
 for r in $(seq "$ROUNDS"); do
     line="| $r"
-    for v in before pairs merged; do
+    for v in $VARIANTS; do
         x=$(one "$v")
         all[$v]+="$x "
         line+=" | $x"
     done
     echo "$line |"
 done
-b=$(med "${all[before]}") p=$(med "${all[pairs]}") m=$(med "${all[merged]}")
-echo "| **median ms / batch** | **$b** | **$p** | **$m** |"
-echo "| **µs / request** | **$(us "$b")** | **$(us "$p")** | **$(us "$m")** |"
+b=$(med "${all[before]}") p=$(med "${all[pairs]}") m=$(med "${all[merged]}") bm=$(med "${all[before_merged]:-}")
+if [ -n "$bm" ]; then
+    echo "| **median ms / batch** | **$b** | **$p** | **$m** | **$bm** |"
+    echo "| **µs / request** | **$(us "$b")** | **$(us "$p")** | **$(us "$m")** | **$(us "$bm")** |"
+else
+    echo "| **median ms / batch** | **$b** | **$p** | **$m** |"
+    echo "| **µs / request** | **$(us "$b")** | **$(us "$p")** | **$(us "$m")** |"
+fi
 echo ""
 echo "Throughput of a CPU-bound settlement vs before: pairs $(awk -v a="$p" -v b="$b" 'BEGIN { printf "%.2f", b / a }')x,"
-echo "merged $(awk -v a="$m" -v b="$b" 'BEGIN { printf "%.2f", b / a }')x. Load after: $(load_now)."
-for v in before pairs merged; do
+echo "merged $(awk -v a="$m" -v b="$b" 'BEGIN { printf "%.2f", b / a }')x$([ -n "$bm" ] && awk -v a="$m" -v b="$bm" 'BEGIN { printf "; merged vs the parent fed the same merged batches %.2fx", b / a }'). Load after: $(load_now)."
+for v in $VARIANTS; do
     echo ""
     echo "$v: $(sql lean_$v -c "SELECT count(*) || ' usage rows, ' || (SELECT count(*) FROM reservations) || ' reservation rows, '
         || (SELECT count(*) FROM ledger) || ' ledger rows' FROM usage")"

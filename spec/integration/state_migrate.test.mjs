@@ -25,6 +25,7 @@ async function emptyDb() {
 }
 
 const files = fs.readdirSync(path.join(REPO, 'sql')).filter((f) => /^\d+_.*\.sql$/.test(f)).sort();
+const functions = fs.readdirSync(path.join(REPO, 'sql', 'functions')).filter((f) => f.endsWith('.sql')).sort();
 
 test('sql/ holds at least the migrations 0001 and 0002', () => {
   assert.ok(files.includes('0001_init.sql') && files.includes('0002_limits.sql'), files.join(', '));
@@ -36,9 +37,10 @@ test('migrate from an empty database applies every migration once, then is a no-
 
   const first = await tool(['migrate'], { db });
   assert.equal(first.code, 0, first.stderr);
-  const applied = first.stdout.split('\n').filter((l) => l.startsWith('applied ')).map((l) => l.slice(8));
+  const applied = first.stdout.split('\n').filter((l) => l.startsWith('applied ') && !l.startsWith('applied functions/'))
+    .map((l) => l.slice(8));
   assert.deepEqual(applied, files, 'each file applied once, in order');
-  assert.match(first.stdout, new RegExp(`\\(${files.length} applied now\\)`));
+  assert.match(first.stdout, new RegExp(`\\(${files.length} applied now, ${functions.length} of sql/functions/ replaced\\)`));
 
   const rows = await db.query('SELECT version, name, checksum FROM schema_migrations ORDER BY version');
   assert.deepEqual(rows.map((r) => r.name), files);
@@ -62,7 +64,7 @@ test('migrate from an empty database applies every migration once, then is a no-
 
   const second = await tool(['migrate'], { db });
   assert.equal(second.code, 0, second.stderr);
-  assert.match(second.stdout, /\(0 applied now\)/);
+  assert.match(second.stdout, /\(0 applied now, 0 of sql\/functions\/ replaced\)/);
   assert.doesNotMatch(second.stdout, /^applied /m);
   assert.equal(await db.scalar('SELECT count(*) FROM schema_migrations'), String(files.length));
 });
@@ -108,8 +110,11 @@ test('two migrates started at once apply each migration exactly once', async () 
   const [a, b] = await Promise.all([tool(['migrate'], { db }), tool(['migrate'], { db })]);
   assert.equal(a.code, 0, a.stderr);
   assert.equal(b.code, 0, b.stderr);
-  const appliedLines = [a, b].flatMap((r) => r.stdout.split('\n').filter((l) => l.startsWith('applied ')));
+  const appliedLines = [a, b].flatMap((r) => r.stdout.split('\n')
+    .filter((l) => l.startsWith('applied ') && !l.startsWith('applied functions/')));
   assert.deepEqual(appliedLines.sort(), files.map((f) => `applied ${f}`).sort(), 'each file applied by one of them');
+  const fnLines = [a, b].flatMap((r) => r.stdout.split('\n').filter((l) => l.startsWith('applied functions/')));
+  assert.deepEqual(fnLines.sort(), functions.map((f) => `applied functions/${f}`), 'each function file applied once');
   assert.equal(await db.scalar('SELECT count(*) FROM schema_migrations'), String(files.length));
 });
 

@@ -15,6 +15,7 @@ typedef struct {
 
 extern const tg_embed_file_t tg_embedded_lua[]; /* core/lua/NAME.lua, name without .lua */
 extern const tg_embed_file_t tg_embedded_sql[]; /* sql/NNNN_name.sql, name with .sql */
+extern const tg_embed_file_t tg_embedded_sql_functions[]; /* sql/functions/NAME.sql, name with .sql */
 extern const tg_embed_file_t tg_embedded_redis[]; /* core/redis/NAME.lua (tg_scripts.h) */
 
 #endif

@@ -50,6 +50,70 @@ static int exec_ok(PGconn *c, const char *sql, char *err, size_t errlen) {
 
 /* ---- migrate ------------------------------------------------------------------------ */
 
+/* One file of sql/functions/ in its own transaction, recorded with its SHA-256. */
+static int apply_function_file(PGconn *c, const tg_embed_file_t *f, const char *sum, char *err, size_t errlen) {
+    tg_buf_t sql;
+    tg_buf_init(&sql);
+    tg_buf_appends(&sql, "BEGIN;\n");
+    tg_buf_append(&sql, f->data, f->len);
+    tg_buf_appends(&sql, "\n;");
+    PGresult *r = PQexec(c, sql.data);
+    tg_buf_free(&sql);
+    char what[160];
+    snprintf(what, sizeof(what), "migrate: functions/%s", f->name);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
+        pg_fail(c, r, err, errlen, what);
+        PQclear(PQexec(c, "ROLLBACK"));
+        return TG_ERROR;
+    }
+    PQclear(r);
+    const char *p[2] = {f->name, sum};
+    r = PQexecParams(c,
+                     "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) ON CONFLICT (name) "
+                     "DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+                     2, NULL, p, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+        pg_fail(c, r, err, errlen, what);
+        PQclear(PQexec(c, "ROLLBACK"));
+        return TG_ERROR;
+    }
+    PQclear(r);
+    return exec_ok(c, "COMMIT", err, errlen);
+}
+
+/*
+ * sql/functions/NAME.sql, after the numbered migrations: the functions that change
+ * often (the settlement batch), each file CREATE OR REPLACE statements kept whole in
+ * one place and edited in place. A file is applied again whenever its SHA-256 differs
+ * from the one recorded in schema_functions, so a change is one diff of the function,
+ * not a new migration restating all of it.
+ */
+static int apply_functions(PGconn *c, int *replaced, char *err, size_t errlen) {
+    if (exec_ok(c,
+                "CREATE TABLE IF NOT EXISTS schema_functions (name text PRIMARY KEY, checksum text NOT NULL, "
+                "applied_at timestamptz NOT NULL DEFAULT now())",
+                err, errlen))
+        return TG_ERROR;
+    for (const tg_embed_file_t *f = tg_embedded_sql_functions; f->name; f++) {
+        char sum[65];
+        tg_sha256_hex(f->data, f->len, sum);
+        const char *p[2] = {f->name, sum};
+        PGresult *r = PQexecParams(c, "SELECT 1 FROM schema_functions WHERE name = $1 AND checksum = $2", 2, NULL,
+                                   p, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_TUPLES_OK)
+            return pg_fail(c, r, err, errlen, "migrate: functions");
+        int current = PQntuples(r) == 1;
+        PQclear(r);
+        if (current)
+            continue;
+        if (apply_function_file(c, f, sum, err, errlen))
+            return TG_ERROR;
+        printf("applied functions/%s\n", f->name);
+        (*replaced)++;
+    }
+    return TG_OK;
+}
+
 int tg_db_migrate(PGconn *c, char *err, size_t errlen) {
     if (exec_ok(c, "SET client_min_messages = warning", err, errlen) ||
         exec_ok(c, "SELECT pg_advisory_lock(71770001)", err, errlen) ||
@@ -123,9 +187,12 @@ int tg_db_migrate(PGconn *c, char *err, size_t errlen) {
         printf("applied %s\n", f->name);
         applied++;
     }
+    int replaced = 0;
+    if (rc == TG_OK)
+        rc = apply_functions(c, &replaced, err, errlen);
     PQclear(PQexec(c, "SELECT pg_advisory_unlock(71770001)"));
     if (rc == TG_OK)
-        printf("migrations up to date (%d applied now)\n", applied);
+        printf("migrations up to date (%d applied now, %d of sql/functions/ replaced)\n", applied, replaced);
     return rc;
 }
 
