@@ -279,3 +279,58 @@ cpu_model() { grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'; 
 bench_machine() { echo "load average before: $(load_now); nproc $(nproc); $(cpu_model)"; }
 git_head() { git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'; }
 bin_desc() { echo "binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12)"; }
+
+# ---- the settlement benches (settle_cpu_bench.sh, settle_lean_bench.sh) ------------------
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+# The SQL both use: 4 tenants with a key each, bench_batch(id, b) for the batches as text, a
+# sequence to walk it, and bench_batch_make(i, n, merged): batch i of n requests started now
+# (request ids of the gateway's form), round robin over the keys; each request a `reserve`
+# element and its settlement, or with `merged` the settlement alone carrying its
+# reservation's bound and instance (what the gateway sends since sql/0023).
+settle_bench_sql() {
+    cat <<'SQL'
+INSERT INTO tenants (name, balance, opening_balance) SELECT 'cpu-' || i, 1000000000, 1000000000 FROM generate_series(1, 4) i;
+INSERT INTO api_keys (tenant_id, name, key_hash, prefix)
+SELECT id, 'k' || id, sha256(convert_to('tg-settle-cpu-' || id, 'UTF8')), 'tg-cpu' FROM tenants;
+CREATE TABLE bench_batch (id int PRIMARY KEY, b text);
+CREATE SEQUENCE bench_seq;
+CREATE FUNCTION bench_batch_make(i int, n int, merged boolean) RETURNS jsonb LANGUAGE sql AS $$
+  WITH r AS (
+    SELECT g, lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '-' ||
+              lpad(to_hex(i), 8, '0') || lpad(to_hex(g), 10, '0') AS rid, k.tenant_id AS t, k.id AS k
+    FROM generate_series(1, n) g
+    JOIN LATERAL (SELECT id, tenant_id FROM api_keys ORDER BY id OFFSET (g + i) % 4 LIMIT 1) k ON true)
+  SELECT jsonb_agg(e ORDER BY o) FROM (
+    SELECT g * 2 AS o, jsonb_build_object('op', 'reserve', 'request_id', rid, 'attempt', 1, 'tenant_id', t,
+           'api_key_id', k, 'amount', '0.0016', 'model', 'gpt-4o-mini', 'instance', 'bench') AS e FROM r
+    WHERE NOT merged
+    UNION ALL
+    SELECT g * 2 + 1, jsonb_build_object('request_id', rid, 'fingerprint', md5(rid), 'tenant_id', t, 'api_key_id', k,
+           'group_id', null, 'account_id', null, 'model', 'gpt-4o-mini', 'attempts', 1, 'input', 200 + g % 300,
+           'output', 50 + g % 150, 'cost', '0.0001000000', 'estimated', false, 'status', 200, 'ttft_ms', 120,
+           'total_ms', 480.5)
+           || CASE WHEN merged THEN jsonb_build_object('amount', '0.0016', 'instance', 'bench') ELSE '{}' END
+    FROM r) x
+$$;
+SQL
+}
+
+# settle_cpu_one CAST N SQLCMD...: one session of SQLCMD (psql and its arguments) settles 2
+# batches to warm its caches, then N, each its own transaction, the batch text cast to
+# CAST (json or jsonb); prints the backend's own CPU ms per batch (utime + stime of
+# /proc/self/stat, read by the backend itself, so other load on the box changes little).
+settle_cpu_one() {
+    local cast=$1 n=$2 call ticks
+    shift 2
+    call="SELECT count(*) FROM tg_settle_batch((SELECT b FROM bench_batch WHERE id = (SELECT nextval('bench_seq')))::$cast);"
+    ticks="SELECT 'T', (string_to_array(pg_read_file('/proc/self/stat'), ' '))[14]::int
+                       + (string_to_array(pg_read_file('/proc/self/stat'), ' '))[15]::int;"
+    {
+        echo "$call"
+        echo "$call"
+        echo "$ticks"
+        for _ in $(seq "$n"); do echo "$call"; done
+        echo "$ticks"
+    } | "$@" | awk -F'|' -v n="$n" -v hz="$HZ" '/^T/ { if (c == "") c = $2; else printf "%.2f\n", ($2 - c) * 1000 / hz / n }'
+}

@@ -31,30 +31,8 @@ bench_services pg
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$TOLLGATE_PG" "$@"; }
 echo "return { upstream = { url = \"http://127.0.0.1:9/v1\" } }" >"$T/tool.lua" # not contacted
 "$BIN" migrate -c "$T/tool.lua" >/dev/null
-sql <<'SQL'
-INSERT INTO tenants (name, balance, opening_balance) SELECT 'cpu-' || i, 1000000000, 1000000000 FROM generate_series(1, 4) i;
-INSERT INTO api_keys (tenant_id, name, key_hash, prefix)
-SELECT id, 'k' || id, sha256(convert_to('tg-settle-cpu-' || id, 'UTF8')), 'tg-cpu' FROM tenants;
-CREATE TABLE bench_batch (id int PRIMARY KEY, b text);
-CREATE SEQUENCE bench_seq;
--- batch i: n requests started now (request ids of the gateway's form), round robin over the keys
-CREATE FUNCTION bench_batch_make(i int, n int) RETURNS jsonb LANGUAGE sql AS $$
-  WITH r AS (
-    SELECT g, lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '-' ||
-              lpad(to_hex(i), 8, '0') || lpad(to_hex(g), 10, '0') AS rid, k.tenant_id AS t, k.id AS k
-    FROM generate_series(1, n) g
-    JOIN LATERAL (SELECT id, tenant_id FROM api_keys ORDER BY id OFFSET (g + i) % 4 LIMIT 1) k ON true)
-  SELECT jsonb_agg(e ORDER BY o) FROM (
-    SELECT g * 2 AS o, jsonb_build_object('op', 'reserve', 'request_id', rid, 'attempt', 1, 'tenant_id', t,
-           'api_key_id', k, 'amount', '0.0016', 'model', 'gpt-4o-mini', 'instance', 'bench') AS e FROM r
-    UNION ALL
-    SELECT g * 2 + 1, jsonb_build_object('request_id', rid, 'fingerprint', md5(rid), 'tenant_id', t, 'api_key_id', k,
-           'group_id', null, 'account_id', null, 'model', 'gpt-4o-mini', 'attempts', 1, 'input', 200 + g % 300,
-           'output', 50 + g % 150, 'cost', '0.0001000000', 'estimated', false, 'status', 200, 'ttft_ms', 120,
-           'total_ms', 480.5) FROM r) x
-$$;
-SQL
-sql -c "INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B)::text FROM generate_series(1, $((ROUNDS * 4 * (N + 2)))) i"
+settle_bench_sql | sql
+sql -c "INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B, false)::text FROM generate_series(1, $((ROUNDS * 4 * (N + 2)))) i"
 sql -c "SELECT pg_get_functiondef('tg_usage_rollup(tg_settle_element[])'::regprocedure) || ';'" >"$T/rollup_on.sql"
 echo "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURNS void LANGUAGE plpgsql AS 'BEGIN END';" \
     >"$T/rollup_off.sql"
@@ -63,23 +41,11 @@ echo "CREATE OR REPLACE FUNCTION tg_usage_rollup(won tg_settle_element[]) RETURN
 sed -n '/^DO \$gen\$/,$p' "$ROOT/sql/0020_rollup_cheap.sql" |
     sed 's/CREATE FUNCTION tg_usage_rollup(/CREATE OR REPLACE FUNCTION tg_usage_rollup(/' >"$T/rollup_0020.sql"
 
-# One session: 2 batches to warm its caches, then N, each its own transaction; prints the
-# backend's CPU ms per batch.
+# One session per variant and round: its rollup in place, then settle_cpu_one (lib.sh).
 one() {
     sql -f "$T/rollup_$1.sql" >/dev/null
-    local call ticks
-    call="SELECT count(*) FROM tg_settle_batch((SELECT b FROM bench_batch WHERE id = (SELECT nextval('bench_seq')))::jsonb);"
-    ticks="SELECT 'T', (string_to_array(pg_read_file('/proc/self/stat'), ' '))[14]::int
-                       + (string_to_array(pg_read_file('/proc/self/stat'), ' '))[15]::int;"
-    {
-        echo "$call"
-        echo "$call"
-        echo "$ticks"
-        for _ in $(seq "$N"); do echo "$call"; done
-        echo "$ticks"
-    } | sql | awk -F'|' -v n="$N" -v hz="$HZ" '/^T/ { if (c == "") c = $2; else printf "%.2f\n", ($2 - c) * 1000 / hz / n }'
+    settle_cpu_one jsonb "$N" sql
 }
-med() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo "### tg_settle_batch's backend CPU by rollup variant (spec/bench/settle_cpu_bench.sh)"
 echo ""
@@ -98,7 +64,7 @@ for r in $(seq "$ROUNDS"); do
     done
     echo "$line |"
 done
-on=$(med "${all[on]}") off=$(med "${all[off]}") old=$(med "${all[0016]}") o20=$(med "${all[0020]}")
+on=$(median "${all[on]}") off=$(median "${all[off]}") old=$(median "${all[0016]}") o20=$(median "${all[0020]}")
 echo "| **median** | **$on** | **$off** | **$o20** | **$old** |"
 echo ""
 echo "Backend CPU ms per batch. Throughput of a CPU-bound settlement, rollups on vs off:"

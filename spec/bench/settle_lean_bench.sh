@@ -44,52 +44,16 @@ for v in $VARIANTS; do
     bin=$BIN
     case $v in before*) bin=$T/before ;; esac
     TOLLGATE_PG=$(db lean_$v) "$bin" migrate -c "$T/tool.lua" >/dev/null
-    sql lean_$v <<SQL
-INSERT INTO tenants (name, balance, opening_balance) SELECT 'cpu-' || i, 1000000000, 1000000000 FROM generate_series(1, 4) i;
-INSERT INTO api_keys (tenant_id, name, key_hash, prefix)
-SELECT id, 'k' || id, sha256(convert_to('tg-settle-lean-' || id, 'UTF8')), 'tg-cpu' FROM tenants;
-CREATE TABLE bench_batch (id int PRIMARY KEY, b text);
-CREATE SEQUENCE bench_seq;
--- batch i: n requests started now (request ids of the gateway's form), round robin over the keys
-CREATE FUNCTION bench_batch_make(i int, n int, merged boolean) RETURNS jsonb LANGUAGE sql AS \$\$
-  WITH r AS (
-    SELECT g, lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '-' ||
-              lpad(to_hex(i), 8, '0') || lpad(to_hex(g), 10, '0') AS rid, k.tenant_id AS t, k.id AS k
-    FROM generate_series(1, n) g
-    JOIN LATERAL (SELECT id, tenant_id FROM api_keys ORDER BY id OFFSET (g + i) % 4 LIMIT 1) k ON true)
-  SELECT jsonb_agg(e ORDER BY o) FROM (
-    SELECT g * 2 AS o, jsonb_build_object('op', 'reserve', 'request_id', rid, 'attempt', 1, 'tenant_id', t,
-           'api_key_id', k, 'amount', '0.0016', 'model', 'gpt-4o-mini', 'instance', 'bench') AS e FROM r
-    WHERE NOT merged
-    UNION ALL
-    SELECT g * 2 + 1, jsonb_build_object('request_id', rid, 'fingerprint', md5(rid), 'tenant_id', t, 'api_key_id', k,
-           'group_id', null, 'account_id', null, 'model', 'gpt-4o-mini', 'attempts', 1, 'input', 200 + g % 300,
-           'output', 50 + g % 150, 'cost', '0.0001000000', 'estimated', false, 'status', 200, 'ttft_ms', 120,
-           'total_ms', 480.5)
-           || CASE WHEN merged THEN jsonb_build_object('amount', '0.0016', 'instance', 'bench') ELSE '{}' END
-    FROM r) x
-\$\$;
-INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B, '$v' LIKE '%merged')::text FROM generate_series(1, $((ROUNDS * (N + 2)))) i;
-SQL
+    settle_bench_sql | sql lean_$v
+    sql lean_$v -c "INSERT INTO bench_batch SELECT i, bench_batch_make(i, $B, '$v' LIKE '%merged')::text FROM generate_series(1, $((ROUNDS * (N + 2)))) i"
 done
 
-# One session: 2 batches to warm its caches, then N, each its own transaction; prints the
-# backend's CPU ms per batch.
+# One session of variant $1: settle_cpu_one (lib.sh) with the cast its gateway sends.
 one() {
-    local v=$1 cast=jsonb call ticks
-    case $v in *merged) cast=json ;; esac
-    call="SELECT count(*) FROM tg_settle_batch((SELECT b FROM bench_batch WHERE id = (SELECT nextval('bench_seq')))::$cast);"
-    ticks="SELECT 'T', (string_to_array(pg_read_file('/proc/self/stat'), ' '))[14]::int
-                       + (string_to_array(pg_read_file('/proc/self/stat'), ' '))[15]::int;"
-    {
-        echo "$call"
-        echo "$call"
-        echo "$ticks"
-        for _ in $(seq "$N"); do echo "$call"; done
-        echo "$ticks"
-    } | sql "lean_$v" | awk -F'|' -v n="$N" -v hz="$HZ" '/^T/ { if (c == "") c = $2; else printf "%.2f\n", ($2 - c) * 1000 / hz / n }'
+    local cast=jsonb
+    case $1 in *merged) cast=json ;; esac
+    settle_cpu_one "$cast" "$N" sql "lean_$1"
 }
-med() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 us() { awk -v a="$1" -v b="$B" 'BEGIN { printf "%.1f", a * 1000 / b }'; }
 
 echo "### tg_settle_batch's backend CPU per billed request (spec/bench/settle_lean_bench.sh)"
@@ -113,7 +77,7 @@ for r in $(seq "$ROUNDS"); do
     done
     echo "$line |"
 done
-b=$(med "${all[before]}") p=$(med "${all[pairs]}") m=$(med "${all[merged]}") bm=$(med "${all[before_merged]:-}")
+b=$(median "${all[before]}") p=$(median "${all[pairs]}") m=$(median "${all[merged]}") bm=$(median "${all[before_merged]:-}")
 if [ -n "$bm" ]; then
     echo "| **median ms / batch** | **$b** | **$p** | **$m** | **$bm** |"
     echo "| **µs / request** | **$(us "$b")** | **$(us "$p")** | **$(us "$m")** | **$(us "$bm")** |"
