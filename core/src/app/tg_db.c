@@ -50,8 +50,10 @@ static int exec_ok(PGconn *c, const char *sql, char *err, size_t errlen) {
 
 /* ---- migrate ------------------------------------------------------------------------ */
 
-/* One file of sql/functions/ in its own transaction, recorded with its SHA-256. */
-static int apply_function_file(PGconn *c, const tg_embed_file_t *f, const char *sum, char *err, size_t errlen) {
+/* One embedded file in its own transaction, then `record` (with its parameters) in the same
+ * one: a migration and its schema_migrations row, a function file and its checksum. */
+static int apply_file(PGconn *c, const tg_embed_file_t *f, const char *what, const char *record, int nparams,
+                      const char *const *params, char *err, size_t errlen) {
     tg_buf_t sql;
     tg_buf_init(&sql);
     tg_buf_appends(&sql, "BEGIN;\n");
@@ -59,26 +61,17 @@ static int apply_function_file(PGconn *c, const tg_embed_file_t *f, const char *
     tg_buf_appends(&sql, "\n;");
     PGresult *r = PQexec(c, sql.data);
     tg_buf_free(&sql);
-    char what[160];
-    snprintf(what, sizeof(what), "migrate: functions/%s", f->name);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
-        pg_fail(c, r, err, errlen, what);
-        PQclear(PQexec(c, "ROLLBACK"));
-        return TG_ERROR;
+    if (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK) {
+        PQclear(r);
+        r = PQexecParams(c, record, nparams, NULL, params, NULL, NULL, 0);
+        if (PQresultStatus(r) == PGRES_COMMAND_OK) {
+            PQclear(r);
+            return exec_ok(c, "COMMIT", err, errlen);
+        }
     }
-    PQclear(r);
-    const char *p[2] = {f->name, sum};
-    r = PQexecParams(c,
-                     "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) ON CONFLICT (name) "
-                     "DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
-                     2, NULL, p, NULL, NULL, 0);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-        pg_fail(c, r, err, errlen, what);
-        PQclear(PQexec(c, "ROLLBACK"));
-        return TG_ERROR;
-    }
-    PQclear(r);
-    return exec_ok(c, "COMMIT", err, errlen);
+    pg_fail(c, r, err, errlen, what);
+    PQclear(PQexec(c, "ROLLBACK"));
+    return TG_ERROR;
 }
 
 /*
@@ -106,7 +99,12 @@ static int apply_functions(PGconn *c, int *replaced, char *err, size_t errlen) {
         PQclear(r);
         if (current)
             continue;
-        if (apply_function_file(c, f, sum, err, errlen))
+        char what[160];
+        snprintf(what, sizeof(what), "migrate: functions/%s", f->name);
+        if (apply_file(c, f, what,
+                       "INSERT INTO schema_functions (name, checksum) VALUES ($1, $2) ON CONFLICT (name) "
+                       "DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+                       2, p, err, errlen))
             return TG_ERROR;
         printf("applied functions/%s\n", f->name);
         (*replaced)++;
@@ -154,33 +152,11 @@ int tg_db_migrate(PGconn *c, char *err, size_t errlen) {
             continue;
         }
         PQclear(r);
-        tg_buf_t sql;
-        tg_buf_init(&sql);
-        tg_buf_appends(&sql, "BEGIN;\n");
-        tg_buf_append(&sql, f->data, f->len);
-        tg_buf_appends(&sql, "\n;");
-        r = PQexec(c, sql.data);
-        tg_buf_free(&sql);
-        if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
-            char what[128];
-            snprintf(what, sizeof(what), "migrate: %s", f->name);
-            pg_fail(c, r, err, errlen, what);
-            PQclear(PQexec(c, "ROLLBACK"));
-            rc = TG_ERROR;
-            break;
-        }
-        PQclear(r);
+        char what[128];
+        snprintf(what, sizeof(what), "migrate: %s", f->name);
         const char *ins[3] = {ver, f->name, sum};
-        r = PQexecParams(c, "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", 3,
-                         NULL, ins, NULL, NULL, 0);
-        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-            pg_fail(c, r, err, errlen, "migrate: record");
-            PQclear(PQexec(c, "ROLLBACK"));
-            rc = TG_ERROR;
-            break;
-        }
-        PQclear(r);
-        if (exec_ok(c, "COMMIT", err, errlen)) {
+        if (apply_file(c, f, what, "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", 3,
+                       ins, err, errlen)) {
             rc = TG_ERROR;
             break;
         }
