@@ -200,7 +200,11 @@ BEGIN
     IF cardinality(won) > 0 THEN
         -- 5 and 6. The ledger: one entry per tenant, minus the sum of its billed costs;
         -- balances and spend: one row update per tenant and per key, locked in id order.
-        PERFORM 1 FROM tenants WHERE id IN (SELECT w.tenant_id FROM unnest(won) w) ORDER BY id FOR NO KEY UPDATE;
+        -- Locked: the batch's settlements' tenants and keys (step 1's arrays), a superset
+        -- of the winners' when a settlement did not bill (a lock it did not need, held
+        -- to commit), the same set otherwise — without a pass over `won` to find them
+        -- (6% of a batch, session 15).
+        PERFORM 1 FROM tenants WHERE id = ANY (ltenants) ORDER BY id FOR NO KEY UPDATE;
         WITH a AS (SELECT w.tenant_id, sum(w.cost) AS c, count(*) AS n FROM unnest(won) w GROUP BY w.tenant_id),
         l AS (
             INSERT INTO ledger (id, tenant_id, kind, amount, note)
@@ -209,7 +213,7 @@ BEGIN
             FROM a ORDER BY a.tenant_id)
         UPDATE tenants t SET balance = t.balance - a.c, spend = t.spend + a.c, updated_at = now()
         FROM a WHERE t.id = a.tenant_id;
-        PERFORM 1 FROM api_keys WHERE id IN (SELECT w.api_key_id FROM unnest(won) w) ORDER BY id FOR NO KEY UPDATE;
+        PERFORM 1 FROM api_keys WHERE id = ANY (lkeys) ORDER BY id FOR NO KEY UPDATE;
         UPDATE api_keys k SET spend = k.spend + a.c
         FROM (SELECT w.api_key_id, sum(w.cost) AS c FROM unnest(won) w GROUP BY w.api_key_id) a
         WHERE k.id = a.api_key_id;
