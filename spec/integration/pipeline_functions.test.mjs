@@ -11,7 +11,6 @@
 // Against the suite's Postgres; the books checked with `tollgate ledger verify`.
 
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
@@ -24,6 +23,7 @@ import {
   costOf,
   fmtNano,
   reservationRows,
+  settleJson,
   settlement,
   verifyLedger,
 } from './lib/billing.mjs';
@@ -119,22 +119,7 @@ test('a function file that fails is rolled back, named, and not recorded; the ne
   assert.match(ok.stdout, /^applied functions\/tg_settle_batch\.sql$/m);
 });
 
-/** psql reading `sql` from its standard input (a batch of 1,000 is more than one argument may hold). */
-function psqlStdin(conninfo, sql) {
-  return new Promise((resolve, reject) => {
-    const p = execFile('psql', ['-X', '-q', '-A', '-t', '-v', 'ON_ERROR_STOP=1', '-d', conninfo, '-f', '-'],
-      { timeout: 60000, maxBuffer: 64 << 20 }, (err, stdout, stderr) => (err ? reject(new Error(stderr || err.message)) : resolve(stdout)));
-    p.stdin.end(sql);
-  });
-}
-
-/** Settles `batch` through the json form (the gateway's); the outcomes in element order. */
-async function settleJson(batch) {
-  const out = await psqlStdin(bill.conninfo,
-    `SELECT request_id || ' ' || outcome FROM tg_settle_batch(${lit(JSON.stringify(batch))}::json)`);
-  return out.split('\n').filter(Boolean).map((l) => l.split(' ')[1]);
-}
-
+const settle = (batch) => settleJson(bill.conninfo, batch);
 const newId = () => `fn-${process.pid}-${seq++}`;
 const BOUND = 40_000_000n;
 
@@ -145,7 +130,7 @@ test('a batch of 1,000 mixing new requests, replays, conflicts and repeats: ever
     ...settlement(bill, { requestId: newId(), input: 100 + i, output: 10 }),
     ...(i % 2 ? { amount: fmtNano(BOUND), instance: 'fn-test' } : {}),
   }));
-  assert.ok((await settleJson(earlier)).every((o) => o === 'settled'));
+  assert.ok((await settle(earlier)).every((o) => o === 'settled'));
   const before = await accountsMoney(bill);
   assert.equal(before0.balance - before.balance, earlier.reduce((s, e) => s + costOf(e.input, e.output), 0n));
 
@@ -183,7 +168,7 @@ test('a batch of 1,000 mixing new requests, replays, conflicts and repeats: ever
   }
   assert.equal(batch.length, 1000);
 
-  const got = await settleJson(batch);
+  const got = await settle(batch);
   assert.equal(got.length, 1000);
   const wrong = got.map((o, i) => (o === want[i] ? null : `${i} ${batch[i].request_id}: ${o}, want ${want[i]}`)).filter(Boolean);
   assert.deepEqual(wrong, [], 'each element its own outcome');
@@ -207,7 +192,7 @@ test('a batch of 1,000 mixing new requests, replays, conflicts and repeats: ever
     assert.equal(rows[0].state, 'reconciled', e.request_id);
   }
   // The same batch again: nothing bills.
-  const again = await settleJson(batch);
+  const again = await settle(batch);
   assert.ok(again.every((o) => o === 'duplicate' || o === 'conflict'), 'a replay bills nothing');
   assert.equal((await accountsMoney(bill)).balance, after1.balance);
   await verifyLedger(bill);

@@ -33,6 +33,7 @@ import {
   reservationRows,
   reservedBound,
   settleBatch,
+  settleJson,
   settlement,
   startBilledGateway,
   usageRows,
@@ -68,12 +69,7 @@ function merged(id, { input = 100, output = 50, keyId, tenantId } = {}) {
   };
 }
 
-/** Settles `batch` through the json form, the one the gateway calls. */
-async function settleJson(batch) {
-  const out = await psql(bill.conninfo,
-    `SELECT request_id || ' ' || outcome FROM tg_settle_batch(${lit(JSON.stringify(batch))}::json)`);
-  return out.split('\n').filter(Boolean).map((l) => l.split(' ')[1]);
-}
+const settle = (batch) => settleJson(bill.conninfo, batch);
 
 /** A second key of the tenant, without usage. */
 async function freshKey(tag) {
@@ -123,7 +119,7 @@ test('the gateway sends a reservation inside its settlement when both wait for t
 test('a settlement with its reservation inside: the usage row with the bound, no reservation row, billed once', async () => {
   const before = await accountsMoney(bill);
   const ids = [newId('a'), newId('b'), newId('c')];
-  assert.deepEqual(await settleJson(ids.map((id) => merged(id))), ['settled', 'settled', 'settled']);
+  assert.deepEqual(await settle(ids.map((id) => merged(id))), ['settled', 'settled', 'settled']);
   for (const id of ids) {
     assert.deepEqual(await reservationRows(bill, id), [], `${id}: no reservation row`);
     assert.equal((await usageRows(bill, id)).length, 1, `${id}: its usage row`);
@@ -136,11 +132,11 @@ test('a settlement with its reservation inside: the usage row with the bound, no
 test('the same batch again (a replay): duplicates, each reservation written reconciled as its reserve element would be', async () => {
   const ids = [newId('dup'), newId('dup')];
   const batch = ids.map((id) => merged(id, { input: 7, output: 3 }));
-  assert.deepEqual(await settleJson(batch), ['settled', 'settled']);
+  assert.deepEqual(await settle(batch), ['settled', 'settled']);
   const m = await accountsMoney(bill);
   // once through the jsonb form (the reconciler's, the tests'), once through json
   assert.deepEqual((await settleBatch(bill.conninfo, batch)).map((o) => o.outcome), ['duplicate', 'duplicate']);
-  assert.deepEqual(await settleJson(batch), ['duplicate', 'duplicate']);
+  assert.deepEqual(await settle(batch), ['duplicate', 'duplicate']);
   for (const id of ids) {
     assert.deepEqual((await reservationRows(bill, id)).map((r) => [r.attempt, r.state, r.amount, r.note]),
       [[1, 'reconciled', BOUND, null]], `${id}: one row, reconciled, with its bound`);
@@ -156,7 +152,7 @@ test('a row written meanwhile by someone else (the reconciler, for a gateway it 
     model: 'mock-gpt', instance: 'gone', state: 'pending_reconciliation', note: 'orphaned hold',
   }]);
   assert.deepEqual((await reservationRows(bill, id)).map((r) => r.state), ['pending_reconciliation']);
-  assert.deepEqual(await settleJson([merged(id, { input: 10, output: 5 })]), ['settled']);
+  assert.deepEqual(await settle([merged(id, { input: 10, output: 5 })]), ['settled']);
   assert.deepEqual((await reservationRows(bill, id)).map((r) => [r.state, r.settled_cost]),
     [['reconciled', costOf(10, 5)]], 'reconciled at the cost, not left open');
   await verifyLedger(bill);
@@ -168,7 +164,7 @@ test('both forms in one batch, with a retry, an unknown outcome and a request id
     op: 'reserve', request_id: id, attempt, tenant_id: bill.tenantId, api_key_id: bill.keyId, amount: fmtNano(BOUND),
     model: 'mock-gpt', instance: 'lean-test',
   });
-  const out = await settleJson([
+  const out = await settle([
     merged(a), reserve(b), settlement(bill, { requestId: b }), reserve(r, 1), reserve(r, 2),
     { ...settlement(bill, { requestId: r }), attempts: 2 },
     { op: 'unknown', request_id: u, tenant_id: bill.tenantId, api_key_id: bill.keyId, attempts: 1, amount: fmtNano(BOUND), model: 'mock-gpt', instance: 'lean-test' },
@@ -186,7 +182,7 @@ test('both forms in one batch, with a retry, an unknown outcome and a request id
 test('a settlement naming a key or a tenant that is not there: the batch is refused with foreign_key_violation, nothing written', async () => {
   const id = newId('nokey');
   for (const over of [{ keyId: 987654321 }, { tenantId: 987654321 }]) {
-    await assert.rejects(settleJson([merged(newId('ok')), merged(id, over)]), /23503|foreign key|does not exist/);
+    await assert.rejects(settle([merged(newId('ok')), merged(id, over)]), /23503|foreign key|does not exist/);
   }
   assert.deepEqual(await usageRows(bill, id), []);
   assert.equal(await bill.db.scalar(`SELECT count(*) FROM usage WHERE api_key_id = 987654321 OR tenant_id = 987654321`), '0');
@@ -202,7 +198,7 @@ test('a settlement naming a key or a tenant that is not there: the batch is refu
 test('a key with usage cannot be deleted; one without can', async () => {
   const used = await freshKey('used');
   const id = newId('used');
-  assert.deepEqual(await settleJson([merged(id, { keyId: Number(used) })]), ['settled']);
+  assert.deepEqual(await settle([merged(id, { keyId: Number(used) })]), ['settled']);
   await assert.rejects(psql(bill.conninfo, `DELETE FROM api_keys WHERE id = ${used}`), /still referenced from table "usage"/);
   const unused = await freshKey('unused');
   await psql(bill.conninfo, `DELETE FROM api_keys WHERE id = ${unused}`);
@@ -229,7 +225,7 @@ test('a delete racing a batch: whichever holds the key first, no usage row of a 
   const id2 = newId('race2');
   const deleting = psql(bill.conninfo, `BEGIN; DELETE FROM api_keys WHERE id = ${k2}; SELECT pg_sleep(1.5); COMMIT;`);
   await new Promise((r) => setTimeout(r, 500));
-  await assert.rejects(settleJson([merged(id2, { keyId: Number(k2) })]), /API key that does not exist/);
+  await assert.rejects(settle([merged(id2, { keyId: Number(k2) })]), /API key that does not exist/);
   await deleting;
   assert.equal(await bill.db.scalar(`SELECT count(*) FROM api_keys WHERE id = ${k2}`), '0');
   assert.deepEqual(await usageRows(bill, id2), [], 'no usage row of a deleted key');

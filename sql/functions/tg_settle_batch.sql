@@ -242,8 +242,8 @@ BEGIN
            CASE WHEN e.op = 'reserve' THEN 'reserved'
                 WHEN e.op = 'unknown' THEN 'unknown'
                 WHEN e.ord = ANY (wonords) THEN 'settled'
-                WHEN dropped AND NOT EXISTS (SELECT 1 FROM unnest(won) w WHERE w.request_id = e.request_id)
-                     AND tg_usage_dropped(tg_request_started(e.request_id)) THEN 'expired'
+                -- (no winner of this id: step 2 inserts none whose partition is dropped)
+                WHEN dropped AND tg_usage_dropped(tg_request_started(e.request_id)) THEN 'expired'
                 WHEN (SELECT u.fingerprint FROM usage u WHERE u.request_id = e.request_id
                       AND u.started_at = tg_request_started(e.request_id)) IS NOT DISTINCT FROM e.fingerprint
                      THEN 'duplicate'

@@ -355,6 +355,13 @@ export async function settleBatch(conninfo, batch) {
   });
 }
 
+/** Settles `batch` through the json form, the one the gateway calls; the outcomes in element order. */
+export async function settleJson(conninfo, batch) {
+  const out = await psql(conninfo,
+    `SELECT request_id || ' ' || outcome FROM tg_settle_batch(${lit(JSON.stringify(batch))}::json)`, { stdin: true });
+  return out.split('\n').filter(Boolean).map((l) => l.split(' ')[1]);
+}
+
 /**
  * Runs `sql` from `n` separate psql processes (n connections) that all connect first
  * and then fire at the same instant (pg_sleep until a common start time). Resolves with

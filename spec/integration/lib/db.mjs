@@ -64,13 +64,19 @@ export function conninfoWith(s, over) {
 
 const PSQL_ARGS = ['-X', '-q', '-A', '-t', '-v', 'ON_ERROR_STOP=1'];
 
-/** Runs one SQL command with psql; resolves with its stdout (unaligned, tuples only). */
-export function psql(conninfo, sql, { timeout = 30000 } = {}) {
+/**
+ * Runs one SQL command with psql; resolves with its stdout (unaligned, tuples only). The
+ * command goes as an argument, or with `stdin` on psql's standard input (past the 128 kB
+ * an argument may hold: a large settlement batch).
+ */
+export function psql(conninfo, sql, { timeout = 30000, stdin = false } = {}) {
   return new Promise((resolve, reject) => {
-    execFile('psql', [...PSQL_ARGS, '-d', conninfo, '-c', sql], { timeout, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`psql failed: ${stderr || err.message}\nSQL: ${sql.slice(0, 500)}`));
-      else resolve(stdout);
-    });
+    const child = execFile('psql', [...PSQL_ARGS, '-d', conninfo, ...(stdin ? ['-f', '-'] : ['-c', sql])],
+      { timeout, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
+        if (err) reject(new Error(`psql failed: ${stderr || err.message}\nSQL: ${sql.slice(0, 500)}`));
+        else resolve(stdout);
+      });
+    if (stdin) child.stdin.end(sql);
   });
 }
 
