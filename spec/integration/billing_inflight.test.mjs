@@ -19,7 +19,8 @@
 //       row never reached Postgres: `ledger reconcile` finds it in the Redis holds index.
 //   (e) a request settled in Postgres whose hold was never given back (its gateway died
 //       between the commit and the release): `ledger reconcile` gives it back once, the
-//       actual cost kept.
+//       actual cost kept. (e2) the same on a live gateway whose release Redis lost (a
+//       primary killed after acknowledging it): the gateway's own reconciler gives it back.
 //   (f) a gateway killed between a failed attempt and its retry: the reconciler charges
 //       the attempt's bound in Redis as in Postgres (its hold went back for the retry, its
 //       reservation stayed), so the live balance and Postgres' agree.
@@ -379,6 +380,58 @@ test('(e) a settled request whose hold is still in Redis: `ledger reconcile` giv
     assert.deepEqual(await liveMoney(bill), settled, 'given back once');
     assert.equal((await usageRows(bill, id)).length, 1, 'billed exactly once');
     await verifyLedger(bill);
+  } finally {
+    await bill.db.drop();
+  }
+});
+
+test('(e2) a live gateway whose release was lost (a Redis primary killed after acknowledging it): its own reconciler gives the hold back', async () => {
+  const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
+  try {
+    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+    const body = chatBody('settled, its release lost [mock chunks=2]', { maxTokens: 1000 });
+    const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
+    const r = await chat(gw, bill.key, body);
+    assert.equal(r.status, 200, r.text);
+    const id = r.headers['x-request-id'];
+    const row = await waitUsageRow(bill, id);
+    await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the hold given back' });
+    // The gateway's instance, as its holds name it: read off a stream it holds.
+    const probe = await startStreams(gw, bill.key, 'probe', 1);
+    const live = [Object.values(await holdsIndex(bill))[0]?.split('|')[1]];
+    await probe.done;
+    assert.ok(live[0], 'the stream\'s hold names its gateway');
+    await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the probe settled' });
+    const settled = await liveMoney(bill);
+    // What a replica promoted after its primary was killed holds when the primary had
+    // acknowledged the release and not yet passed it on: the hold (reservation, index
+    // entry naming the live gateway) and the balance as the admission left them. The
+    // gateway believes the hold returned and will never send it again.
+    const T = `{t:${bill.tenantId}}`;
+    await redisCli(bill.redis, 'SET', `${T}:res:${id}:1`, String(R));
+    await redisCli(bill.redis, 'HSET', `${T}:holds`, `${id}:1`, `${bill.keyId}|${live[0]}|${Date.now() - 3000}|${R}|mock-gpt`);
+    await redisCli(bill.redis, 'HINCRBY', `${T}:money`, 'avail', String(-(R - row.cost)));
+    await redisCli(bill.redis, 'HINCRBY', `${T}:money`, 'reserved', String(R));
+    // An index entry of the same live gateway whose request is not settled (still
+    // running, as far as Postgres knows) stays: its gateway settles it.
+    const other = `${T}:res:not-settled-yet:1`;
+    await redisCli(bill.redis, 'SET', other, '5000');
+    await redisCli(bill.redis, 'HSET', `${T}:holds`, 'not-settled-yet:1', `${bill.keyId}|${live[0]}|${Date.now() - 60000}|5000|mock-gpt`);
+
+    await waitFor(async () => (await liveMoney(bill)).reserved === 0n,
+      { timeout: 10000, interval: 100, what: 'the reconciler (2 s reconcile delay) to give the lost release back' });
+    assert.deepEqual(await liveMoney(bill), settled, 'given back at the actual cost');
+    assert.deepEqual(Object.keys(await holdsIndex(bill)), ['not-settled-yet:1'], "the unsettled hold is left to its gateway");
+    assert.equal(await redisCli(bill.redis, 'EXISTS', `${T}:res:${id}:1`), '0');
+    assert.equal(await bill.db.scalar("SELECT count(*) FROM reservations WHERE request_id = 'not-settled-yet'"), '0',
+      'no row written for a live gateway\'s hold');
+    await sleep(1500); // more reconciler passes: nothing more moves
+    assert.deepEqual(await liveMoney(bill), settled, 'given back once');
+    await redisCli(bill.redis, 'DEL', other);
+    await redisCli(bill.redis, 'HDEL', `${T}:holds`, 'not-settled-yet:1');
+    assert.equal((await usageRows(bill, id)).length, 1, 'billed exactly once');
+    await verifyLedger(bill);
+    await gw.stop();
   } finally {
     await bill.db.drop();
   }

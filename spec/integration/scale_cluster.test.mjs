@@ -272,9 +272,15 @@ test('kill -9 of the primary that holds the tenant: over-admission within 2·C, 
   // The killed node comes back as a replica (the fixture's cleanup stops it by its PID).
   await new Promise((resolve, reject) => execFile(process.env.TG_SCALE_CLUSTER_SH, ['node', DIR, String(owner.primary)],
     { timeout: 15000 }, (e, out, err) => (e ? reject(new Error(`${e.message} ${err}`)) : resolve())));
-  // Every request has its usage row, and Redis agrees with Postgres.
+  // Every request has its usage row, and Redis agrees with Postgres: a release the
+  // killed primary acknowledged and its replica never had leaves its hold in the new
+  // primary, given back by the reconciler (2 s reconcile delay) once Postgres shows the
+  // request settled.
   await waitFor(async () => Number(await bill.db.scalar(
     `SELECT count(*) FROM reservations WHERE tenant_id = ${bill.tenantId} AND state = 'reserved'`)) === 0,
   { timeout: 20000, what: 'every reservation settled' });
+  const holds = `{t:${bill.tenantId}}:holds`;
+  await waitFor(async () => (await cli((await ownerOf(holds)).primary, 'HLEN', holds)) === '0',
+    { timeout: 20000, interval: 250, what: 'no hold left in Redis' });
   await verifyLedger(bill);
 });

@@ -164,11 +164,13 @@ extern const char tg__billing_due_sql[];
 tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charge_unknown);
 /** Holds of the Redis holds index ($1: a JSON array of tg__billing_hold_record's
  *  records) with, per hold: its row exists, its request was settled, the settled cost
- *  of that attempt (nano-USD); holds of keys this Postgres does not know are left out. */
+ *  of that attempt (nano-USD), its instance lives; holds of keys this Postgres does not
+ *  know are left out. */
 extern const char tg__billing_orphans_sql[];
 /** Appends the hold (field, value) of {t:T}:holds to j as one record of
  *  tg__billing_orphans_sql's array (`first`: no comma before it), unless it is younger
- *  than older_ms or `alive` (may be NULL) says its instance lives. 1 if appended. */
+ *  than older_ms; marked live when `alive` (may be NULL) says its instance lives (such a
+ *  hold is only given back, when its request was settled). 1 if appended. */
 int tg__billing_hold_record(tg_buf_t *j, int first, const char *field, const char *v, uint64_t now,
                             uint64_t older_ms, int (*alive)(void *ud, const char *instance, size_t len), void *ud);
 /** One reconciler turn (b->reconcile_timer): heart-beat, election, a pass if elected. */

@@ -81,15 +81,22 @@ static void due_cb(void *ud, const PGresult *res, const char *err) {
  * hold was taken), and the next pass settles it by the same rule as any other; a hold
  * whose request was settled meanwhile is returned (at the settled cost for its last
  * attempt). A hold whose row exists is left to the row's reconciliation.
+ *
+ * A hold of a live instance older than reconcile_after is looked at too, and given back
+ * when its request was settled: its gateway's release was lost (a Redis primary killed
+ * after it acknowledged the release and before its replica had it, or a release that
+ * ran out of resends while a shard failed over). Nothing else is done to it: its
+ * gateway settles it. Giving it back twice is harmless (settle.lua finds no reservation
+ * the second time).
  */
 const char tg__billing_orphans_sql[] =
-    "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, "
+    "SELECT c.rid, c.att, c.key_id, c.ms, c.amount, c.model, c.instance, coalesce(c.live, false), "
     "EXISTS (SELECT 1 FROM reservations r WHERE r.request_id = c.rid AND r.attempt = c.att), "
     "EXISTS (SELECT 1 FROM usage d WHERE d.request_id = c.rid AND d.started_at = tg_request_started(c.rid)), "
     "coalesce((SELECT (u.cost * 1000000000)::bigint FROM usage u WHERE u.request_id = c.rid "
     "AND u.started_at = tg_request_started(c.rid) AND u.attempts = c.att), 0) "
     "FROM jsonb_to_recordset($1::jsonb) AS c(rid text, att int, key_id bigint, ms bigint, amount bigint, model text, "
-    "instance text) "
+    "instance text, live boolean) "
     /* A hold of a key this Postgres does not know (another deployment on the same Redis)
      * is not ours to record: its row would be refused (quarantined) at every pass. */
     "WHERE EXISTS (SELECT 1 FROM api_keys k WHERE k.id = c.key_id)";
@@ -106,19 +113,20 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
     free(o);
     if (err || b->stopping)
         return;
-    int rows = 0;
+    int rows = 0, returned = 0;
     for (int i = 0; i < PQntuples(res); i++) {
         const char *rid = PQgetvalue(res, i, 0);
         int att = atoi(PQgetvalue(res, i, 1));
         int64_t key = atoll(PQgetvalue(res, i, 2));
-        if (!strcmp(PQgetvalue(res, i, 8), "t")) {
+        if (!strcmp(PQgetvalue(res, i, 9), "t")) {
             /* Settled, but its hold was never given back (Redis missed the release, or
              * the gateway died between the commit and the release). */
-            tg__billing_hold_return(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 9)));
+            tg__billing_hold_return(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 10)));
+            returned++;
             continue;
         }
-        if (!strcmp(PQgetvalue(res, i, 7), "t"))
-            continue; /* its row is there: reconciled as a row */
+        if (!strcmp(PQgetvalue(res, i, 7), "t") || !strcmp(PQgetvalue(res, i, 8), "t"))
+            continue; /* its gateway lives and settles it, or its row is there: reconciled as a row */
         char amount[32];
         tg_money_format(atoll(PQgetvalue(res, i, 4)), amount);
         json_t *e = json_object();
@@ -137,6 +145,10 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
         json_decref(e);
         rows++;
     }
+    if (returned)
+        tg_log_warn("billing: reconciler gave back %d hold(s) of tenant %lld whose request was settled (their "
+                    "release was lost)",
+                    returned, (long long)tenant);
     if (rows)
         tg_log_warn("billing: reconciler found %d hold(s) of tenant %lld without a reservation row (their gateway "
                     "died first): recorded as pending_reconciliation",
@@ -186,8 +198,9 @@ int tg__billing_hold_record(tg_buf_t *j, int first, const char *field, const cha
     if (!colon || !p4)
         return 0;
     uint64_t ms = strtoull(p2 + 1, NULL, 10);
-    if ((alive && alive(ud, p1 + 1, (size_t)(p2 - p1 - 1))) || now < ms + older_ms)
-        return 0; /* its gateway is alive (it settles it), or too young */
+    if (now < ms + older_ms)
+        return 0; /* too young */
+    int live = alive && alive(ud, p1 + 1, (size_t)(p2 - p1 - 1));
     tg_buf_appends(j, first ? "{\"rid\":\"" : ",{\"rid\":\"");
     tg_buf_append_json_escaped(j, field, (size_t)(colon - field));
     tg_buf_printf(j, "\",\"att\":%d,\"key_id\":%lld,\"ms\":%llu,\"amount\":%lld,\"instance\":\"", atoi(colon + 1),
@@ -195,7 +208,7 @@ int tg__billing_hold_record(tg_buf_t *j, int first, const char *field, const cha
     tg_buf_append_json_escaped(j, p1 + 1, (size_t)(p2 - p1 - 1));
     tg_buf_appends(j, "\",\"model\":\"");
     tg_buf_append_json_escaped(j, p4 + 1, strlen(p4 + 1));
-    tg_buf_appends(j, "\"}");
+    tg_buf_appends(j, live ? "\",\"live\":true}" : "\"}");
     return 1;
 }
 

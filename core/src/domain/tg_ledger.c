@@ -217,11 +217,11 @@ static int ledger_orphaned_holds(PGconn *c, redisContext *rc, int older_ms) {
                 const char *rid = PQgetvalue(r, i, 0);
                 int att = atoi(PQgetvalue(r, i, 1));
                 int64_t key = atoll(PQgetvalue(r, i, 2));
-                if (!strcmp(PQgetvalue(r, i, 8), "t")) {
-                    ledger_hold_return(rc, tenant, key, rid, att, atoll(PQgetvalue(r, i, 9)));
+                if (!strcmp(PQgetvalue(r, i, 9), "t")) {
+                    ledger_hold_return(rc, tenant, key, rid, att, atoll(PQgetvalue(r, i, 10)));
                     continue;
                 }
-                if (!strcmp(PQgetvalue(r, i, 7), "t"))
+                if (!strcmp(PQgetvalue(r, i, 8), "t"))
                     continue; /* its row is there: the rows pass settles it */
                 char amount[32];
                 tg_money_format(atoll(PQgetvalue(r, i, 4)), amount);
