@@ -85,15 +85,20 @@ test('the gateway sends a reservation inside its settlement when both wait for t
   const bill = await billedSetup({ mock, balance: '100' });
   const gw = await startBilledGateway(bill, {}, { mock });
   const merged0 = (await metrics(gw))['tollgate_billing_total{event="reservation_merged"}'] ?? 0;
-  // Postgres held up (the tenant's row locked for 2 s): the batches in flight wait, and
-  // every request made meanwhile has its reservation and its settlement in the queue.
-  const locked = psql(bill.conninfo, `BEGIN; SELECT 1 FROM tenants WHERE id = ${bill.tenantId} FOR UPDATE;
-    SELECT pg_sleep(2); COMMIT;`);
-  await new Promise((r) => setTimeout(r, 300));
+  // Postgres held up (the tenant's row locked until every request was answered, however
+  // slow the box): the batches in flight wait, and every request made meanwhile has its
+  // reservation and its settlement in the queue.
+  const app = `tg-lean-locker-${process.pid}`;
+  const locked = psql(bill.conninfo, `SET application_name = '${app}'; BEGIN;
+    SELECT 1 FROM tenants WHERE id = ${bill.tenantId} FOR UPDATE; SELECT pg_sleep(60); COMMIT;`).catch(() => {});
+  await waitFor(async () => Number(await bill.db.scalar(
+    `SELECT count(*) FROM pg_stat_activity WHERE application_name = '${app}' AND query LIKE '%pg_sleep%'`)) === 1,
+  { timeout: 10000, what: 'the row lock taken' });
   const before = await accountsMoney(bill);
   const res = await pool(Array.from({ length: 40 }, (_, i) => i), 8,
     () => chat(gw, bill.key, chatBody('hello [mock chunks=2]', { maxTokens: 50, stream: false })));
   assert.ok(res.every((r) => r.status === 200), `all answered: ${res.map((r) => r.status)}`);
+  await bill.db.scalar(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '${app}'`);
   await locked;
   const ids = res.map((r) => r.headers['x-request-id']);
   for (const id of ids) await waitUsageRow(bill, id, 20000);
@@ -248,7 +253,7 @@ test('a spooled settlement carrying its reservation that Postgres refuses: quara
   const q = fs.readFileSync(path.join(dir, 'quarantine-w0.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   assert.equal(q[0].element.request_id, rid);
   assert.equal(q[0].element.amount, fmtNano(BOUND));
-  await waitUsageRow(g, rid, 20000);
+  await waitUsageRow(g, rid, 45000); // the reconciler's passes: slow on a loaded box
   const [u] = await usageRows(g, rid);
   assert.equal(u.estimated, true, 'settled by the reconciliation rule');
   assert.equal(u.cost, BOUND, 'at the bound it reserved');
