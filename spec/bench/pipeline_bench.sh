@@ -32,12 +32,18 @@
 #   4. for each full gateway, after it has stopped: Postgres rows written per request
 #      (pg_stat_user_tables n_tup_ins and n_tup_upd over the whole run, per table) and
 #      `tollgate ledger verify`, which must be clean: the script exits 1 otherwise.
+# --phases measures only where a streamed request's time before its upstream call goes:
+# the static and full gateways, and the full one without its plugins, each with tracing
+# on (sample_ratio 1, to an OTLP receiver on the load core that stores the POSTs), under
+# 3's spread streams; from each request's spans (core/README.md, Traces): before the
+# admission (parse, auth, plugins' early hooks), the admission (the Redis script), between
+# it and the account selection, the selection, and from there to the upstream call.
 # --profile adds: callgrind instruction counts per request of the full gateway
 # (inclusive and self, top functions), and perf (cpu-clock samples on the server core
 # under wrk) turned into CPU µs per request per process and symbol (gateway, Redis,
 # Postgres).
 #
-# Usage: spec/bench/pipeline_bench.sh [--quick] [--profile] [--keep] [--no-install]
+# Usage: spec/bench/pipeline_bench.sh [--quick] [--profile] [--phases] [--keep] [--no-install]
 #                                     [--before BIN [--before-label TEXT]]
 #   --quick       one short round of everything (checks the script; figures are rough)
 #   --profile     the profiles described above (about 2 minutes more)
@@ -85,7 +91,7 @@ TTFB_N=150
 WARM=2
 CONNS=16
 KEY=tg-pipeline-bench-key-0000000000000000000000
-BEFORE="" BEFORE_LABEL=before PROFILE=0
+BEFORE="" BEFORE_LABEL=before PROFILE=0 PHASES=0
 while [ $# -gt 0 ]; do
     case $1 in
     --quick) ROUNDS=1 SLICE=2 RATE_SLICE=2 TTFB_N=48 WARM=1 ;;
@@ -94,7 +100,8 @@ while [ $# -gt 0 ]; do
     --no-install) ;;
     --before) BEFORE=$2; shift ;;
     --before-label) BEFORE_LABEL=$2; shift ;;
-    *) echo "usage: $0 [--quick] [--profile] [--keep] [--no-install] [--before BIN [--before-label TEXT]]" >&2; exit 2 ;;
+    --phases) PHASES=1 ;;
+    *) echo "usage: $0 [--quick] [--profile] [--phases] [--keep] [--no-install] [--before BIN [--before-label TEXT]]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -178,23 +185,31 @@ return {
 EOF
     TOLLGATE_PG=${PGCONN[full-$i]} TOLLGATE_REDIS="unix://${RSOCK[$i]}" \
         "${IBIN[$i]}" apply -c "$T/tool-$i.lua" "$T/state-$i.lua" >/dev/null
-    next_port "PORT[full-$i]"
-    mkdir -p "$T/spool-$i"
-    CFG[full-$i]=$T/full-$i.lua
-    cat >"${CFG[full-$i]}" <<EOF
-return {
-  listen = "127.0.0.1:${PORT[full-$i]}", workers = 1, access_log = false, log_level = "warn",
-  postgres = "${PGCONN[full-$i]}", redis = "unix://${RSOCK[$i]}",
-  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-unused" },
-  billing = { spool_dir = "$T/spool-$i" },
-  plugins = { dirs = { '$ROOT/plugins' }, watch = false, enabled = {
+    full_config "full-$i" "$i" "$FULL_PLUGINS"
+}
+FULL_PLUGINS="{ dirs = { '$ROOT/plugins' }, watch = false, enabled = {
     { name = 'model-map', config = { aliases = { ['gpt-4'] = 'gpt-4o', ['openai/*'] = '*', ['claude-*'] = 'claude-3-5-sonnet' } } },
     { name = 'router' }, { name = 'retry-budget' }, { name = 'fail-policy' },
     { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
-  } },
+  } }"
+trace_lua() { # TARGET: --phases: its tracing table
+    [ $PHASES = 0 ] || echo "tracing = { endpoint = 'http://127.0.0.1:$P_OTLP/v1/traces', sample_ratio = ${TG_BENCH_TRACE_RATIO:-1}, batch_interval_ms = 200, service_name = '$1' },"
+}
+full_config() { # TARGET INSTANCE PLUGINS: a full gateway's config, its own port, the instance's database and Redis
+    local t=$1 i=$2
+    next_port "PORT[$t]"
+    mkdir -p "$T/spool-${t#full-}"
+    CFG[$t]=$T/$t.lua
+    cat >"${CFG[$t]}" <<EOF
+return {
+  listen = "127.0.0.1:${PORT[$t]}", workers = 1, access_log = false, log_level = "warn",
+  postgres = "${PGCONN[full-$i]}", redis = "unix://${RSOCK[$i]}",
+  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-unused" },
+  billing = { spool_dir = "$T/spool-${t#full-}" },
+  plugins = $3, $(trace_lua "$t")
 }
 EOF
-    REDISOF[full-$i]=$i
+    REDISOF[$t]=$i
 }
 setup_static() { # INSTANCE
     local i=$1
@@ -203,7 +218,7 @@ setup_static() { # INSTANCE
     cat >"${CFG[static-$i]}" <<EOF
 return {
   listen = "127.0.0.1:${PORT[static-$i]}", workers = 1, keys = { "$KEY" }, access_log = false, log_level = "warn",
-  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-bench" },
+  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-bench" }, $(trace_lua "static-$i")
 }
 EOF
 }
@@ -221,30 +236,46 @@ start_nginx() { # NAME CONF: sets GWPID[NAME] to the worker's pid
     [ -n "$w" ] || { log "$1: no worker process"; cat "$T/$1/error.log" >&2; exit 1; }
     GWPID[$1]=$w
 }
-next_port "PORT[nginx]"
-mkdir -p "$T/nginx/tmp"
-sed -e "s#@DIR@#$T/nginx#g" -e "s#@MOCK_PORT@#$P_MOCK#g" -e "s#@PORT@#${PORT[nginx]}#g" \
-    -e '/load_module/d' -e '/lua_package_path/d' -e '/init_by_lua_block/d' -e '/_by_lua_block/d' \
-    "$BENCH/pipeline_limiter.conf" >"$T/nginx/nginx.conf"
-start_nginx nginx "$T/nginx/nginx.conf"
+if [ $PHASES = 0 ]; then
+    next_port "PORT[nginx]"
+    mkdir -p "$T/nginx/tmp"
+    sed -e "s#@DIR@#$T/nginx#g" -e "s#@MOCK_PORT@#$P_MOCK#g" -e "s#@PORT@#${PORT[nginx]}#g" \
+        -e '/load_module/d' -e '/lua_package_path/d' -e '/init_by_lua_block/d' -e '/_by_lua_block/d' \
+        "$BENCH/pipeline_limiter.conf" >"$T/nginx/nginx.conf"
+    start_nginx nginx "$T/nginx/nginx.conf"
 
-next_port "PORT[limiter]"
-mkdir -p "$T/limiter/tmp"
-LIM_SHA=$(redis-cli -s "${RSOCK[limiter]}" SCRIPT LOAD "$(cat "$BENCH/pipeline_limiter_redis.lua")")
-redis-cli -s "${RSOCK[limiter]}" HSET "lim:key:$KEY" tenant 1 rate 1000000 burst $BIGL conc 100000 >/dev/null
-sed -e "s#@DIR@#$T/limiter#g" -e "s#@MOCK_PORT@#$P_MOCK#g" -e "s#@PORT@#${PORT[limiter]}#g" \
-    -e "s#@BENCH@#$BENCH#g" -e "s#@REDIS_SOCK@#${RSOCK[limiter]}#g" -e "s#@SHA@#$LIM_SHA#g" \
-    "$BENCH/pipeline_limiter.conf" >"$T/limiter/nginx.conf"
-start_nginx limiter "$T/limiter/nginx.conf"
-REDISOF[limiter]=limiter
-
+    next_port "PORT[limiter]"
+    mkdir -p "$T/limiter/tmp"
+    LIM_SHA=$(redis-cli -s "${RSOCK[limiter]}" SCRIPT LOAD "$(cat "$BENCH/pipeline_limiter_redis.lua")")
+    redis-cli -s "${RSOCK[limiter]}" HSET "lim:key:$KEY" tenant 1 rate 1000000 burst $BIGL conc 100000 >/dev/null
+    sed -e "s#@DIR@#$T/limiter#g" -e "s#@MOCK_PORT@#$P_MOCK#g" -e "s#@PORT@#${PORT[limiter]}#g" \
+        -e "s#@BENCH@#$BENCH#g" -e "s#@REDIS_SOCK@#${RSOCK[limiter]}#g" -e "s#@SHA@#$LIM_SHA#g" \
+        "$BENCH/pipeline_limiter.conf" >"$T/limiter/nginx.conf"
+    start_nginx limiter "$T/limiter/nginx.conf"
+    REDISOF[limiter]=limiter
+    TARGETS=(direct nginx limiter)
+else
+    # An OTLP receiver on the load core: each POST's body kept for the spans' analysis.
+    next_port P_OTLP
+    mkdir -p "$T/otlp"
+    start otlp "$LOAD_CPU" node -e "let n = 0; require('http').createServer((q, s) => { const b = [];
+      q.on('data', (c) => b.push(c)); q.on('end', () => { require('fs').writeFileSync('$T/otlp/' + (n++) + '.json', Buffer.concat(b));
+      s.writeHead(200, { 'content-type': 'application/json' }); s.end('{}'); }); }).listen($P_OTLP, '127.0.0.1')"
+    wait_port "$P_OTLP"
+    INST=(now)
+    TARGETS=(direct)
+fi
 PORT[direct]=$P_MOCK GWPID[direct]=""
-TARGETS=(direct nginx limiter)
 for i in "${INST[@]}"; do
     setup_static "$i"; setup_full "$i"
     start_gw "static-$i" "$i"; start_gw "full-$i" "$i"
     TARGETS+=("static-$i" "full-$i")
 done
+if [ $PHASES = 1 ]; then # the full gateway once more, without its plugins (same database and Redis)
+    full_config bare-now now "{ enabled = {} }"
+    start_gw bare-now now
+    TARGETS+=(bare-now)
+fi
 for t in "${TARGETS[@]}"; do wait_port "${PORT[$t]}" 15; done
 
 # Every target answers the request with the mock's completion before anything is measured.
@@ -266,6 +297,7 @@ name_of() {
     limiter) echo "nginx + Lua + Redis rate limiter" ;;
     static-*) echo "tollgate static key, no Postgres/Redis (${ILABEL[${1#static-}]})" ;;
     full-*) echo "tollgate full pipeline (${ILABEL[${1#full-}]})" ;;
+    bare-*) echo "tollgate full pipeline without its plugins (${ILABEL[${1#bare-}]})" ;;
     esac
 }
 
@@ -321,6 +353,73 @@ alive() {
         [ -z "$p" ] || kill -0 "$p" 2>/dev/null || { log "$t (pid $p) is gone $1: $(tail -3 "$T/$t.err" 2>/dev/null)"; exit 1; }
     done
 }
+
+# ---- --phases: where the time before the upstream call goes --------------------------------
+if [ $PHASES = 1 ]; then
+    for round in $(seq "$ROUNDS"); do
+        for t in "${TARGETS[@]}"; do
+            out=$("${NICE[@]}" taskset -c "$LOAD_CPU" "$LOADGEN" ttfb "127.0.0.1:${PORT[$t]}" --auth "$KEY" --conns 16 \
+                --requests $TTFB_N --spread 150 --body "$STREAM_BODY" --timeout 60 \
+                --samples "$T/ttfb-spread-$t.txt" 2>>"$T/loadgen.err" || true)
+            log "phases $t: head $(kv head_p50_us "$out")us first token $(kv body_p50_us "$out")us (load $(load_now))"
+        done
+        sample_load
+    done
+    alive "after the stream runs"
+    sleep 1 # the exporters' last batches (every 200 ms)
+    say "### Where a streamed request's time before its upstream call goes ($ROUNDS × $TTFB_N streams per target, 16 open, arrivals spread over 150 ms, interleaved; tracing on, sample_ratio 1)"
+    say ""
+    say "| target | streams traced | head added p50 ms | request's first byte → account selection | selection → admission sent | admission (Redis script, answer read) | answer → upstream call | first byte → upstream call p50 | p90 |"
+    say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for t in "${TARGETS[@]}"; do
+        [ "$t" = direct ] && continue
+        row=$(node -e '
+const fs = require("fs"), dir = process.argv[1], want = process.argv[2];
+const traces = new Map();
+for (const f of fs.readdirSync(dir)) {
+  const doc = JSON.parse(fs.readFileSync(dir + "/" + f));
+  for (const rs of doc.resourceSpans || []) {
+    const svc = (rs.resource.attributes || []).find((a) => a.key === "service.name")?.value.stringValue;
+    if (svc !== want) continue;
+    for (const ss of rs.scopeSpans || []) for (const sp of ss.spans || []) {
+      if (!traces.has(sp.traceId)) traces.set(sp.traceId, []);
+      traces.get(sp.traceId).push(sp);
+    }
+  }
+}
+const t0 = (s) => Number(BigInt(s.startTimeUnixNano) / 1000n), t1 = (s) => Number(BigInt(s.endTimeUnixNano) / 1000n);
+const first = (l) => l.sort((a, b) => t0(a) - t0(b))[0];
+const cols = [[], [], [], [], []];
+for (const spans of traces.values()) {
+  const server = spans.find((s) => s.kind === 2);
+  if (!server || !(server.attributes || []).some((a) => a.key === "tollgate.stream" && a.value.boolValue)) continue;
+  const chat = first(spans.filter((s) => s.kind === 3));
+  if (!chat) continue;
+  const adm = spans.find((s) => s.name === "admission");
+  const sel = first(spans.filter((s) => s.name === "select account"));
+  // The request in order: its first byte, the selection begins (sticky binding, the
+  // router hook), the admission is sent, its answer read, the upstream call starts.
+  const marks = [t0(server), sel ? t0(sel) : null, adm ? t0(adm) : null, adm ? t1(adm) : null, t0(chat)];
+  let prev = marks[0];
+  for (let i = 1; i < marks.length; i++) {
+    if (marks[i] === null) continue;
+    cols[i - 1].push(marks[i] - prev);
+    prev = marks[i];
+  }
+  cols[4].push(marks[4] - marks[0]);
+}
+const pct = (v, p) => { if (!v.length) return "-"; v.sort((a, b) => a - b); return (v[Math.min(v.length - 1, Math.ceil(p / 100 * v.length) - 1)] / 1000).toFixed(3); };
+console.log([cols[4].length, ...cols.map((c) => pct(c, 50)), pct(cols[4], 90)].join(" "));' "$T/otlp" "$t")
+        read -r n c0 c1 c2 c3 c4 c5 <<<"$row"
+        say "| $(name_of "$t") | $n | $(diff_ms "$(pct "$T/ttfb-spread-$t.txt" 1 50)" "$(pct "$T/ttfb-spread-direct.txt" 1 50)") | $c0 | $c1 | $c2 | $c3 | $c4 | $c5 |"
+    done
+    say ""
+    say "Milliseconds, p50 of each phase over the traced streams (the phases' p50s need not add up to the total's; a phase a target does not have is -, its time in the next one); head added = time to the response head over the mock's own, from the load generator. From the spans of core/README.md (Traces): the server span starts at the request's first byte, \`select account\` at the sticky lookup before the router hook, \`admission\` when its script is handed to the Redis client (written before the loop next polls) and ends when its answer is read, the client span when the upstream request starts."
+    say ""
+    sample_load
+    say "Load average (1 min) sampled before and after each round: $(awk '{ printf "%s%s", sep, $1; sep = ", " }' "$LOAD_SAMPLES"); run took $(( $(date +%s) - BENCH_STARTED )) s."
+    exit 0
+fi
 
 # ---- 1. req/s, CPU, Redis commands ------------------------------------------------------------
 run_wrk() { # TARGET ROUND: one line to $T/wrk-TARGET.rows
