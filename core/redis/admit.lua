@@ -7,7 +7,8 @@
 -- (strtod), and a Lua number handed to redis.call is formatted with "%.17g". So:
 --
 --   - each scope (the key, the tenant) keeps all its token buckets in one string,
---     "<rpm level> <tpm level> <ts ms>", read with one GET and written with one SET PX;
+--     "<rpm level> <tpm level> <ts ms>", written with one SET PX; both scopes' strings
+--     are read with one MGET (one GET when only one scope has buckets);
 --     levels are integers in milli-tokens, formatted with string.format('%d');
 --   - the gateway sends ready strings: capacities and charges already in milli-tokens,
 --     TTLs; a limit of -1 costs one string comparison and no command;
@@ -106,9 +107,7 @@ local function refuse(which, ms)
   redis.call('DEL', KEYS[1])
   return {which, ms}
 end
-local function load(key, ttl)
-  if ttl == '' then return -1, -1, 0 end
-  local v = redis.call('GET', key)
+local function load(v)
   if not v then return -1, -1, 0 end
   local r, m, ts = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')
   if not ts then return -1, -1, 0 end
@@ -129,8 +128,18 @@ local function fix(level, diff, cap)
   if level < 0 then return 0 elseif level > cap then return cap end
   return level
 end
-local kr, km, kdt = load(KEYS[2], ARGV[8])
-local tr, tm, tdt = load(KEYS[4], tttl)
+-- Both scopes' buckets in one MGET when both are tracked (one command, not two).
+local kv, tv
+if ARGV[8] ~= '' and tttl ~= '' then
+  local v = redis.call('MGET', KEYS[2], KEYS[4])
+  kv, tv = v[1], v[2]
+elseif ARGV[8] ~= '' then
+  kv = redis.call('GET', KEYS[2])
+elseif tttl ~= '' then
+  tv = redis.call('GET', KEYS[4])
+end
+local kr, km, kdt = load(kv)
+local tr, tm, tdt = load(tv)
 local ms
 if ARGV[3] == '-1' then kr = -1 else
   kr, ms = take(kr, ARGV[3] + 0, ARGV[4] + 0, 1000, kdt)
