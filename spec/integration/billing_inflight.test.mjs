@@ -349,17 +349,24 @@ test('(d2) a gateway killed before its hold\'s row reached Postgres: `ledger rec
   }
 });
 
+/** A gateway of bill's and one request through it, settled and its hold given back:
+ *  {gw, id, R (its bound), row (its usage row)}. */
+async function settledRequest(bill, text) {
+  const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
+  const body = chatBody(`${text} [mock chunks=2]`, { maxTokens: 1000 });
+  const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
+  const r = await chat(gw, bill.key, body);
+  assert.equal(r.status, 200, r.text);
+  const id = r.headers['x-request-id'];
+  const row = await waitUsageRow(bill, id);
+  await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the hold given back' });
+  return { gw, id, R, row };
+}
+
 test('(e) a settled request whose hold is still in Redis: `ledger reconcile` gives it back once', async () => {
   const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
   try {
-    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
-    const body = chatBody('settled, its hold kept [mock chunks=2]', { maxTokens: 1000 });
-    const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
-    const r = await chat(gw, bill.key, body);
-    assert.equal(r.status, 200, r.text);
-    const id = r.headers['x-request-id'];
-    const row = await waitUsageRow(bill, id);
-    await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the hold given back' });
+    const { gw, id, R, row } = await settledRequest(bill, 'settled, its hold kept');
     await gw.stop();
     const settled = await liveMoney(bill);
     // The state a gateway killed between its batch's commit and the release leaves: the
@@ -388,14 +395,7 @@ test('(e) a settled request whose hold is still in Redis: `ledger reconcile` giv
 test('(e2) a live gateway whose release was lost (a Redis primary killed after acknowledging it): its own reconciler gives the hold back', async () => {
   const bill = await billedSetup({ mock, balance: '1000', redis: redis.url });
   try {
-    const gw = await startBilledGateway(bill, {}, { mock, spoolDir: tempDir('spool') });
-    const body = chatBody('settled, its release lost [mock chunks=2]', { maxTokens: 1000 });
-    const R = reservationFor(Buffer.byteLength(JSON.stringify(body)), 1000);
-    const r = await chat(gw, bill.key, body);
-    assert.equal(r.status, 200, r.text);
-    const id = r.headers['x-request-id'];
-    const row = await waitUsageRow(bill, id);
-    await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the hold given back' });
+    const { gw, id, R, row } = await settledRequest(bill, 'settled, its release lost');
     // The gateway's instance, as its holds name it: read off a stream it holds.
     const probe = await startStreams(gw, bill.key, 'probe', 1);
     const live = [Object.values(await holdsIndex(bill))[0]?.split('|')[1]];
