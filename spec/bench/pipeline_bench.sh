@@ -51,7 +51,7 @@
 # Environment: TG_BENCH_BIN (build/tollgate; built when missing), TG_BENCH_LABEL
 #   (what it was built from, default the checkout's short HEAD), TG_BENCH_ROUNDS (3),
 #   TG_BENCH_WRK_SECONDS (4), TG_BENCH_RATE (2000), TG_BENCH_LOAD_CPU (0),
-#   TG_BENCH_SERVER_CPU (1).
+#   TG_BENCH_SERVER_CPU (1), TG_BENCH_PG_NICE (Postgres's nice; default -19 as the rest).
 # One command on a fresh Debian machine: it installs what it needs (spec/install-deps.sh,
 # then apt-get for the baseline's nginx Lua packages), builds tollgate if missing, starts
 # everything on 127.0.0.1 or unix sockets in a temporary directory and stops it by PID.
@@ -134,6 +134,14 @@ sample_load
 # ---- services -----------------------------------------------------------------------------
 bench_services # private Postgres and Redis in $T/pg, $T/redis (unix sockets)
 pin_services "$SRV_CPU"
+# TG_BENCH_PG_NICE=N (an experiment, not the measurement): Postgres's autogroup at nice N
+# instead of -19, to see what the latency figures owe to Postgres's batches sharing the
+# server core at the gateway's priority.
+PG_NICE_NOTE=""
+if [ -n "${TG_BENCH_PG_NICE:-}" ]; then
+    echo "$TG_BENCH_PG_NICE" >"/proc/$PG_PM/autogroup"
+    PG_NICE_NOTE="; **Postgres at autogroup nice $TG_BENCH_PG_NICE** (TG_BENCH_PG_NICE)"
+fi
 declare -A RSOCK RPID
 RSOCK[now]=$REDIS_SOCK RPID[now]=$PID_REDIS
 more_redis() { # NAME: one more private Redis in $T/redis-NAME, pinned like the first
@@ -306,7 +314,7 @@ say ""
 say "- $(bench_machine)"
 say "- tollgate ${ILABEL[now]}: $BIN_AFTER_DESC$( [ -z "$BEFORE" ] || echo "; ${ILABEL[before]}: binary $BEFORE, sha256 $(sha256sum "$T/gw-before" | cut -c1-12)")"
 say "- nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), $(redis-server --version | awk '{print $1, $3}'), $(psql --version | awk '{print "PostgreSQL", $3}') (as spec/run.sh runs it: fsync off), wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}')"
-say "- placement: every server (mock, nginx, tollgate with workers = 1, Redis, Postgres) on CPU $SRV_CPU; the load generator on CPU $LOAD_CPU; nice -19 ($AUTOGROUP)"
+say "- placement: every server (mock, nginx, tollgate with workers = 1, Redis, Postgres) on CPU $SRV_CPU; the load generator on CPU $LOAD_CPU; nice -19 ($AUTOGROUP)$PG_NICE_NOTE"
 say "- request: \`$BODY\`; full pipeline: limits on key and tenant (rpm = rpm_burst = $BIGL, tpm 2e9, concurrency 100000), account concurrency 1000, billing on, plugins model-map, router, retry-budget, fail-policy, pricing"
 say ""
 
