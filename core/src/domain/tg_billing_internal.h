@@ -167,6 +167,14 @@ tg_settlement_t tg__billing_due_settlement(const PGresult *res, int i, int charg
  *  of that attempt (nano-USD), its instance lives; holds of keys this Postgres does not
  *  know are left out. */
 extern const char tg__billing_orphans_sql[];
+/** Its columns, as the reconciler and `ledger reconcile` read them. */
+enum {
+    TG__ORPH_RID, TG__ORPH_ATT, TG__ORPH_KEY, TG__ORPH_MS, TG__ORPH_AMOUNT, TG__ORPH_MODEL, TG__ORPH_INSTANCE,
+    TG__ORPH_LIVE,    /* its instance heart-beats (the reconciler's scan; never for ledger reconcile) */
+    TG__ORPH_HAS_ROW, /* its reservation row exists */
+    TG__ORPH_SETTLED, /* its request has its usage row */
+    TG__ORPH_COST,    /* the settled cost of this attempt, nano-USD (0: not the billed attempt) */
+};
 /** Appends the hold (field, value) of {t:T}:holds to j as one record of
  *  tg__billing_orphans_sql's array (`first`: no comma before it), unless it is younger
  *  than older_ms; marked live when `alive` (may be NULL) says its instance lives (such a

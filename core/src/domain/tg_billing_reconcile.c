@@ -115,20 +115,20 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
         return;
     int rows = 0, returned = 0;
     for (int i = 0; i < PQntuples(res); i++) {
-        const char *rid = PQgetvalue(res, i, 0);
-        int att = atoi(PQgetvalue(res, i, 1));
-        int64_t key = atoll(PQgetvalue(res, i, 2));
-        if (!strcmp(PQgetvalue(res, i, 9), "t")) {
+        const char *rid = PQgetvalue(res, i, TG__ORPH_RID);
+        int att = atoi(PQgetvalue(res, i, TG__ORPH_ATT));
+        int64_t key = atoll(PQgetvalue(res, i, TG__ORPH_KEY));
+        if (!strcmp(PQgetvalue(res, i, TG__ORPH_SETTLED), "t")) {
             /* Settled, but its hold was never given back (Redis missed the release, or
              * the gateway died between the commit and the release). */
-            tg__billing_hold_return(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, 10)));
+            tg__billing_hold_return(b, tenant, key, rid, att, atoll(PQgetvalue(res, i, TG__ORPH_COST)));
             returned++;
             continue;
         }
-        if (!strcmp(PQgetvalue(res, i, 7), "t") || !strcmp(PQgetvalue(res, i, 8), "t"))
+        if (!strcmp(PQgetvalue(res, i, TG__ORPH_LIVE), "t") || !strcmp(PQgetvalue(res, i, TG__ORPH_HAS_ROW), "t"))
             continue; /* its gateway lives and settles it, or its row is there: reconciled as a row */
         char amount[32];
-        tg_money_format(atoll(PQgetvalue(res, i, 4)), amount);
+        tg_money_format(atoll(PQgetvalue(res, i, TG__ORPH_AMOUNT)), amount);
         json_t *e = json_object();
         json_object_set_new(e, "op", json_string("reserve"));
         json_object_set_new(e, "request_id", json_string(rid));
@@ -136,11 +136,11 @@ static void orphans_cb(void *ud, const PGresult *res, const char *err) {
         json_object_set_new(e, "tenant_id", json_integer(tenant));
         json_object_set_new(e, "api_key_id", json_integer(key));
         json_object_set_new(e, "amount", json_string(amount));
-        json_object_set_new(e, "model", json_string(PQgetvalue(res, i, 5)));
-        json_object_set_new(e, "instance", json_string(PQgetvalue(res, i, 6)));
+        json_object_set_new(e, "model", json_string(PQgetvalue(res, i, TG__ORPH_MODEL)));
+        json_object_set_new(e, "instance", json_string(PQgetvalue(res, i, TG__ORPH_INSTANCE)));
         json_object_set_new(e, "state", json_string("pending_reconciliation"));
         json_object_set_new(e, "note", json_string("orphaned hold: its gateway died before Postgres had the row"));
-        json_object_set_new(e, "created_ms", json_integer(atoll(PQgetvalue(res, i, 3))));
+        json_object_set_new(e, "created_ms", json_integer(atoll(PQgetvalue(res, i, TG__ORPH_MS))));
         tg__billing_enqueue_json(b, e);
         json_decref(e);
         rows++;

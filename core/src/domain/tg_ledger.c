@@ -214,29 +214,30 @@ static int ledger_orphaned_holds(PGconn *c, redisContext *rc, int older_ms) {
             const char *params[1] = {j.data};
             PGresult *r = n ? PQexecParams(c, tg__billing_orphans_sql, 1, NULL, params, NULL, NULL, 0) : NULL;
             for (int i = 0; r && PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
-                const char *rid = PQgetvalue(r, i, 0);
-                int att = atoi(PQgetvalue(r, i, 1));
-                int64_t key = atoll(PQgetvalue(r, i, 2));
-                if (!strcmp(PQgetvalue(r, i, 9), "t")) {
-                    ledger_hold_return(rc, tenant, key, rid, att, atoll(PQgetvalue(r, i, 10)));
+                const char *rid = PQgetvalue(r, i, TG__ORPH_RID);
+                int att = atoi(PQgetvalue(r, i, TG__ORPH_ATT));
+                int64_t key = atoll(PQgetvalue(r, i, TG__ORPH_KEY));
+                if (!strcmp(PQgetvalue(r, i, TG__ORPH_SETTLED), "t")) {
+                    ledger_hold_return(rc, tenant, key, rid, att, atoll(PQgetvalue(r, i, TG__ORPH_COST)));
                     continue;
                 }
-                if (!strcmp(PQgetvalue(r, i, 8), "t"))
+                if (!strcmp(PQgetvalue(r, i, TG__ORPH_HAS_ROW), "t"))
                     continue; /* its row is there: the rows pass settles it */
                 char amount[32];
-                tg_money_format(atoll(PQgetvalue(r, i, 4)), amount);
+                tg_money_format(atoll(PQgetvalue(r, i, TG__ORPH_AMOUNT)), amount);
                 tg_buf_t e;
                 tg_buf_init(&e);
                 tg_buf_appends(&e, "[{\"op\":\"reserve\",\"request_id\":\"");
                 tg_buf_append_json_escaped(&e, rid, strlen(rid));
                 tg_buf_printf(&e, "\",\"attempt\":%d,\"tenant_id\":%lld,\"api_key_id\":%lld,\"amount\":\"%s\",\"model\":\"",
                               att, (long long)tenant, (long long)key, amount);
-                tg_buf_append_json_escaped(&e, PQgetvalue(r, i, 5), strlen(PQgetvalue(r, i, 5)));
+                const char *model = PQgetvalue(r, i, TG__ORPH_MODEL), *inst = PQgetvalue(r, i, TG__ORPH_INSTANCE);
+                tg_buf_append_json_escaped(&e, model, strlen(model));
                 tg_buf_appends(&e, "\",\"instance\":\"");
-                tg_buf_append_json_escaped(&e, PQgetvalue(r, i, 6), strlen(PQgetvalue(r, i, 6)));
+                tg_buf_append_json_escaped(&e, inst, strlen(inst));
                 tg_buf_printf(&e, "\",\"state\":\"pending_reconciliation\",\"note\":\"orphaned hold: its gateway died "
                                   "before Postgres had the row\",\"created_ms\":%s}]",
-                              PQgetvalue(r, i, 3));
+                              PQgetvalue(r, i, TG__ORPH_MS));
                 const char *p[1] = {e.data};
                 PGresult *w = PQexecParams(c, "SELECT request_id, outcome FROM tg_settle_batch($1::jsonb)", 1, NULL, p,
                                            NULL, NULL, 0);
