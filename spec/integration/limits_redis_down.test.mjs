@@ -71,6 +71,14 @@ after(async () => {
 
 const bucketKey = (p) => `{t:${tenant}}:b:k:${ids[p]}`; // the key's token buckets (tg_limits.c)
 
+/** Redis connections a gateway's workers have up now: each connection established counts
+ *  one `connect`, and one `disconnect` when an established one is lost. */
+const redisUp = async (gw) => {
+  const m = await metrics(gw);
+  return m['tollgate_redis_total{event="connect"}'] - m['tollgate_redis_total{event="disconnect"}'];
+};
+const upBefore = {}; // per policy: connections up before Redis was killed (every worker's)
+
 /** n requests with the policy's key, each on a fresh connection; resolves with the responses. */
 const burst = (p, n, key = keys[p]) =>
   Promise.all(Array.from({ length: n }, (_, i) => chat(gws[p], key, chatReq(MODEL, `${p} ${i} [mock chunks=1]`), { timeout: 10000 })));
@@ -112,6 +120,10 @@ test('with Redis up, every policy enforces the limit in Redis', async () => {
 });
 
 test('Redis killed under load: closed → 503 limiter_unavailable', async () => {
+  for (const p of POLICIES) {
+    upBefore[p] = await redisUp(gws[p]);
+    assert.ok(upBefore[p] >= 2, `${p}: both workers have Redis up (${upBefore[p]} connections)`);
+  }
   await redis.stop('SIGKILL');
   killedAt = Date.now();
   const t0 = Date.now();
@@ -215,12 +227,14 @@ test('the Redis-down decisions are counted in /metrics, one per request decided 
 test('Redis back on the same socket: every gateway enforces the limits in Redis again within seconds', async (t) => {
   await redis.restart();
   const t0 = Date.now();
-  // A probe that fails closed while a worker has no Redis: 8 requests on fresh
-  // connections (both workers) must all pass.
+  // Every connection the workers had before the kill is up again (the metrics count each
+  // worker's: a probe of requests alone can land on one worker only), and a probe that
+  // fails closed while a worker has no Redis passes: 8 requests on fresh connections.
   const probe = { closed: loadKeys.closed, open: CONC_KEY, local: CONC_KEY };
   const took = {};
   await Promise.all(POLICIES.map(async (p) => {
     await waitFor(async () => {
+      if ((await redisUp(gws[p])) < upBefore[p]) return false;
       const rs = await burst(p, 8, probe[p]);
       return rs.every((r) => r.status === 200);
     }, { timeout: 15000, interval: 100, what: `${p}: every worker back on Redis` });
