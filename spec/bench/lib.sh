@@ -280,6 +280,42 @@ bench_machine() { echo "load average before: $(load_now); nproc $(nproc); $(cpu_
 git_head() { git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'; }
 bin_desc() { echo "binary $BIN_SRC built $(date -r "$BIN_SRC" '+%F %T'), sha256 $(sha256sum "$BIN" | cut -c1-12)"; }
 
+# ---- the full pipeline (pipeline_bench.sh, pipeline_callgrind.sh) --------------------------
+# Its state for `tollgate apply`: a tenant key in a group with one account (the mock at
+# MOCK_PORT), rpm/tpm/concurrency limits on key and tenant at BIG (never refusing), a price.
+pipeline_state_lua() { # MOCK_PORT KEY BIG
+    cat <<EOF
+return {
+  tenants = { { name = 'bench', balance = '100000000', rpm = $3, rpm_burst = $3, tpm = 2000000000, concurrency = 100000 } },
+  groups = { { name = 'g', models = {} } },
+  accounts = { { name = 'up', provider = 'openai', base_url = 'http://127.0.0.1:$1/v1',
+                 credential = 'sk-pipeline-bench', concurrency = 1000, groups = { 'g' } } },
+  keys = { { name = 'k', tenant = 'bench', group = 'g', key = '$2',
+             rpm = $3, rpm_burst = $3, tpm = 2000000000, concurrency = 100000 } },
+  prices = { { model = 'mock-gpt', input = '0.15', output = '0.60' } },
+}
+EOF
+}
+# The five shipped plugins, configured as the full pipeline runs them.
+PIPELINE_PLUGINS_LUA="{ dirs = { '$ROOT/plugins' }, watch = false, enabled = {
+    { name = 'model-map', config = { aliases = { ['gpt-4'] = 'gpt-4o', ['openai/*'] = '*', ['claude-*'] = 'claude-3-5-sonnet' } } },
+    { name = 'router' }, { name = 'retry-budget' }, { name = 'fail-policy' },
+    { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
+  } }"
+# A full gateway's config: one worker on PORT, Postgres PG, Redis on unix socket
+# REDIS_SOCK, the spool in SPOOL_DIR, the plugins table PLUGINS, and EXTRA (more fields).
+pipeline_gw_lua() { # PORT PG REDIS_SOCK MOCK_PORT SPOOL_DIR PLUGINS [EXTRA]
+    cat <<EOF
+return {
+  listen = "127.0.0.1:$1", workers = 1, access_log = false, log_level = "warn",
+  postgres = "$2", redis = "unix://$3",
+  upstream = { url = "http://127.0.0.1:$4/v1", api_key = "sk-unused" },
+  billing = { spool_dir = "$5" },
+  plugins = $6, ${7:-}
+}
+EOF
+}
+
 # ---- the settlement benches (settle_cpu_bench.sh, settle_lean_bench.sh) ------------------
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 

@@ -33,11 +33,12 @@
 #      (pg_stat_user_tables n_tup_ins and n_tup_upd over the whole run, per table) and
 #      `tollgate ledger verify`, which must be clean: the script exits 1 otherwise.
 # --phases measures only where a streamed request's time before its upstream call goes:
-# the static and full gateways, and the full one without its plugins, each with tracing
-# on (sample_ratio 1, to an OTLP receiver on the load core that stores the POSTs), under
-# 3's spread streams; from each request's spans (core/README.md, Traces): before the
-# admission (parse, auth, plugins' early hooks), the admission (the Redis script), between
-# it and the account selection, the selection, and from there to the upstream call.
+# the static and full gateways (with --before, the parent's too), and the full one
+# without its plugins, each with tracing on (sample_ratio 1, to an OTLP receiver on the
+# load core that stores the POSTs), under 3's spread streams; pipeline_phases.mjs reads
+# each request's spans (core/README.md, Traces): first byte → account selection (parse,
+# auth, the sticky lookup), selection → admission sent (the router hook), the admission
+# (the Redis script's round trip), and its answer → the upstream call.
 # --profile adds: callgrind instruction counts per request of the full gateway
 # (inclusive and self, top functions), and perf (cpu-clock samples on the server core
 # under wrk) turned into CPU µs per request per process and symbol (gateway, Redis,
@@ -180,26 +181,11 @@ setup_full() { # INSTANCE
     for s in $(psql -X -A -t -d "${PGCONN[full-$i]}" -c "SELECT sequence_name FROM information_schema.sequences WHERE sequence_schema = 'public'"); do
         psql -X -q -d "${PGCONN[full-$i]}" -c "ALTER SEQUENCE \"$s\" RESTART WITH $off" >/dev/null
     done
-    cat >"$T/state-$i.lua" <<EOF
-return {
-  tenants = { { name = 'bench', balance = '100000000', rpm = $BIGL, rpm_burst = $BIGL, tpm = 2000000000, concurrency = 100000 } },
-  groups = { { name = 'g', models = {} } },
-  accounts = { { name = 'up', provider = 'openai', base_url = 'http://127.0.0.1:$P_MOCK/v1',
-                 credential = 'sk-pipeline-bench', concurrency = 1000, groups = { 'g' } } },
-  keys = { { name = 'k', tenant = 'bench', group = 'g', key = '$KEY',
-             rpm = $BIGL, rpm_burst = $BIGL, tpm = 2000000000, concurrency = 100000 } },
-  prices = { { model = 'mock-gpt', input = '0.15', output = '0.60' } },
-}
-EOF
+    pipeline_state_lua $P_MOCK $KEY $BIGL >"$T/state-$i.lua"
     TOLLGATE_PG=${PGCONN[full-$i]} TOLLGATE_REDIS="unix://${RSOCK[$i]}" \
         "${IBIN[$i]}" apply -c "$T/tool-$i.lua" "$T/state-$i.lua" >/dev/null
-    full_config "full-$i" "$i" "$FULL_PLUGINS"
+    full_config "full-$i" "$i" "$PIPELINE_PLUGINS_LUA"
 }
-FULL_PLUGINS="{ dirs = { '$ROOT/plugins' }, watch = false, enabled = {
-    { name = 'model-map', config = { aliases = { ['gpt-4'] = 'gpt-4o', ['openai/*'] = '*', ['claude-*'] = 'claude-3-5-sonnet' } } },
-    { name = 'router' }, { name = 'retry-budget' }, { name = 'fail-policy' },
-    { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
-  } }"
 trace_lua() { # TARGET: --phases: its tracing table
     [ $PHASES = 0 ] || echo "tracing = { endpoint = 'http://127.0.0.1:$P_OTLP/v1/traces', sample_ratio = ${TG_BENCH_TRACE_RATIO:-1}, batch_interval_ms = 200, service_name = '$1' },"
 }
@@ -208,15 +194,7 @@ full_config() { # TARGET INSTANCE PLUGINS: a full gateway's config, its own port
     next_port "PORT[$t]"
     mkdir -p "$T/spool-${t#full-}"
     CFG[$t]=$T/$t.lua
-    cat >"${CFG[$t]}" <<EOF
-return {
-  listen = "127.0.0.1:${PORT[$t]}", workers = 1, access_log = false, log_level = "warn",
-  postgres = "${PGCONN[full-$i]}", redis = "unix://${RSOCK[$i]}",
-  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-unused" },
-  billing = { spool_dir = "$T/spool-${t#full-}" },
-  plugins = $3, $(trace_lua "$t")
-}
-EOF
+    pipeline_gw_lua "${PORT[$t]}" "${PGCONN[full-$i]}" "${RSOCK[$i]}" $P_MOCK "$T/spool-${t#full-}" "$3" "$(trace_lua "$t")" >"${CFG[$t]}"
     REDISOF[$t]=$i
 }
 setup_static() { # INSTANCE
@@ -270,7 +248,6 @@ else
       q.on('data', (c) => b.push(c)); q.on('end', () => { require('fs').writeFileSync('$T/otlp/' + (n++) + '.json', Buffer.concat(b));
       s.writeHead(200, { 'content-type': 'application/json' }); s.end('{}'); }); }).listen($P_OTLP, '127.0.0.1')"
     wait_port "$P_OTLP"
-    INST=(now)
     TARGETS=(direct)
 fi
 PORT[direct]=$P_MOCK GWPID[direct]=""
@@ -381,43 +358,7 @@ if [ $PHASES = 1 ]; then
     say "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     for t in "${TARGETS[@]}"; do
         [ "$t" = direct ] && continue
-        row=$(node -e '
-const fs = require("fs"), dir = process.argv[1], want = process.argv[2];
-const traces = new Map();
-for (const f of fs.readdirSync(dir)) {
-  const doc = JSON.parse(fs.readFileSync(dir + "/" + f));
-  for (const rs of doc.resourceSpans || []) {
-    const svc = (rs.resource.attributes || []).find((a) => a.key === "service.name")?.value.stringValue;
-    if (svc !== want) continue;
-    for (const ss of rs.scopeSpans || []) for (const sp of ss.spans || []) {
-      if (!traces.has(sp.traceId)) traces.set(sp.traceId, []);
-      traces.get(sp.traceId).push(sp);
-    }
-  }
-}
-const t0 = (s) => Number(BigInt(s.startTimeUnixNano) / 1000n), t1 = (s) => Number(BigInt(s.endTimeUnixNano) / 1000n);
-const first = (l) => l.sort((a, b) => t0(a) - t0(b))[0];
-const cols = [[], [], [], [], []];
-for (const spans of traces.values()) {
-  const server = spans.find((s) => s.kind === 2);
-  if (!server || !(server.attributes || []).some((a) => a.key === "tollgate.stream" && a.value.boolValue)) continue;
-  const chat = first(spans.filter((s) => s.kind === 3));
-  if (!chat) continue;
-  const adm = spans.find((s) => s.name === "admission");
-  const sel = first(spans.filter((s) => s.name === "select account"));
-  // The request in order: its first byte, the selection begins (sticky binding, the
-  // router hook), the admission is sent, its answer read, the upstream call starts.
-  const marks = [t0(server), sel ? t0(sel) : null, adm ? t0(adm) : null, adm ? t1(adm) : null, t0(chat)];
-  let prev = marks[0];
-  for (let i = 1; i < marks.length; i++) {
-    if (marks[i] === null) continue;
-    cols[i - 1].push(marks[i] - prev);
-    prev = marks[i];
-  }
-  cols[4].push(marks[4] - marks[0]);
-}
-const pct = (v, p) => { if (!v.length) return "-"; v.sort((a, b) => a - b); return (v[Math.min(v.length - 1, Math.ceil(p / 100 * v.length) - 1)] / 1000).toFixed(3); };
-console.log([cols[4].length, ...cols.map((c) => pct(c, 50)), pct(cols[4], 90)].join(" "));' "$T/otlp" "$t")
+        row=$(node "$BENCH/pipeline_phases.mjs" "$T/otlp" "$t")
         read -r n c0 c1 c2 c3 c4 c5 <<<"$row"
         say "| $(name_of "$t") | $n | $(diff_ms "$(pct "$T/ttfb-spread-$t.txt" 1 50)" "$(pct "$T/ttfb-spread-direct.txt" 1 50)") | $c0 | $c1 | $c2 | $c3 | $c4 | $c5 |"
     done

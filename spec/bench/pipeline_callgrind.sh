@@ -38,32 +38,10 @@ echo "return { upstream = { url = \"http://127.0.0.1:$P_MOCK/v1\" }, postgres = 
 "$TOOL_BIN" migrate -c "$T/tool.lua" >/dev/null
 KEY=tg-pipebench-key-0123456789abcdef
 BIG=1000000000
-cat >"$T/state.lua" <<S
-return {
-  tenants = { { name = 'bench', balance = '100000000', rpm = $BIG, rpm_burst = $BIG, tpm = 2000000000, concurrency = 100000 } },
-  groups = { { name = 'g', models = {} } },
-  accounts = { { name = 'up', provider = 'openai', base_url = 'http://127.0.0.1:$P_MOCK/v1',
-                 credential = 'sk-pipeline-bench', concurrency = 1000, groups = { 'g' } } },
-  keys = { { name = 'k', tenant = 'bench', group = 'g', key = '$KEY',
-             rpm = $BIG, rpm_burst = $BIG, tpm = 2000000000, concurrency = 100000 } },
-  prices = { { model = 'mock-gpt', input = '0.15', output = '0.60' } },
-}
-S
+pipeline_state_lua $P_MOCK $KEY $BIG >"$T/state.lua"
 "$TOOL_BIN" apply -c "$T/tool.lua" "$T/state.lua" >/dev/null
 mkdir -p "$T/spool"
-cat >"$T/full.lua" <<C
-return {
-  listen = "127.0.0.1:$P_GW", workers = 1, access_log = false, log_level = "warn",
-  postgres = "$PG", redis = "unix://$REDIS_SOCK",
-  upstream = { url = "http://127.0.0.1:$P_MOCK/v1", api_key = "sk-unused" },
-  billing = { spool_dir = "$T/spool" },
-  plugins = { dirs = { '$ROOT/plugins' }, watch = false, enabled = {
-    { name = 'model-map', config = { aliases = { ['gpt-4'] = 'gpt-4o' } } },
-    { name = 'router' }, { name = 'retry-budget' }, { name = 'fail-policy' },
-    { name = 'pricing', config = { models = { ['mock-*'] = { input = 0.15, output = 0.6 } } } },
-  } },
-}
-C
+pipeline_gw_lua $P_GW "$PG" "$REDIS_SOCK" $P_MOCK "$T/spool" "$PIPELINE_PLUGINS_LUA" >"$T/full.lua"
 BODY='{"model":"mock-gpt","max_tokens":16,"messages":[{"role":"user","content":"hello"}]}'
 load() { "$LOADGEN" rate 127.0.0.1:$P_GW --auth $KEY --body "$BODY" --rate "$1" --conns 16 --duration "$2" 2>/dev/null || true; }
 # Until a billed answer comes back (the accounts and the key loaded, under valgrind).
