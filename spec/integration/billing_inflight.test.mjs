@@ -398,9 +398,9 @@ test('(e2) a live gateway whose release was lost (a Redis primary killed after a
     const { gw, id, R, row } = await settledRequest(bill, 'settled, its release lost');
     // The gateway's instance, as its holds name it: read off a stream it holds.
     const probe = await startStreams(gw, bill.key, 'probe', 1);
-    const live = [Object.values(await holdsIndex(bill))[0]?.split('|')[1]];
+    const instance = Object.values(await holdsIndex(bill))[0]?.split('|')[1];
     await probe.done;
-    assert.ok(live[0], 'the stream\'s hold names its gateway');
+    assert.ok(instance, 'the stream\'s hold names its gateway');
     await waitFor(async () => (await liveMoney(bill)).reserved === 0n, { timeout: 5000, what: 'the probe settled' });
     const settled = await liveMoney(bill);
     // What a replica promoted after its primary was killed holds when the primary had
@@ -409,14 +409,14 @@ test('(e2) a live gateway whose release was lost (a Redis primary killed after a
     // gateway believes the hold returned and will never send it again.
     const T = `{t:${bill.tenantId}}`;
     await redisCli(bill.redis, 'SET', `${T}:res:${id}:1`, String(R));
-    await redisCli(bill.redis, 'HSET', `${T}:holds`, `${id}:1`, `${bill.keyId}|${live[0]}|${Date.now() - 3000}|${R}|mock-gpt`);
+    await redisCli(bill.redis, 'HSET', `${T}:holds`, `${id}:1`, `${bill.keyId}|${instance}|${Date.now() - 3000}|${R}|mock-gpt`);
     await redisCli(bill.redis, 'HINCRBY', `${T}:money`, 'avail', String(-(R - row.cost)));
     await redisCli(bill.redis, 'HINCRBY', `${T}:money`, 'reserved', String(R));
     // An index entry of the same live gateway whose request is not settled (still
     // running, as far as Postgres knows) stays: its gateway settles it.
     const other = `${T}:res:not-settled-yet:1`;
     await redisCli(bill.redis, 'SET', other, '5000');
-    await redisCli(bill.redis, 'HSET', `${T}:holds`, 'not-settled-yet:1', `${bill.keyId}|${live[0]}|${Date.now() - 60000}|5000|mock-gpt`);
+    await redisCli(bill.redis, 'HSET', `${T}:holds`, 'not-settled-yet:1', `${bill.keyId}|${instance}|${Date.now() - 60000}|5000|mock-gpt`);
 
     await waitFor(async () => (await liveMoney(bill)).reserved === 0n,
       { timeout: 10000, interval: 100, what: 'the reconciler (2 s reconcile delay) to give the lost release back' });
