@@ -79,6 +79,17 @@ const redisUp = async (gw) => {
 };
 const upBefore = {}; // per policy: connections up before Redis was killed (every worker's)
 
+/** Waits until policy p's gateway is back on Redis in every worker: each connection its
+ *  workers had before the kill is up again (the metrics count every worker's; requests
+ *  alone can all land on one worker), and a probe that fails closed while a worker has
+ *  no Redis passes — 8 requests on fresh connections. */
+const PROBE = { closed: loadKeys.closed, open: CONC_KEY, local: CONC_KEY };
+const backOnRedis = (p, what) => waitFor(async () => {
+  if ((await redisUp(gws[p])) < upBefore[p]) return false;
+  const rs = await burst(p, 8, PROBE[p]);
+  return rs.every((r) => r.status === 200);
+}, { timeout: 15000, interval: 100, what });
+
 /** n requests with the policy's key, each on a fresh connection; resolves with the responses. */
 const burst = (p, n, key = keys[p]) =>
   Promise.all(Array.from({ length: n }, (_, i) => chat(gws[p], key, chatReq(MODEL, `${p} ${i} [mock chunks=1]`), { timeout: 10000 })));
@@ -227,17 +238,9 @@ test('the Redis-down decisions are counted in /metrics, one per request decided 
 test('Redis back on the same socket: every gateway enforces the limits in Redis again within seconds', async (t) => {
   await redis.restart();
   const t0 = Date.now();
-  // Every connection the workers had before the kill is up again (the metrics count each
-  // worker's: a probe of requests alone can land on one worker only), and a probe that
-  // fails closed while a worker has no Redis passes: 8 requests on fresh connections.
-  const probe = { closed: loadKeys.closed, open: CONC_KEY, local: CONC_KEY };
   const took = {};
   await Promise.all(POLICIES.map(async (p) => {
-    await waitFor(async () => {
-      if ((await redisUp(gws[p])) < upBefore[p]) return false;
-      const rs = await burst(p, 8, probe[p]);
-      return rs.every((r) => r.status === 200);
-    }, { timeout: 15000, interval: 100, what: `${p}: every worker back on Redis` });
+    await backOnRedis(p, `${p}: every worker back on Redis`);
     took[p] = Date.now() - t0;
   }));
   t.diagnostic(`every worker back on Redis after ${JSON.stringify(took)} ms`);
@@ -282,10 +285,7 @@ test('a Redis that stops answering (SIGSTOP) times out per command: the policies
     process.kill(redis.pid, 'SIGCONT');
   }
   const t2 = Date.now();
-  await waitFor(async () => {
-    const rs = await burst('closed', 8, loadKeys.closed);
-    return rs.every((r) => r.status === 200);
-  }, { timeout: 15000, interval: 100, what: 'closed gateway back on Redis after SIGCONT' });
+  await backOnRedis('closed', 'closed gateway back on Redis after SIGCONT');
   t.diagnostic(`back on Redis ${Date.now() - t2} ms after SIGCONT`);
   assert.ok(Date.now() - t2 <= 8000);
   for (const p of POLICIES) assert.ok(gws[p].proc.running, `${p} gateway is running`);
